@@ -1,0 +1,46 @@
+"""infini_train: a distributed deep-learning training runtime on NumPy (CPU) and CuPy (GPU)."""
+from . import backend
+from .autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .backend import (
+    Device,
+    bfloat16,
+    bool_,
+    device,
+    device_count,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    int8,
+    int16,
+    int32,
+    int64,
+    manual_seed,
+    set_default_dtype,
+    uint8,
+    uint16,
+)
+from .tensor import Tensor
+from .creation import (
+    arange,
+    empty,
+    empty_like,
+    from_numpy,
+    full,
+    full_like,
+    linspace,
+    ones,
+    ones_like,
+    rand,
+    randint,
+    randn,
+    randn_like,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from . import autograd
+from .functional import *  # noqa: F401,F403  (it.cat, it.matmul, it.exp, ...)
+
+bool = bool_  # noqa: A001 - it.bool, as in the contract
+__version__ = "0.1.0"

@@ -1,0 +1,10 @@
+"""Autograd: Function nodes, the backward engine, grad mode, AccumulateGrad and the op families."""
+from .accumulate import AccumulateGrad, AllReducePostAccumulateHook, PostAccumulateGradHook
+from .engine import backward
+from .function import Function, Op, OpError, RemovableHandle, sum_to
+from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+
+__all__ = [
+    "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "Function", "Op",
+    "OpError", "RemovableHandle", "sum_to", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled",
+]

@@ -1,0 +1,406 @@
+"""Function: the autograd graph node.
+
+``Function.apply`` runs ``forward`` with grad disabled. When grad is enabled and an input requires grad,
+it records ``next_functions`` edges (one per input: the producer's Function and output index, the leaf's
+AccumulateGrad, or None) and calls ``setup_context`` so the node can save tensors for backward.
+
+Backward is dependency counting (see engine.py): before a pass the engine counts, for every reachable
+node, how many gradient edges feed it (``dependencies_number``). ``backward_partial(grad, idx)`` collects
+one output's gradient; once ``dependencies_reached == dependencies_number`` the node runs its own
+``backward`` and hands the input gradients on. The driver is a loop, never a recursion.
+
+Two flavours share this machinery:
+- ``Function``: the user-facing contract. forward/backward take and return Tensors.
+- ``Op``: the built-in kernels. forward/backward take and return raw ``xp`` arrays (numpy or cupy), so
+  one code path serves every device; ``self.xp`` and ``self.device`` are set by ``apply``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import CPU, Device
+from .grad_mode import _state
+
+_ndarray = np.ndarray
+
+
+class OpError(ValueError):
+    """A bad input to an op: names the op, what was expected, what was received, and a hint."""
+
+
+def op_error(op, expected, received, hint=None) -> OpError:
+    msg = f"{op}: expected {expected}, got {received}"
+    if hint:
+        msg += f"\nHINT: {hint}"
+    return OpError(msg)
+
+
+def sum_to(grad, shape):
+    """Sum ``grad`` down to ``shape``: undoes numpy broadcasting in every binary op's backward."""
+    if grad.shape == shape:
+        return grad
+    ndim = len(shape)
+    lead = grad.ndim - ndim
+    axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and grad.shape[i + lead] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    if lead:
+        grad = grad.reshape(shape)
+    return grad
+
+
+def _describe(inputs):
+    parts = []
+    for x in inputs:
+        if hasattr(x, "shape") and hasattr(x, "device"):
+            parts.append(f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device})")
+        else:
+            parts.append(repr(x) if not hasattr(x, "shape") else f"array(shape={x.shape})")
+    return ", ".join(parts)
+
+
+class Function:
+    """Base class of every graph node. Subclass and implement forward/backward (setup_context optional).
+
+    Instances are single-use graph nodes: ``y = MyFn(**config).apply(x, w)``.
+    """
+
+    differentiable = True  # False for ops whose outputs never carry gradients (comparisons, argmax)
+    is_view = False  # True when output 0 aliases input 0's memory (shares its version counter)
+    cross_device = False  # True for ops that move data between devices (comm functions)
+    output_devices = None  # Op outputs live on the inputs' device unless set: a Device or one per output
+    _arrays = False  # Op sets this: forward/backward on raw arrays
+
+    # Defaults at class level, so a subclass __init__ need not call super().__init__().
+    next_functions = ()
+    needs_input_grad = ()
+    dependencies_number = 0
+    dependencies_reached = 0
+    grad_outputs_reached = 0
+    grad_outputs = None
+    device = None
+    xp = None
+    _saved = None
+    _saved_versions = None
+    _stash = None
+    _freed = False
+    _num_outputs = 1
+    _output_meta = None
+    _input_shapes = ()
+    _pre_hooks = None
+
+    # ------------------------------------------------------------------------------------ contract
+    def forward(self, *inputs):
+        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+
+    def setup_context(self, inputs, outputs):
+        """Save what backward needs (``self.save_for_backward(...)``). Runs only when a graph is recorded."""
+
+    def backward(self, *grad_outputs):
+        raise NotImplementedError(f"{type(self).__name__} must implement backward")
+
+    @property
+    def name(self):
+        return type(self).__name__
+
+    # --------------------------------------------------------------------------------- saving
+    def save_for_backward(self, *tensors):
+        """Save tensors (or None) for backward. Stored as arrays plus version, so no reference cycles."""
+        self._saved = tuple(None if t is None else (t.array, t.device, t._version) for t in tensors)
+        self._saved_versions = tuple(None if t is None else t._version[0] for t in tensors)
+
+    def _freed_error(self):
+        return RuntimeError(
+            f"{self.name}: trying to backward through the graph a second time (its saved tensors "
+            "were freed after the first backward).\n"
+            "HINT: pass retain_graph=True to the first .backward() if you need to backward twice.")
+
+    def _check_saved(self):
+        if self._saved is None:
+            if self._freed:
+                raise self._freed_error()
+            return ()
+        for i, (entry, version) in enumerate(zip(self._saved, self._saved_versions)):
+            if entry is not None and entry[2][0] != version:
+                raise RuntimeError(
+                    f"{self.name}: one of the variables needed for gradient computation has been modified by "
+                    f"an inplace operation: saved tensor {i} of shape {tuple(entry[0].shape)} is at version "
+                    f"{entry[2][0]}; expected version {version}.\n"
+                    "HINT: replace the in-place op (add_, mul_, copy_, zero_, x[...] = ...) on that tensor with "
+                    "an out-of-place one, or clone it before modifying.")
+        return self._saved
+
+    @property
+    def saved_tensors(self):
+        from ..tensor import Tensor
+        return tuple(None if e is None else Tensor._make(e[0], e[1]) for e in self._check_saved())
+
+    @property
+    def saved_arrays(self):
+        return tuple(None if e is None else e[0] for e in self._check_saved())
+
+    # ---------------------------------------------------------------------------------- forward
+    def apply(self, *inputs):
+        from ..tensor import Tensor  # noqa: F811 (bound once below for speed)
+        return _apply(self, inputs, Tensor)
+
+    # --------------------------------------------------------------------------------- backward
+    def increase_dependencies_number(self):
+        self.dependencies_number += 1
+
+    def _reset_for_pass(self):
+        self.dependencies_number = 0
+        self.dependencies_reached = 0
+        self.grad_outputs_reached = 0
+        self.grad_outputs = [None] * self._num_outputs
+
+    def backward_partial(self, grad_output, idx, retain_graph=False):
+        """Collect the gradient of output ``idx``. When every edge has arrived, run backward.
+
+        ``grad_output`` is an array (or Tensor, or None when the consumer had no gradient for it).
+        Returns the list of ``(next_function, grad, input_index)`` the engine must deliver next.
+        """
+        if grad_output is not None:
+            if hasattr(grad_output, "grad_fn"):
+                grad_output = grad_output.array
+            grads = self.grad_outputs
+            if grads is None:
+                self._reset_for_pass()
+                self.dependencies_number = 1
+                grads = self.grad_outputs
+            prev = grads[idx]
+            if prev is None:
+                grads[idx] = grad_output
+                self.grad_outputs_reached += 1
+            else:
+                grads[idx] = prev + grad_output
+        self.dependencies_reached += 1
+        if self.dependencies_reached < self.dependencies_number:
+            return ()
+        return self._run_backward(retain_graph)
+
+    def _run_backward(self, retain_graph):
+        grads = self.grad_outputs
+        self.grad_outputs = None
+        if grads is None or self.grad_outputs_reached == 0:
+            # nothing flowed into this node: propagate "no gradient" so the counts downstream still close
+            if not retain_graph:
+                self._release()
+            return [(fn, None, i) for fn, i in self.next_functions if fn is not None]
+        if self._pre_hooks:
+            grads = self._run_tensor_hooks(grads)
+        if self._num_outputs > 1:
+            for i, g in enumerate(grads):
+                if g is None:
+                    shape, dtype = self._output_meta[i]
+                    grads[i] = self.xp.zeros(shape, dtype)
+        with self.device.context() if self.device is not None and self.device.type == "cuda" else _NULL:
+            prev = _state.enabled
+            _state.enabled = False
+            try:
+                if self._arrays:
+                    result = self.backward(*grads)
+                else:
+                    result = self._tensor_backward(grads)
+            finally:
+                _state.enabled = prev
+        if not retain_graph:
+            self._release()
+        if not isinstance(result, tuple):
+            result = (result,)
+        nexts = self.next_functions
+        if len(result) != len(nexts):
+            raise RuntimeError(
+                f"{self.name}.backward returned {len(result)} gradients, expected {len(nexts)} "
+                "(one per forward input; use None for inputs without a gradient)")
+        out = []
+        shapes = self._input_shapes
+        for k, (fn, i) in enumerate(nexts):
+            if fn is None:
+                continue
+            g = result[k]
+            if g is not None and g.shape != shapes[k]:
+                g = self._fix_grad_shape(g, k)
+            out.append((fn, g, i))
+        return out
+
+    def _tensor_backward(self, grads):
+        from ..tensor import Tensor
+        dev = self.device
+        result = self.backward(*(Tensor._make(g, dev) for g in grads))
+        if isinstance(result, tuple):
+            return tuple(None if r is None else r.array for r in result)
+        return None if result is None else result.array
+
+    def _fix_grad_shape(self, g, k):
+        shape = self._input_shapes[k]
+        if g.size == int(np.prod(shape)) and g.ndim != len(shape):
+            return g.reshape(shape)
+        raise RuntimeError(
+            f"{self.name}.backward returned a gradient of shape {tuple(g.shape)} for input {k}, "
+            f"expected shape {shape}")
+
+    def _run_tensor_hooks(self, grads):
+        from ..tensor import Tensor
+        for idx, hooks in self._pre_hooks.items():
+            if grads[idx] is None:
+                continue
+            for hook in hooks:
+                new = hook(Tensor._make(grads[idx], self.device))
+                if new is not None:
+                    grads[idx] = new.array
+        return grads
+
+    def stash(self, *arrays):
+        """Keep intermediates of forward (masks, statistics) for backward; dropped once backward ran."""
+        self._stash = arrays
+
+    @property
+    def stashed(self):
+        if self._stash is None and self._freed:
+            raise self._freed_error()
+        return self._stash
+
+    def _release(self):
+        if self._saved is not None or self._stash is not None:
+            self._saved = None
+            self._stash = None
+            self._freed = True
+
+    def _add_pre_hook(self, idx, hook):
+        if self._pre_hooks is None:
+            self._pre_hooks = {}
+        self._pre_hooks.setdefault(idx, []).append(hook)
+
+    def __repr__(self):
+        return f"<{self.name}>"
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _Null()
+
+
+class Op(Function):
+    """A built-in kernel: forward(*arrays) -> array | tuple of arrays; backward(*grad arrays) -> arrays.
+
+    Non-Tensor inputs (Python scalars, None) are passed through to forward unchanged and get no gradient.
+    Intermediates of forward go through ``self.stash(...)`` and are dropped once backward has run.
+    """
+
+    _arrays = True
+
+
+def _apply(fn, inputs, Tensor):
+    # ---- device check (comm functions move data between devices and skip it)
+    dev = None
+    record = False
+    for t in inputs:
+        if isinstance(t, Tensor):
+            if dev is None:
+                dev = t.device
+            elif t.device is not dev and not fn.cross_device:
+                raise op_error(
+                    fn.name, "all tensor inputs on one device", f"inputs on {dev} and {t.device}",
+                    "move them with .to(device) first (DataParallel/Scatter do this for you)")
+            if t._requires_grad:
+                record = True
+    if dev is None:
+        dev = CPU
+    fn.device = dev
+    xp = fn.xp = dev.xp if dev.xp is not None else dev.array_module()
+    grad_on = _state.enabled
+    if not grad_on or not fn.differentiable:
+        record = False
+    ctx = dev.context() if dev.type == "cuda" else _NULL
+    _state.enabled = False
+    try:
+        with ctx:
+            if fn._arrays:
+                raw = fn.forward(*[t.array if isinstance(t, Tensor) else t for t in inputs])
+            else:
+                raw = fn.forward(*inputs)
+    except (ValueError, TypeError, IndexError) as exc:
+        if isinstance(exc, OpError) or "HINT" in str(exc):
+            raise
+        raise OpError(f"{fn.name}: {exc}\n  inputs: {_describe(inputs)}\n"
+                      "HINT: check the shapes, dtypes and devices of the inputs above") from exc
+    finally:
+        _state.enabled = grad_on
+
+    multi = isinstance(raw, tuple)
+    raws = raw if multi else (raw,)
+    if fn._arrays:
+        outs = []
+        out_devs = fn.output_devices
+        for i, a in enumerate(raws):
+            if a is None:
+                outs.append(None)
+                continue
+            if xp is np and a.__class__ is not _ndarray:
+                a = np.asarray(a)
+            odev = dev if out_devs is None else (out_devs if isinstance(out_devs, Device) else out_devs[i])
+            outs.append(Tensor._make(a, odev))
+    else:
+        outs = list(raws)
+
+    if record:
+        edges = []
+        needs = []
+        shapes = []
+        for t in inputs:
+            if isinstance(t, Tensor):
+                shapes.append(t.array.shape)
+                if t._requires_grad:
+                    gf = t.grad_fn
+                    edges.append((gf, t._output_idx) if gf is not None else (t._accumulate_node(), 0))
+                    needs.append(True)
+                    continue
+            else:
+                shapes.append(None)
+            edges.append((None, 0))
+            needs.append(False)
+        fn.next_functions = tuple(edges)
+        fn.needs_input_grad = tuple(needs)
+        fn._input_shapes = tuple(shapes)
+        fn._num_outputs = len(outs)
+        if len(outs) > 1:
+            fn._output_meta = [(o.array.shape, o.array.dtype) if o is not None else ((), np.float32) for o in outs]
+        for i, o in enumerate(outs):
+            if o is not None and o.array.dtype.kind in "fV":  # floating (V: bfloat16)
+                o._requires_grad = True
+                o.grad_fn = fn
+                o._output_idx = i
+        fn.setup_context(inputs, tuple(outs) if multi else outs[0])
+    if fn.is_view and outs[0] is not None and isinstance(inputs[0], Tensor):
+        outs[0]._version = inputs[0]._version
+    return tuple(outs) if multi else outs[0]
+
+
+class RemovableHandle:
+    """Returned by hook registration; ``handle.remove()`` unregisters the hook."""
+
+    __slots__ = ("_hooks", "_hook")
+
+    def __init__(self, hooks, hook):
+        self._hooks = hooks
+        self._hook = hook
+
+    def remove(self):
+        try:
+            self._hooks.remove(self._hook)
+        except ValueError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False

@@ -1,0 +1,260 @@
+"""Devices, array modules (numpy | cupy), dtypes and the random generator.
+
+A Device names where a tensor's memory lives: "cpu" (the host, index 0), "cpu:N" (logical CPU devices:
+host memory whose device tag is checked like a GPU's), or "cuda:N" (CuPy). Every kernel is written once
+against ``device.xp``, which is numpy for CPU devices and cupy for CUDA devices.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:  # bfloat16/float16 helpers for CPU arrays
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is a runtime dependency, kept optional here
+    ml_dtypes = None
+
+# ---------------------------------------------------------------------------------------------- dtypes
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+float16 = np.dtype(np.float16)
+bfloat16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
+int64 = np.dtype(np.int64)
+int32 = np.dtype(np.int32)
+int16 = np.dtype(np.int16)
+int8 = np.dtype(np.int8)
+uint8 = np.dtype(np.uint8)
+uint16 = np.dtype(np.uint16)
+bool_ = np.dtype(np.bool_)
+
+_DTYPE_NAMES = {
+    "float32": float32, "float": float32, "fp32": float32,
+    "float64": float64, "double": float64, "fp64": float64,
+    "float16": float16, "half": float16, "fp16": float16,
+    "int64": int64, "long": int64, "int32": int32, "int": int32, "int16": int16, "int8": int8,
+    "uint8": uint8, "uint16": uint16, "bool": bool_,
+}
+if bfloat16 is not None:
+    _DTYPE_NAMES.update({"bfloat16": bfloat16, "bf16": bfloat16})
+
+_default_dtype = float32
+
+
+def get_default_dtype():
+    return _default_dtype
+
+
+def set_default_dtype(dtype):
+    global _default_dtype
+    _default_dtype = as_dtype(dtype)
+
+
+def as_dtype(dtype):
+    """Accept a numpy dtype, a Python/numpy type, or a name like "float32"; return a numpy dtype."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        try:
+            return _DTYPE_NAMES[dtype.lower()]
+        except KeyError:
+            raise TypeError(f"unknown dtype {dtype!r}: expected one of {sorted(_DTYPE_NAMES)}") from None
+    if dtype is bool:
+        return bool_
+    if dtype is float:
+        return float32
+    if dtype is int:
+        return int64
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"unknown dtype {dtype!r}: expected a numpy dtype or a name like 'float32'") from None
+
+
+def is_floating(dtype):
+    return dtype.kind == "f" or (bfloat16 is not None and dtype == bfloat16)
+
+
+# --------------------------------------------------------------------------------------------- devices
+_cupy = None
+
+
+def cupy_module():
+    """Import cupy on first use; raise a clear error where it is missing."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy
+        except ImportError as exc:
+            raise RuntimeError(
+                "a cuda device needs cupy, which is not installed.\n"
+                "HINT: pip install -e '.[cuda]' on a machine with an NVIDIA GPU, or use device='cpu'") from exc
+        _cupy = cupy
+    return _cupy
+
+
+def cuda_available():
+    try:
+        return cupy_module().cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+class Device:
+    """A device tag. Instances are interned: ``Device.parse("cpu:1") is Device.parse("cpu:1")``."""
+
+    __slots__ = ("type", "index", "xp", "_name")
+    _interned: dict = {}
+
+    def __init__(self, type_, index):
+        self.type = type_
+        self.index = index
+        self.xp = np if type_ == "cpu" else None
+        self._name = "cpu" if (type_ == "cpu" and index == 0) else f"{type_}:{index}"
+
+    @classmethod
+    def parse(cls, spec=None) -> "Device":
+        if spec is None:
+            return CPU
+        if isinstance(spec, Device):
+            return spec
+        key = spec
+        found = cls._interned.get(key)
+        if found is not None:
+            return found
+        if not isinstance(spec, str):
+            raise TypeError(f"device: expected a string like 'cpu', 'cpu:1' or 'cuda:0', got {type(spec).__name__}")
+        kind, _, idx = spec.strip().partition(":")
+        if kind not in ("cpu", "cuda") or (idx and not idx.isdigit()):
+            raise ValueError(f"device: expected 'cpu', 'cpu:N' or 'cuda:N', got {spec!r}")
+        index = int(idx) if idx else 0
+        norm = (kind, index)
+        dev = cls._interned.get(norm)
+        if dev is None:
+            dev = cls(kind, index)
+            cls._interned[norm] = dev
+        cls._interned[key] = dev
+        return dev
+
+    def array_module(self):
+        if self.xp is None:
+            self.xp = cupy_module()
+        return self.xp
+
+    @property
+    def is_cuda(self):
+        return self.type == "cuda"
+
+    def context(self):
+        """Context manager making this device current (a no-op for CPU devices)."""
+        if self.type == "cuda":
+            return cupy_module().cuda.Device(self.index)
+        return _NULL_CONTEXT
+
+    def __repr__(self):
+        return f"device('{self._name}')"
+
+    def __str__(self):
+        return self._name
+
+    def __reduce__(self):
+        return (Device.parse, (self._name,))
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL_CONTEXT = _NullContext()
+CPU = Device.parse("cpu")
+
+
+def device(spec=None) -> Device:
+    return Device.parse(spec)
+
+
+def get_xp(dev: Device):
+    return dev.xp if dev.xp is not None else dev.array_module()
+
+
+def device_count(kind="cuda"):
+    """Real GPUs for "cuda"; for "cpu", the logical CPU devices (INFINI_TRAIN_CPU_DEVICES, default 8)."""
+    if kind == "cuda":
+        return cupy_module().cuda.runtime.getDeviceCount() if cuda_available() else 0
+    if kind == "cpu":
+        return int(os.environ.get("INFINI_TRAIN_CPU_DEVICES", "8"))
+    raise ValueError(f"device_count: expected 'cuda' or 'cpu', got {kind!r}")
+
+
+def device_of_array(array):
+    """The Device holding a raw array (numpy -> cpu, cupy -> its cuda device)."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        return CPU
+    dev = getattr(array, "device", None)
+    if dev is not None and hasattr(dev, "id"):
+        return Device.parse(f"cuda:{dev.id}")
+    return CPU
+
+
+def to_device_array(array, dev: Device):
+    """Copy a host or device array onto ``dev`` (returns the same array when nothing needs to move)."""
+    if dev.type == "cpu":
+        if isinstance(array, np.ndarray):
+            return array
+        return array.get() if hasattr(array, "get") else np.asarray(array)
+    cp = dev.array_module()
+    with cp.cuda.Device(dev.index):
+        return cp.asarray(array)
+
+
+# ------------------------------------------------------------------------------------------------- RNG
+_host_generator = None
+_global_seed = None
+_cuda_generators: dict = {}
+
+
+def manual_seed(seed: int):
+    """Seed every generator infini_train draws from (the host's, and each GPU's on first use)."""
+    global _host_generator, _global_seed
+    _global_seed = int(seed)
+    _host_generator = np.random.Generator(np.random.PCG64(_global_seed))
+    _cuda_generators.clear()
+
+
+def host_generator() -> np.random.Generator:
+    global _host_generator
+    if _host_generator is None:
+        _host_generator = np.random.Generator(np.random.PCG64(_global_seed))
+    return _host_generator
+
+
+def generator_for(dev: Device):
+    """The random generator for a device: numpy's on CPU devices, a seeded cupy generator on CUDA."""
+    if dev.type == "cpu":
+        return host_generator()
+    gen = _cuda_generators.get(dev.index)
+    if gen is None:
+        cp = dev.array_module()
+        with cp.cuda.Device(dev.index):
+            seed = int(host_generator().integers(0, 2**63 - 1))
+            gen = cp.random.Generator(cp.random.XORWOW(seed)) if hasattr(cp.random, "XORWOW") \
+                else cp.random.RandomState(seed)
+        _cuda_generators[dev.index] = gen
+    return gen
+
+
+def get_rng_state():
+    """A JSON-serialisable snapshot of the host generator (for checkpoints)."""
+    return host_generator().bit_generator.state
+
+
+def set_rng_state(state):
+    global _host_generator
+    gen = np.random.Generator(np.random.PCG64())
+    gen.bit_generator.state = state
+    _host_generator = gen
+    _cuda_generators.clear()
