@@ -1,5 +1,31 @@
-"""Top-level tensor functions (it.cat, it.stack, it.matmul, it.where, ...), gathered from the op families."""
-from .autograd.elementwise import add, div, exp, log, mul, neg, pow, sub, tanh  # noqa: F401
-from .autograd.matmul import matmul  # noqa: F401
-from .autograd.reduction import mean, sum  # noqa: F401
-from .autograd.transform import reshape, transpose  # noqa: F401
+"""Top-level tensor functions (it.cat, it.stack, it.matmul, it.where, ...).
+
+Each op family lists its public functions in ``__all__``; they are gathered here, so adding an op to a
+family makes it available as ``infini_train.<name>`` without touching this file.
+"""
+from .autograd import (
+    activations,
+    attention,
+    conversion,
+    dropout,
+    elementwise,
+    linear,
+    loss,
+    matmul,
+    misc,
+    normalization,
+    outer,
+    reduction,
+    softmax,
+    sparse,
+    transform,
+)
+
+FAMILIES = (elementwise, activations, matmul, linear, outer, softmax, normalization, loss, reduction,
+            transform, misc, sparse, dropout, attention, conversion)
+
+__all__ = []
+for _family in FAMILIES:
+    for _name in getattr(_family, "__all__", ()):
+        globals()[_name] = getattr(_family, _name)
+        __all__.append(_name)

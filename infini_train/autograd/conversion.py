@@ -4,6 +4,8 @@ from __future__ import annotations
 from .. import backend
 from .function import Op
 
+__all__ = ["cast", "to_device", "clone"]
+
 
 class Cast(Op):
     def __init__(self, dtype):

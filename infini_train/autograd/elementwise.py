@@ -9,6 +9,8 @@ import math
 from ..tensor import Tensor
 from .function import Op, sum_to
 
+__all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh"]
+
 
 class _Binary(Op):
     """Saves its tensor operands (scalars are kept as constants); ``operands()`` returns both as arrays."""

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from .function import Op, op_error, sum_to
 
+__all__ = ["matmul"]
+
 
 class Matmul(Op):
     def forward(self, a, b):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from .function import Op
 
+__all__ = ["sum", "mean"]
+
 
 def _axes(dim, ndim):
     """Normalise dim (None | int | sequence) to a sorted tuple of non-negative axes."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .function import Op
 
+__all__ = ["reshape", "view", "transpose"]
+
 
 class Reshape(Op):
     is_view = True
