@@ -88,6 +88,7 @@ class Function:
     _output_meta = None
     _input_shapes = ()
     _pre_hooks = None
+    retain_graph = False  # True while backward runs on a graph that will be reused (stashes must survive)
 
     # ------------------------------------------------------------------------------------ contract
     def forward(self, *inputs):
@@ -194,6 +195,7 @@ class Function:
                 if g is None:
                     shape, dtype = self._output_meta[i]
                     grads[i] = self.xp.zeros(shape, dtype)
+        self.retain_graph = retain_graph
         with self.device.context() if self.device is not None and self.device.type == "cuda" else _NULL:
             prev = _state.enabled
             _state.enabled = False
