@@ -1,0 +1,1 @@
+"""Models built on infini_train.nn."""

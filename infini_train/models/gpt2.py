@@ -1,0 +1,214 @@
+"""GPT-2, reading top to bottom as in nanoGPT / llm.c's train_gpt2.py.
+
+Parameter names match Hugging Face's GPT2LMHeadModel (``transformer.h.0.attn.c_attn.weight``, ...), with
+nn.Linear's (out, in) layout; the HF Conv1D transpose happens in the loaders (gpt2_io.py).
+"""
+from __future__ import annotations
+
+import math
+
+from .. import backend
+from .. import nn
+from ..autograd import grad_mode
+from ..creation import arange
+from ..nn import functional as F
+from .gpt2_config import GPT2_PRESETS, GPT2Config
+
+__all__ = ["GPT2", "GPT2Config", "GPT2_PRESETS", "KVCache"]
+
+
+class KVCache:
+    """Per-layer key/value buffers for incremental decoding: each new token attends over the cached prefix
+    instead of re-running it. Buffers are preallocated to ``block_size`` and written in place (no_grad only).
+    """
+
+    def __init__(self, config: GPT2Config, batch_size: int, device, dtype=backend.float32):
+        dev = backend.Device.parse(device)
+        xp = dev.array_module()
+        shape = (batch_size, config.n_head, config.block_size, config.head_dim)
+        with dev.context():
+            self.keys = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
+            self.values = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
+        self.length = 0  # positions filled so far
+        self.capacity = config.block_size
+        self.device = dev
+
+    def append(self, layer: int, k, v):
+        """Store k, v (B, nh, T, hd) at the next positions of ``layer``; return the keys/values so far."""
+        t0, t1 = self.length, self.length + k.shape[2]
+        self.keys[layer][:, :, t0:t1] = k.array
+        self.values[layer][:, :, t0:t1] = v.array
+        from ..tensor import Tensor
+        return (Tensor._make(self.keys[layer][:, :, :t1], self.device),
+                Tensor._make(self.values[layer][:, :, :t1], self.device))
+
+    def advance(self, steps: int):
+        self.length += steps
+
+    def reset(self):
+        self.length = 0
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.LLMC_RESIDUAL_SCALE_FLAG = True
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, kv_cache=None, layer=0):
+        B, T, C = x.shape
+        nh, hd = self.n_head, C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, nh, hd).transpose(1, 2)
+        v = v.view(B, T, nh, hd).transpose(1, 2)
+        mask, causal = None, True
+        if kv_cache is not None:
+            past = kv_cache.length
+            k, v = kv_cache.append(layer, k, v)
+            if past:
+                causal = False
+                if T > 1:  # new queries sit at the end of the key range: bottom-right aligned causal mask
+                    mask = (arange(T).view(T, 1) + past >= arange(past + T).view(1, past + T)).to(x.device)
+        dropout_p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.LLMC_RESIDUAL_SCALE_FLAG = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), kv_cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.LLMC_SKIP_INIT = True  # tied to wte, initialised there
+        self.lm_head.weight = self.transformer.wte.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        # llm.c: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer)
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "LLMC_RESIDUAL_SCALE_FLAG", False):
+                std = 0.02 / math.sqrt(2 * self.config.n_layer)
+            if not getattr(module, "LLMC_SKIP_INIT", False):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
+        """idx (B, T) int token ids -> (logits (B, T, V), loss or None).
+
+        ``targets`` (B, T) gives the mean cross-entropy (positions with target -1 are ignored, as in llm.c).
+        ``kv_cache`` continues a sequence incrementally; ``last_only`` computes logits of the final position
+        only (generation).
+        """
+        B, T = idx.shape
+        start = kv_cache.length if kv_cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(
+                f"GPT2.forward: sequence of length {start + T} exceeds block_size {self.config.block_size}\n"
+                "HINT: crop the context to the last block_size tokens (generate() does this)")
+        pos = arange(start, start + T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, kv_cache, layer)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        x = self.transformer.ln_f(x)
+        if last_only:
+            x = x[:, -1:, :]
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), eps=1e-8):
+        """AdamW with weight decay on 2-D parameters (matmul weights, embeddings) only."""
+        from ..optim import AdamW
+
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.ndim >= 2]
+        no_decay = [p for p in params if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return AdamW(groups, lr=learning_rate, betas=betas, eps=eps)
+
+    def num_params(self, non_embedding=False):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12 L H Q T."""
+        cfg = self.config
+        T = seq_len or cfg.block_size
+        return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
+
+    # ------------------------------------------------------------------------------------- weights
+    @classmethod
+    def from_pretrained(cls, path, device=None):
+        """Load an HF GPT-2 directory (config.json + model.safetensors) or an llm.c .bin checkpoint."""
+        from .gpt2_io import load_pretrained
+        model = load_pretrained(cls, path)
+        return model.to(device) if device is not None else model
+
+    def save_pretrained(self, directory):
+        """Write the Hugging Face layout: config.json + model.safetensors (Conv1D weights transposed)."""
+        from .gpt2_io import save_hf
+        save_hf(self, directory)
+
+    def save_llmc(self, path, dtype="float32"):
+        """Write llm.c's model file (magic 20240326; version 3 float32 or 5 bfloat16; vocab padded to 128)."""
+        from .gpt2_io import save_llmc
+        save_llmc(self, path, dtype)
+
+    # ----------------------------------------------------------------------------------- generate
+    @grad_mode.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None,
+                 use_cache=True, stream=None):
+        """Sample ``max_new_tokens`` after the prompts ``idx`` (B, T); see generation.py."""
+        from .generation import generate
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=seed, use_cache=use_cache, stream=stream)
