@@ -22,6 +22,14 @@ from ..backend import CPU, Device
 from .grad_mode import _state
 
 _ndarray = np.ndarray
+_TENSOR = [None]  # the Tensor class, bound on first use (tensor.py imports this module)
+
+
+def _tensor_class():
+    if _TENSOR[0] is None:
+        from ..tensor import Tensor
+        _TENSOR[0] = Tensor
+    return _TENSOR[0]
 
 
 class OpError(ValueError):
@@ -107,8 +115,17 @@ class Function:
     # --------------------------------------------------------------------------------- saving
     def save_for_backward(self, *tensors):
         """Save tensors (or None) for backward. Stored as arrays plus version, so no reference cycles."""
-        self._saved = tuple(None if t is None else (t.array, t.device, t._version) for t in tensors)
-        self._saved_versions = tuple(None if t is None else t._version[0] for t in tensors)
+        saved = []
+        versions = []
+        for t in tensors:
+            if t is None:
+                saved.append(None)
+                versions.append(None)
+            else:
+                saved.append((t.array, t.device, t._version))
+                versions.append(t._version[0])
+        self._saved = saved
+        self._saved_versions = versions
 
     def _freed_error(self):
         return RuntimeError(
@@ -133,8 +150,8 @@ class Function:
 
     @property
     def saved_tensors(self):
-        from ..tensor import Tensor
-        return tuple(None if e is None else Tensor._make(e[0], e[1]) for e in self._check_saved())
+        make = _tensor_class()._make
+        return tuple(None if e is None else make(e[0], e[1]) for e in self._check_saved())
 
     @property
     def saved_arrays(self):
@@ -142,8 +159,7 @@ class Function:
 
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):
-        from ..tensor import Tensor  # noqa: F811 (bound once below for speed)
-        return _apply(self, inputs, Tensor)
+        return _apply(self, inputs, _TENSOR[0] or _tensor_class())
 
     # --------------------------------------------------------------------------------- backward
     def increase_dependencies_number(self):
@@ -227,7 +243,7 @@ class Function:
         return out
 
     def _tensor_backward(self, grads):
-        from ..tensor import Tensor
+        Tensor = _tensor_class()
         dev = self.device
         result = self.backward(*(Tensor._make(g, dev) for g in grads))
         if isinstance(result, tuple):
@@ -243,7 +259,7 @@ class Function:
             f"expected shape {shape}")
 
     def _run_tensor_hooks(self, grads):
-        from ..tensor import Tensor
+        Tensor = _tensor_class()
         for idx, hooks in self._pre_hooks.items():
             if grads[idx] is None:
                 continue
