@@ -1,0 +1,1 @@
+"""Data parallelism: DataParallel (one process, many devices) and DistributedDataParallel."""
