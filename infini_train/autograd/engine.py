@@ -13,9 +13,17 @@ import threading
 
 class _PassState(threading.local):
     handed = None  # ids of gradient arrays already given to a leaf's .grad in this pass
+    callbacks = None  # run once the current pass has finished (DDP waits for its all-reduces there)
 
 
 pass_state = _PassState()
+
+
+def queue_callback(fn):
+    """Run ``fn()`` when the backward pass now running has delivered every gradient."""
+    if pass_state.callbacks is None:
+        raise RuntimeError("queue_callback: only valid while a backward pass is running (e.g. from a hook)")
+    pass_state.callbacks.append(fn)
 
 
 def _count_dependencies(root_fns):
@@ -74,8 +82,8 @@ def backward(tensors, grad_tensors=None, retain_graph=False):
     for fn, _, _ in roots:
         fn.increase_dependencies_number()
 
-    outer = pass_state.handed
-    pass_state.handed = external
+    outer = pass_state.handed, pass_state.callbacks
+    pass_state.handed, pass_state.callbacks = external, []
     try:
         work = list(reversed(roots))
         while work:
@@ -83,5 +91,8 @@ def backward(tensors, grad_tensors=None, retain_graph=False):
             more = fn.backward_partial(grad, idx, retain_graph)
             if more:
                 work.extend(more)
+        callbacks = pass_state.callbacks
+        while callbacks:
+            callbacks.pop(0)()
     finally:
-        pass_state.handed = outer
+        pass_state.handed, pass_state.callbacks = outer

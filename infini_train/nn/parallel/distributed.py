@@ -1,0 +1,189 @@
+"""DistributedDataParallel: one process per rank, gradients averaged by bucketed all-reduces that overlap
+backward.
+
+The Reducer groups parameters into buckets in reverse registration order (roughly the order backward
+produces their gradients): the first bucket holds up to 1 MB, the others up to ``bucket_cap_mb``, as
+PyTorch does. A post-accumulate hook on each parameter's AccumulateGrad copies the gradient into its
+bucket's flat buffer; when a bucket is full its asynchronous all-reduce starts at once (buckets are
+launched in order, so every rank issues the collectives in the same order) while backward goes on. At
+the end of the pass (an engine callback) the reducer launches what is left, waits, and writes the
+averaged gradients back into ``param.grad``.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from ...autograd import engine
+from ...autograd.grad_mode import is_grad_enabled, no_grad
+from ...tensor import Tensor
+from ..module import Module
+
+
+class _Bucket:
+    def __init__(self, params, dtype, device):
+        self.params = params
+        self.offsets = []
+        total = 0
+        for p in params:
+            self.offsets.append(total)
+            total += p.numel()
+        xp = device.array_module()
+        with device.context():
+            self.flat = Tensor._make(xp.zeros(total, dtype=dtype), device)
+        self.pending = len(params)
+        self.ready = set()
+        self.work = None
+
+    def view(self, i):
+        p = self.params[i]
+        off = self.offsets[i]
+        return self.flat.array[off:off + p.numel()].reshape(p.shape)
+
+
+class Reducer:
+    def __init__(self, params, process_group, bucket_cap_mb=25, first_bucket_mb=1, find_unused_parameters=False):
+        self.group = process_group
+        self.find_unused = find_unused_parameters
+        self.params = params
+        self.buckets = self._build_buckets(params, bucket_cap_mb * 2 ** 20, first_bucket_mb * 2 ** 20)
+        self.where = {}
+        for b, bucket in enumerate(self.buckets):
+            for i, p in enumerate(bucket.params):
+                self.where[id(p)] = (b, i)
+        self.sync = True
+        self._in_pass = False
+        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+
+    @staticmethod
+    def _build_buckets(params, cap, first_cap):
+        buckets, current, size, limit = [], [], 0, first_cap
+        for p in reversed(params):
+            nbytes = p.numel() * p.dtype.itemsize
+            if current and (size + nbytes > limit or p.dtype != current[0].dtype or p.device is not current[0].device):
+                buckets.append(current)
+                current, size, limit = [], 0, cap
+            current.append(p)
+            size += nbytes
+        if current:
+            buckets.append(current)
+        return [_Bucket(ps, ps[0].dtype, ps[0].device) for ps in buckets]
+
+    def prepare_for_backward(self):
+        for bucket in self.buckets:
+            bucket.pending = len(bucket.params)
+            bucket.ready = set()
+            bucket.work = None
+        self.next_to_launch = 0
+        self._in_pass = False
+
+    def _on_grad_ready(self, param):
+        if not self.sync:
+            return
+        if not self._in_pass:
+            self._in_pass = True
+            engine.queue_callback(self._finalize)
+        b, i = self.where[id(param)]
+        bucket = self.buckets[b]
+        if i in bucket.ready:
+            raise RuntimeError("DistributedDataParallel: a parameter received its gradient twice in one backward "
+                               "pass\nHINT: reentrant backward or a parameter used in two graphs is not supported")
+        bucket.view(i)[...] = param.grad.array
+        bucket.ready.add(i)
+        bucket.pending -= 1
+        self._launch_ready()
+        for bk in self.buckets[:self.next_to_launch]:
+            bk.work.is_completed()  # drive MPI progress so communication overlaps backward
+
+    def _launch_ready(self):
+        while self.next_to_launch < len(self.buckets) and self.buckets[self.next_to_launch].pending == 0:
+            bucket = self.buckets[self.next_to_launch]
+            bucket.work = self.group.all_reduce(bucket.flat, "avg", async_op=True)
+            self.next_to_launch += 1
+
+    def _finalize(self):
+        self._in_pass = False
+        missing = [(b, i) for b, bucket in enumerate(self.buckets) for i in range(len(bucket.params))
+                   if i not in bucket.ready]
+        if missing and not self.find_unused:
+            names = ", ".join(f"#{self.params.index(self.buckets[b].params[i])} shape "
+                              f"{tuple(self.buckets[b].params[i].shape)}" for b, i in missing[:5])
+            raise RuntimeError(
+                f"DistributedDataParallel: {len(missing)} parameter(s) received no gradient in this backward pass "
+                f"(parameter index in module.parameters(): {names}).\nHINT: construct DistributedDataParallel with "
+                "find_unused_parameters=True if some parameters are legitimately unused in forward")
+        for b, i in missing:
+            self.buckets[b].view(i)[...] = 0
+            self.buckets[b].pending -= 1
+        self._launch_ready()
+        with no_grad():
+            for bucket in self.buckets:
+                bucket.work.wait()
+                for i, p in enumerate(bucket.params):
+                    averaged = bucket.view(i)
+                    if p.grad is None:
+                        p.grad = Tensor._make(averaged.copy(), p.device)
+                    else:
+                        p.grad.array[...] = averaged
+                        p.grad._version[0] += 1
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+class DistributedDataParallel(Module):
+    """Wrap a module for data-parallel training across the ranks of ``process_group`` (default: world).
+
+    Construction broadcasts parameters and buffers from rank 0; each backward averages gradients across
+    ranks. Use ``no_sync()`` for the micro-steps of gradient accumulation.
+    """
+
+    def __init__(self, module, process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
+                 broadcast_buffers=True, first_bucket_mb=1):
+        super().__init__()
+        from ...distributed import default_group
+
+        self.module = module
+        self.process_group = process_group or default_group()
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        params = [p for p in module.parameters() if p.requires_grad]
+        with no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                self.process_group.broadcast(t, 0)
+        self.reducer = Reducer(params, self.process_group, bucket_cap_mb, first_bucket_mb, find_unused_parameters)
+        self.require_sync = True
+
+    def forward(self, *args, **kwargs):
+        if self.broadcast_buffers:
+            with no_grad():
+                for b in self.module.buffers():
+                    self.process_group.broadcast(b, 0)
+        if is_grad_enabled():
+            self.reducer.sync = self.require_sync
+            self.reducer.prepare_for_backward()
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally; the next synced backward averages them."""
+        prev = self.require_sync
+        self.require_sync = False
+        try:
+            yield
+        finally:
+            self.require_sync = prev
+
+    def state_dict(self, prefix=""):
+        """The wrapped module's state dict (no "module." prefix), so checkpoints load with or without DDP."""
+        return self.module.state_dict(prefix)
+
+    def load_state_dict(self, state_dict, strict=True):
+        return self.module.load_state_dict(state_dict, strict)
+
+    @property
+    def bucket_sizes(self):
+        return [[tuple(p.shape) for p in b.params] for b in self.reducer.buckets]
+
+
+__all__ = ["DistributedDataParallel", "Reducer"]

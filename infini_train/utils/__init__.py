@@ -1,0 +1,1 @@
+"""Utilities: run configuration, checkpoints, metrics logging."""
