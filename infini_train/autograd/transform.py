@@ -2,22 +2,83 @@
 masked_fill, repeat_interleave, contiguous."""
 from __future__ import annotations
 
-from .function import Op
+import numbers
 
-__all__ = ["reshape", "view", "transpose"]
+import numpy as np
+
+from .function import Op, op_error, sum_to
+from .misc import index_add
+
+__all__ = ["reshape", "view", "transpose", "permute", "expand", "squeeze", "unsqueeze", "flatten", "tril", "triu",
+           "masked_fill", "repeat_interleave", "contiguous"]
 
 
-class Reshape(Op):
+def _dim(op, dim, ndim):
+    """Normalize a (possibly negative) dim into [0, ndim); a 0-d tensor accepts dim 0 and -1 like torch."""
+    bound = max(ndim, 1)
+    if not isinstance(dim, numbers.Integral) or not -bound <= dim < bound:
+        raise op_error(op, f"dim in [{-bound}, {bound - 1}] for a {ndim}-d tensor", f"dim={dim!r}",
+                       "negative dims count from the end")
+    return int(dim) % bound
+
+
+class _Reshaping(Op):
+    """Same elements in a new shape: backward reshapes the gradient back to the input's shape."""
+
     is_view = True
 
+    def backward(self, g):
+        return g.reshape(self._input_shapes[0])
+
+
+class Reshape(_Reshaping):
     def __init__(self, shape):
         self.shape = shape
 
     def forward(self, a):
         return a.reshape(self.shape)
 
-    def backward(self, g):
-        return g.reshape(self._input_shapes[0])
+
+class Squeeze(_Reshaping):
+    def __init__(self, dim):
+        self.dim = dim
+
+    def forward(self, a):
+        if self.dim is None:
+            drop = {i for i, n in enumerate(a.shape) if n == 1}
+        else:
+            dims = self.dim if isinstance(self.dim, (tuple, list)) else (self.dim,)
+            # like torch, naming a dim whose size is not 1 leaves it in place
+            drop = {d for d in (_dim("squeeze", d, a.ndim) for d in dims) if a.ndim and a.shape[d] == 1}
+        return a.reshape(tuple(n for i, n in enumerate(a.shape) if i not in drop))
+
+
+class Unsqueeze(_Reshaping):
+    def __init__(self, dim):
+        self.dim = dim
+
+    def forward(self, a):
+        dim = _dim("unsqueeze", self.dim, a.ndim + 1)
+        return a.reshape(a.shape[:dim] + (1,) + a.shape[dim:])
+
+
+class Flatten(_Reshaping):
+    def __init__(self, start_dim, end_dim):
+        self.start_dim = start_dim
+        self.end_dim = end_dim
+
+    def forward(self, a):
+        if a.ndim == 0:
+            _dim("flatten", self.start_dim, 0)
+            _dim("flatten", self.end_dim, 0)
+            return a.reshape(1)
+        start, end = _dim("flatten", self.start_dim, a.ndim), _dim("flatten", self.end_dim, a.ndim)
+        if start > end:
+            raise op_error("flatten", "start_dim <= end_dim", f"start_dim={self.start_dim}, end_dim={self.end_dim}")
+        merged = 1
+        for n in a.shape[start:end + 1]:
+            merged *= n
+        return a.reshape(a.shape[:start] + (merged,) + a.shape[end + 1:])
 
 
 class Transpose(Op):
@@ -34,6 +95,166 @@ class Transpose(Op):
         return self.xp.swapaxes(g, self.dim0, self.dim1)
 
 
+class Permute(Op):
+    is_view = True
+
+    def __init__(self, dims):
+        self.dims = dims
+
+    def forward(self, a):
+        dims = tuple(_dim("permute", d, a.ndim) for d in self.dims) if a.ndim else tuple(self.dims)
+        if sorted(dims) != list(range(a.ndim)):
+            raise op_error("permute", f"a permutation of the {a.ndim} dims", f"dims={tuple(self.dims)}",
+                           "name every dim exactly once")
+        self.dims = dims
+        return self.xp.transpose(a, dims)
+
+    def backward(self, g):
+        inverse = [0] * len(self.dims)
+        for i, d in enumerate(self.dims):
+            inverse[d] = i
+        return self.xp.transpose(g, inverse)
+
+
+class Expand(Op):
+    """A read-only broadcast view; its gradient sums over the broadcast dims."""
+
+    is_view = True
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def forward(self, a):
+        shape, lead = self.shape, len(self.shape) - a.ndim
+        if lead < 0:
+            raise op_error("expand", f"at least {a.ndim} sizes (one per dim of the input)", f"shape={shape}",
+                           "new dims may only be added in front")
+        target = []
+        for i, n in enumerate(shape):
+            old = a.shape[i - lead] if i >= lead else None
+            if n == -1 and old is None:
+                raise op_error("expand", "sizes >= 0 for new leading dims", f"-1 at dim {i} of shape={shape}")
+            n = old if n == -1 else n
+            if old is not None and old != n and old != 1:
+                raise op_error("expand", f"size {old} or any size where the input has 1 (dim {i})",
+                               f"size {n} for input shape {a.shape}", "only dims of size 1 can be expanded")
+            target.append(n)
+        return self.xp.broadcast_to(a, tuple(target))
+
+    def backward(self, g):
+        return sum_to(g, self._input_shapes[0])
+
+
+class _Triangle(Op):
+    def __init__(self, diagonal):
+        self.diagonal = diagonal
+
+    def forward(self, a):
+        if a.ndim < 2:
+            raise op_error(self.op, "a tensor with at least 2 dims (batched over the leading ones)",
+                           f"shape {a.shape}")
+        return self.keep(a)
+
+    def backward(self, g):
+        return self.keep(g)
+
+
+class Tril(_Triangle):
+    op = "tril"
+
+    def keep(self, a):
+        return self.xp.tril(a, self.diagonal)
+
+
+class Triu(_Triangle):
+    op = "triu"
+
+    def keep(self, a):
+        return self.xp.triu(a, self.diagonal)
+
+
+class MaskedFill(Op):
+    """x where mask is False, value where it is True. ``value`` may be a 0-d tensor (it then gets a gradient)."""
+
+    def forward(self, a, mask, value):
+        xp = self.xp
+        mask = xp.asarray(mask)
+        if mask.dtype != bool:
+            raise op_error("masked_fill", "a bool mask", f"a mask of dtype {mask.dtype}", "compare first, e.g. x == 0")
+        try:
+            fits = np.broadcast_shapes(mask.shape, a.shape) == a.shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise op_error("masked_fill", f"a mask broadcastable to the input's shape {a.shape}",
+                           f"a mask of shape {mask.shape}")
+        if getattr(value, "ndim", 0) != 0:
+            raise op_error("masked_fill", "a Python scalar or a 0-d tensor as value",
+                           f"a value of shape {value.shape}")
+        self.stash(mask)
+        self.value_dtype = getattr(value, "dtype", None)
+        return xp.where(mask, xp.asarray(value, dtype=a.dtype), a)
+
+    def backward(self, g):
+        (mask,) = self.stashed
+        zero = self.xp.zeros((), g.dtype)
+        grad_x = self.xp.where(mask, zero, g) if self.needs_input_grad[0] else None
+        grad_value = None
+        if self.needs_input_grad[2]:
+            grad_value = self.xp.where(mask, g, zero).sum().astype(self.value_dtype)
+        return grad_x, None, grad_value
+
+
+class RepeatInterleave(Op):
+    def __init__(self, dim):
+        self.dim = dim
+
+    def forward(self, a, repeats):
+        if self.dim is None or a.ndim == 0:  # dim=None repeats the flattened elements, like torch
+            dim = self.dim = 0 if self.dim is None else _dim("repeat_interleave", self.dim, 0)
+            a = a.reshape(-1)
+        else:
+            dim = self.dim = _dim("repeat_interleave", self.dim, a.ndim)
+        n = a.shape[dim]
+        if isinstance(repeats, (list, tuple)):
+            repeats = self.xp.asarray(repeats, dtype=np.int64)
+        if hasattr(repeats, "shape"):  # an int tensor: its values decide the output size, so read them
+            if repeats.dtype.kind not in "iu" or repeats.ndim > 1:
+                raise op_error("repeat_interleave", "an int or a 0-d/1-D integer tensor of repeats",
+                               f"repeats of dtype {repeats.dtype} and shape {repeats.shape}")
+            repeats = [int(r) for r in repeats.reshape(-1).tolist()]
+            if len(repeats) == 1:
+                repeats = repeats[0]
+            elif len(repeats) != n:
+                raise op_error("repeat_interleave", f"{n} repeats (one per entry of dim {dim})",
+                               f"{len(repeats)} repeats", "pass one repeat count per entry, or a single int")
+        if min(repeats if isinstance(repeats, list) else [repeats], default=0) < 0:
+            raise op_error("repeat_interleave", "non-negative repeats", f"repeats={repeats}")
+        self.repeats = repeats
+        return self.xp.repeat(a, repeats, axis=dim)
+
+    def backward(self, g):
+        xp, dim, repeats = self.xp, self.dim, self.repeats
+        shape = self._input_shapes[0]
+        if repeats == 0:
+            return xp.zeros(shape, g.dtype), None
+        if not isinstance(repeats, list):  # every entry repeated r times: sum the r copies
+            n = g.shape[dim] // repeats
+            return g.reshape(g.shape[:dim] + (n, repeats) + g.shape[dim + 1:]).sum(axis=dim + 1).reshape(shape), None
+        owner = xp.repeat(xp.arange(len(repeats)), repeats)  # output position -> input entry
+        grad = xp.zeros(g.shape[:dim] + (len(repeats),) + g.shape[dim + 1:], g.dtype)
+        index_add(xp, xp.moveaxis(grad, dim, 0), owner, xp.moveaxis(g, dim, 0))
+        return grad.reshape(shape), None
+
+
+class Contiguous(Op):
+    def forward(self, a):
+        return self.xp.ascontiguousarray(a).reshape(a.shape)  # reshape: ascontiguousarray makes 0-d into 1-d
+
+    def backward(self, g):
+        return g
+
+
 def reshape(x, shape):
     """Same data, new shape (one dim may be -1). A view where the memory layout allows."""
     return Reshape(tuple(shape)).apply(x)
@@ -45,3 +266,57 @@ view = reshape
 def transpose(x, dim0, dim1):
     """Swap two dimensions (a view)."""
     return Transpose(dim0, dim1).apply(x)
+
+
+def permute(x, dims):
+    """Reorder the dimensions: output dim i is input dim ``dims[i]`` (a view)."""
+    return Permute(tuple(dims)).apply(x)
+
+
+def expand(x, shape):
+    """Broadcast size-1 dims to ``shape`` without copying (-1 keeps a dim; new dims may be added in front)."""
+    return Expand(tuple(int(n) for n in shape)).apply(x)
+
+
+def squeeze(x, dim=None):
+    """Drop dims of size 1: all of them, or those named by ``dim`` (an int or a tuple) that have size 1."""
+    return Squeeze(dim).apply(x)
+
+
+def unsqueeze(x, dim):
+    """Insert a dim of size 1 at ``dim`` (in [-ndim-1, ndim])."""
+    return Unsqueeze(dim).apply(x)
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    """Merge dims ``start_dim``..``end_dim`` into one; a 0-d tensor becomes 1-d."""
+    return Flatten(start_dim, end_dim).apply(x)
+
+
+def tril(x, diagonal=0):
+    """Keep the lower triangle (on and below ``diagonal``) of the last two dims; zeros elsewhere."""
+    return Tril(diagonal).apply(x)
+
+
+def triu(x, diagonal=0):
+    """Keep the upper triangle (on and above ``diagonal``) of the last two dims; zeros elsewhere."""
+    return Triu(diagonal).apply(x)
+
+
+def masked_fill(x, mask, value):
+    """``x`` with ``value`` where the bool ``mask`` (broadcastable to x) is True; no gradient flows there."""
+    return MaskedFill().apply(x, mask, value)
+
+
+def repeat_interleave(x, repeats, dim=None):
+    """Repeat each entry along ``dim`` ``repeats`` times (an int, or a 1-D int tensor with one count per entry).
+    With dim=None the input is flattened first."""
+    return RepeatInterleave(dim).apply(x, repeats)
+
+
+def contiguous(x):
+    """``x`` itself when its memory is already C-contiguous, else a contiguous copy (gradient passes through)."""
+    flags = x.array.flags
+    if flags.c_contiguous:
+        return x
+    return Contiguous().apply(x)

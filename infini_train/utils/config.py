@@ -230,6 +230,12 @@ def _check_ranges(cfg: RunConfig, errors):
         v = getattr(m, name)
         if v is not None:
             need(v >= 1, f"model.{name}", "an integer >= 1", v)
+    from ..models.gpt2_config import GPT2_PRESETS
+    if m.preset is not None and m.preset not in GPT2_PRESETS:
+        close = difflib.get_close_matches(m.preset, GPT2_PRESETS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        errors.append(f"model.preset: expected one of {sorted(GPT2_PRESETS)}, got {m.preset!r}{hint}")
+        return
     try:
         gpt = m.to_gpt2_config()
     except (ValueError, TypeError) as exc:

@@ -173,3 +173,17 @@ def test_hf_shape_mismatch_names_the_tensor(tmp_path):
 def test_missing_path_is_clear():
     with pytest.raises(FileNotFoundError, match="no such file or directory"):
         GPT2.from_pretrained("/nonexistent/model.bin")
+
+
+def test_gradient_accumulation_equals_the_full_batch_gradient():
+    model = small_model()
+    x, y = batch(B=4)
+    _, loss = model(it.tensor(x), it.tensor(y))
+    loss.backward()
+    full = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+    model.zero_grad()
+    for half in (slice(0, 2), slice(2, 4)):
+        _, loss = model(it.tensor(x[half]), it.tensor(y[half]))
+        (loss / 2).backward()
+    for n, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), full[n], rtol=1e-4, atol=1e-7, err_msg=n)
