@@ -1,11 +1,17 @@
 """Misc ops: split/chunk, cat/stack, indexing (basic and advanced), gather, index_select."""
 from __future__ import annotations
 
+import numbers
+
+from ..tensor import Tensor
 from .function import Op, op_error
+
+__all__ = ["split", "chunk", "cat", "concat", "stack", "gather", "index_select"]
 
 
 def index_add(xp, target, index, values):
-    """target[index] += values, accumulating over repeated indices (numpy's add.at; cupyx on GPUs)."""
+    """target[index] += values in place, accumulating over repeated indices (numpy's add.at; cupyx on GPUs).
+    ``index`` is anything numpy indexing takes; ``target`` may be a view, the sums land in its base."""
     if xp.__name__ == "numpy":
         xp.add.at(target, index, values)
     else:
@@ -14,28 +20,46 @@ def index_add(xp, target, index, values):
     return target
 
 
-def _dim(dim, ndim, op):
-    if not -ndim <= dim < ndim:
-        raise op_error(op, f"dim in [{-ndim}, {ndim - 1}]", f"dim={dim}")
-    return dim % ndim
+def _dim(op, dim, ndim):
+    if not isinstance(dim, numbers.Integral) or not -ndim <= dim < ndim:
+        raise op_error(op, f"dim in [{-ndim}, {ndim - 1}]", f"dim={dim!r}", "negative dims count from the end")
+    return int(dim) % ndim
 
 
+def _check_range(op, index, size, dim):
+    """Integer indices must lie in [-size, size) (getitem) or [0, size) (gather, index_select)."""
+    if not index.size:
+        return
+    low = -size if op == "getitem" else 0
+    lo, hi = int(index.min()), int(index.max())
+    if lo < low or hi >= size:
+        bad = lo if lo < low else hi
+        raise op_error(op, f"indices in [{low}, {size}) for dim {dim} of size {size}", f"index {bad}",
+                       "indices count from 0; check the index against the tensor's shape")
+
+
+# ---------------------------------------------------------------------------------------- split / cat
 class Split(Op):
+    """One node, many outputs: backward concatenates the output grads (zeros for outputs that got none)."""
+
     def __init__(self, split_size_or_sections, dim=0):
         self.spec = split_size_or_sections
         self.dim = dim
 
     def forward(self, x):
-        dim = self.dim = _dim(self.dim, x.ndim, "split")
+        if x.ndim == 0:
+            raise op_error("split", "a tensor with at least 1 dim", "a 0-d tensor")
+        dim = self.dim = _dim("split", self.dim, x.ndim)
         n = x.shape[dim]
-        if isinstance(self.spec, int):
-            if self.spec <= 0:
-                raise op_error("split", "a positive split size", self.spec)
-            sizes = [min(self.spec, n - i) for i in range(0, n, self.spec)] or [0]
+        if isinstance(self.spec, numbers.Integral):
+            size = int(self.spec)
+            if size <= 0:
+                raise op_error("split", "a positive split size", size, "use chunk(n) to get n pieces")
+            sizes = [min(size, n - i) for i in range(0, n, size)] or [0]
         else:
             sizes = [int(s) for s in self.spec]
-            if sum(sizes) != n:
-                raise op_error("split", f"sections summing to the size of dim {dim} ({n})", f"{sizes}",
+            if sum(sizes) != n or min(sizes, default=0) < 0:
+                raise op_error("split", f"non-negative sections summing to the size of dim {dim} ({n})", f"{sizes}",
                                "give a split size or sections that add up exactly")
         bounds = [sum(sizes[:i]) for i in range(1, len(sizes))]
         return tuple(self.xp.split(x, bounds, axis=dim))
@@ -45,12 +69,10 @@ class Split(Op):
 
 
 class Cat(Op):
-    def __init__(self, dim=0):
-        self.dim = dim
+    def __init__(self, dim):
+        self.dim = dim  # already normalized by cat()
 
     def forward(self, *xs):
-        _check_same(xs, "cat", stacked=False, dim=self.dim)
-        self.dim = _dim(self.dim, xs[0].ndim, "cat")
         self.sizes = [x.shape[self.dim] for x in xs]
         return self.xp.concatenate(xs, axis=self.dim)
 
@@ -60,62 +82,118 @@ class Cat(Op):
 
 
 class Stack(Op):
-    def __init__(self, dim=0):
-        self.dim = dim
+    def __init__(self, dim):
+        self.dim = dim  # already normalized by stack()
 
     def forward(self, *xs):
-        _check_same(xs, "stack", stacked=True)
-        self.dim = _dim(self.dim, xs[0].ndim + 1, "stack")
         return self.xp.stack(xs, axis=self.dim)
 
     def backward(self, g):
         return tuple(self.xp.moveaxis(g, self.dim, 0))
 
 
-def _check_same(xs, op, stacked, dim=0):
-    if not xs:
+def _check_joinable(op, tensors, dim):
+    """Validate the inputs of cat/stack and return ``dim`` normalized; errors name the offending tensor."""
+    if not tensors:
         raise op_error(op, "a non-empty sequence of tensors", "an empty sequence")
-    first = xs[0]
-    for i, x in enumerate(xs[1:], start=1):
-        if x.dtype != first.dtype:
-            raise op_error(op, "tensors of one dtype", f"tensor 0 is {first.dtype}, tensor {i} is {x.dtype}",
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise op_error(op, "a sequence of Tensors", f"{type(t).__name__} at position {i}",
+                           "wrap values with infini_train.tensor(...)")
+        if t.device is not first.device:
+            raise op_error(op, "tensors on one device", f"tensor 0 on {first.device}, tensor {i} on {t.device}",
+                           "move them with .to(device) first")
+        if t.dtype != first.dtype:
+            raise op_error(op, "tensors of one dtype", f"tensor 0 is {first.dtype}, tensor {i} is {t.dtype}",
                            "cast with .to(dtype) first")
-        same = x.shape == first.shape if stacked else (
-            x.ndim == first.ndim and all(a == b for k, (a, b) in enumerate(zip(x.shape, first.shape))
-                                         if k != dim % max(first.ndim, 1)))
-        if not same:
-            what = "equal shapes" if stacked else f"equal shapes except in dim {dim}"
-            raise op_error(op, what, f"tensor 0 has shape {first.shape}, tensor {i} has shape {x.shape}")
+    if op == "stack":
+        for i, t in enumerate(tensors):
+            if t.shape != first.shape:
+                raise op_error(op, "tensors of equal shape", f"tensor 0 has shape {first.shape}, tensor {i} has "
+                               f"shape {t.shape}", "to join along an existing dim with different sizes, use cat")
+        return _dim(op, dim, first.ndim + 1)
+    if first.ndim == 0:
+        raise op_error(op, "tensors with at least 1 dim", "a 0-d tensor at position 0",
+                       "use stack to join 0-d tensors, or unsqueeze them first")
+    dim = _dim(op, dim, first.ndim)
+    for i, t in enumerate(tensors):
+        if t.ndim != first.ndim or any(a != b for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != dim):
+            raise op_error(op, f"equal shapes except in dim {dim}",
+                           f"tensor 0 has shape {first.shape}, tensor {i} has shape {t.shape}",
+                           "sizes must match in every dim but the one joined; reshape or slice first")
+    return dim
+
+
+# ------------------------------------------------------------------------------------------ indexing
+def _items(index):
+    return index if isinstance(index, tuple) else (index,)
 
 
 def _is_basic(index):
-    items = index if isinstance(index, tuple) else (index,)
-    return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items)
+    return all(i is None or i is Ellipsis or isinstance(i, slice) or
+               (isinstance(i, numbers.Integral) and not isinstance(i, bool)) for i in _items(index))
 
 
 class GetItem(Op):
     """x[index]. Basic indexing (ints, slices, None, ...) is a view; advanced indexing (integer arrays,
-    lists, bool masks) copies, and its backward scatter-adds so repeated indices accumulate."""
+    lists, int tensors, bool masks) copies, and its backward scatter-adds so repeated indices accumulate."""
 
     def __init__(self, index):
         self.index = index
         self.is_view = _is_basic(index)
 
     def forward(self, x):
-        index = self.index
-        if not self.is_view:
-            index = tuple(self._as_array(i) for i in index) if isinstance(index, tuple) else self._as_array(index)
-            self.index = index
-        try:
-            return x[index]
-        except IndexError as exc:
-            raise op_error("getitem", f"indices within the shape {x.shape}", str(exc)) from None
+        self.index = index = self._normalize(_items(self.index), x.shape)
+        return x[index]
+
+    def _normalize(self, items, shape):
+        """Check every index against its dim; bool masks become their nonzero() integer arrays (numpy
+        defines mask indexing that way), so backward only meets integers and cupy bounds-checks nothing."""
+        items = [self._as_array(i) for i in items]
+        used = sum(_dims_used(i) for i in items)
+        if used > len(shape):
+            raise op_error("getitem", f"at most {len(shape)} indices for shape {shape}", f"{used} indices")
+        out, dim = [], 0
+        for item in items:
+            if item is None or _is_scalar_bool(item):  # x[True] adds a dim of size 1 and uses none
+                out.append(item)
+                continue
+            if item is Ellipsis:
+                dim += len(shape) - used
+            elif isinstance(item, slice):
+                dim += 1
+            elif _is_mask(item):
+                if item.shape != shape[dim:dim + item.ndim]:
+                    raise op_error("getitem", f"a bool mask of shape {shape[dim:dim + item.ndim]} (dims {dim}..)",
+                                   f"a mask of shape {item.shape}")
+                out.extend(item.nonzero())
+                dim += item.ndim
+                continue
+            elif hasattr(item, "dtype"):
+                if item.dtype.kind not in "iu":
+                    raise op_error("getitem", "integer or bool index arrays", f"an index of dtype {item.dtype}",
+                                   "convert with .long()")
+                _check_range("getitem", item, shape[dim], dim)
+                dim += 1
+            else:
+                if not -shape[dim] <= item < shape[dim]:
+                    raise op_error("getitem", f"indices in [{-shape[dim]}, {shape[dim]}) for dim {dim} of size "
+                                   f"{shape[dim]}", f"index {item}", "check the index against the tensor's shape")
+                dim += 1
+            out.append(item)
+        if self.is_view and not any(i is Ellipsis for i in out):
+            out.append(Ellipsis)  # keeps x[0, 1] a 0-d view instead of a numpy scalar
+        return tuple(out)
 
     def _as_array(self, i):
-        if hasattr(i, "array") and hasattr(i, "device"):
+        if isinstance(i, Tensor):
             i = i.array
-        if isinstance(i, list):
+        foreign = hasattr(i, "dtype") and not isinstance(i, (self.xp.ndarray, numbers.Integral))  # numpy on a GPU
+        if foreign or isinstance(i, (list, tuple)):
             i = self.xp.asarray(i)
+            if i.size == 0 and i.dtype.kind == "f":  # x[[]] selects nothing; asarray([]) says float64
+                i = i.astype("int64")
         return i
 
     def backward(self, g):
@@ -127,6 +205,20 @@ class GetItem(Op):
         return grad
 
 
+def _is_mask(i):
+    return hasattr(i, "dtype") and i.dtype == bool and i.ndim > 0
+
+
+def _dims_used(i):
+    if i is None or i is Ellipsis or _is_scalar_bool(i):
+        return 0
+    return i.ndim if _is_mask(i) else 1
+
+
+def _is_scalar_bool(i):
+    return isinstance(i, bool) or (hasattr(i, "dtype") and i.dtype == bool and i.ndim == 0)
+
+
 class Gather(Op):
     """torch.gather: out[i][j] = x[i][index[i][j]] along ``dim`` (for dim=1 in 2-D)."""
 
@@ -134,20 +226,28 @@ class Gather(Op):
         self.dim = dim
 
     def forward(self, x, index):
-        self.dim = _dim(self.dim, x.ndim, "gather")
-        if index.ndim != x.ndim:
-            raise op_error("gather", f"an index with {x.ndim} dims like the input", f"{index.ndim} dims")
-        if index.size and (index.min() < 0 or index.max() >= x.shape[self.dim]):
-            raise op_error("gather", f"indices in [0, {x.shape[self.dim]})",
-                           f"values from {int(index.min())} to {int(index.max())}")
+        dim = self.dim = _dim("gather", self.dim, max(x.ndim, 1))
+        if index.ndim != x.ndim or index.dtype.kind not in "iu":
+            raise op_error("gather", f"an integer index with {x.ndim} dims like the input",
+                           f"an index of dtype {index.dtype} and shape {index.shape}")
+        if any(i > n for d, (i, n) in enumerate(zip(index.shape, x.shape)) if d != dim):
+            raise op_error("gather", f"index sizes <= the input's {x.shape} in every dim but {dim}",
+                           f"an index of shape {index.shape}")
+        _check_range("gather", index, x.shape[dim] if x.ndim else 1, dim)
         self.idx = index
-        return self.xp.take_along_axis(x, index, axis=self.dim)
+        if x.ndim == 0:
+            return x[index]  # a 0-d index into a 0-d tensor (must be 0)
+        # torch reads only the leading part of the other dims when index is smaller there
+        x = x[tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(index.shape))]
+        return self.xp.take_along_axis(x, index, axis=dim)
 
     def backward(self, g):
-        xp = self.xp
+        xp, idx = self.xp, self.idx
         grad = xp.zeros(self._input_shapes[0], g.dtype)
-        grids = list(xp.indices(self.idx.shape, sparse=True))
-        grids[self.dim] = self.idx
+        if grad.ndim == 0:
+            return grad + g, None
+        grids = [xp.arange(n).reshape((1,) * d + (n,) + (1,) * (idx.ndim - d - 1)) for d, n in enumerate(idx.shape)]
+        grids[self.dim] = idx
         index_add(xp, grad, tuple(grids), g)
         return grad, None
 
@@ -157,63 +257,72 @@ class IndexSelect(Op):
         self.dim = dim
 
     def forward(self, x, index):
-        self.dim = _dim(self.dim, x.ndim, "index_select")
-        if index.ndim != 1:
-            raise op_error("index_select", "a 1-D index", f"an index of shape {index.shape}")
-        if index.size and (index.min() < -x.shape[self.dim] or index.max() >= x.shape[self.dim]):
-            raise op_error("index_select", f"indices in [0, {x.shape[self.dim]})",
-                           f"values from {int(index.min())} to {int(index.max())}")
-        self.idx = index
-        return self.xp.take(x, index, axis=self.dim)
+        dim = self.dim = _dim("index_select", self.dim, max(x.ndim, 1))
+        if index.ndim > 1 or index.dtype.kind not in "iu":
+            raise op_error("index_select", "a 0-d or 1-D integer index",
+                           f"an index of dtype {index.dtype} and shape {index.shape}")
+        index = self.idx = index.reshape(-1)
+        _check_range("index_select", index, x.shape[dim] if x.ndim else 1, dim)
+        if x.ndim == 0:
+            return x.reshape(1)[index].reshape(())
+        return self.xp.take(x, index, axis=dim)
 
     def backward(self, g):
         xp = self.xp
         grad = xp.zeros(self._input_shapes[0], g.dtype)
-        moved = xp.moveaxis(grad, self.dim, 0)  # a view: adding into it fills grad
-        index_add(xp, moved, self.idx, xp.moveaxis(g, self.dim, 0))
+        if grad.ndim == 0:
+            return grad + g, None
+        index_add(xp, grad, (slice(None),) * self.dim + (self.idx,), g)
         return grad, None
 
 
+# ----------------------------------------------------------------------------------- public wrappers
 def split(x, split_size_or_sections, dim=0):
-    """Split into chunks of ``split_size`` (last may be smaller) or into the given section sizes."""
+    """Split into pieces of ``split_size`` along ``dim`` (the last may be smaller) or into the given section
+    sizes. The pieces are views of ``x``."""
     out = Split(split_size_or_sections, dim).apply(x)
-    return out if isinstance(out, tuple) else (out,)
+    for piece in out:  # views of x: an in-place change to a piece is a change to x
+        piece._version = x._version
+    return out
 
 
 def chunk(x, chunks, dim=0):
-    """torch.chunk: ceil(n / chunks) per piece, so fewer pieces may come back."""
-    if chunks <= 0:
+    """torch.chunk: pieces of ceil(n / chunks) along ``dim``, so fewer than ``chunks`` may come back."""
+    if not isinstance(chunks, numbers.Integral) or chunks <= 0:
         raise op_error("chunk", "a positive number of chunks", chunks)
-    n = x.shape[dim]
-    size = max(-(-n // chunks), 1)
-    return split(x, size, dim)
+    if x.ndim == 0:
+        raise op_error("chunk", "a tensor with at least 1 dim", "a 0-d tensor")
+    n = x.shape[_dim("chunk", dim, x.ndim)]
+    if n == 0:
+        return split(x, [0] * chunks, dim)
+    return split(x, -(-n // chunks), dim)
 
 
 def cat(tensors, dim=0):
-    """Concatenate tensors along an existing dimension."""
-    return Cat(dim).apply(*tensors)
+    """Concatenate tensors (same dtype and device, equal shapes except in ``dim``) along ``dim``."""
+    tensors = tuple(tensors)
+    return Cat(_check_joinable("cat", tensors, dim)).apply(*tensors)
 
 
 concat = cat
 
 
 def stack(tensors, dim=0):
-    """Stack equal-shaped tensors along a new dimension."""
-    return Stack(dim).apply(*tensors)
+    """Stack equal-shaped tensors along a new dimension ``dim``."""
+    tensors = tuple(tensors)
+    return Stack(_check_joinable("stack", tensors, dim)).apply(*tensors)
 
 
 def getitem(x, index):
+    """``x[index]`` (Tensor.__getitem__): numpy indexing semantics, basic indexing returns a view."""
     return GetItem(index).apply(x)
 
 
 def gather(x, dim, index):
-    """Values of ``x`` at ``index`` along ``dim`` (torch.gather)."""
+    """Values of ``x`` at ``index`` along ``dim`` (torch.gather); repeated indices accumulate gradient."""
     return Gather(dim).apply(x, index)
 
 
 def index_select(x, dim, index):
-    """Entries of ``x`` along ``dim`` at the 1-D ``index``."""
+    """Entries of ``x`` along ``dim`` at the 1-D integer ``index`` (repeats allowed)."""
     return IndexSelect(dim).apply(x, index)
-
-
-__all__ = ["split", "chunk", "cat", "concat", "stack", "gather", "index_select"]

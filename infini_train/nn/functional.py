@@ -1,13 +1,80 @@
-"""Functional forms of the layers (it.nn.functional / F), from the autograd op families."""
-from ..autograd.activations import gelu, relu, sigmoid, silu, softplus
-from ..autograd.attention import scaled_dot_product_attention
-from ..autograd.dropout import dropout
-from ..autograd.elementwise import tanh
-from ..autograd.linear import linear
-from ..autograd.loss import cross_entropy, nll_loss
-from ..autograd.normalization import layer_norm
-from ..autograd.softmax import log_softmax, softmax
-from ..autograd.sparse import embedding
+"""Functional forms of the layers (``it.nn.functional``, imported as F): thin wrappers over the autograd
+op families, looked up at call time."""
+from __future__ import annotations
 
-__all__ = ["gelu", "relu", "sigmoid", "silu", "softplus", "tanh", "scaled_dot_product_attention", "dropout",
-           "linear", "cross_entropy", "nll_loss", "layer_norm", "log_softmax", "softmax", "embedding"]
+from ..autograd import activations, attention, elementwise, linear as _linear, loss, normalization, softmax as _softmax
+from ..autograd import dropout as _dropout
+from ..autograd import sparse
+
+
+def linear(x, weight, bias=None):
+    """x @ weight.T + bias, with weight of shape (out_features, in_features)."""
+    return _linear.linear(x, weight, bias)
+
+
+def embedding(ids, weight, padding_idx=None):
+    """Rows of ``weight`` picked by the integer ``ids``; the row ``padding_idx`` gets no gradient."""
+    return sparse.embedding(ids, weight, padding_idx)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Normalise over the trailing ``normalized_shape`` dims, then scale by weight and shift by bias."""
+    return normalization.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def gelu(x, approximate="none"):
+    """GELU: exact x * Phi(x), or the tanh approximation (GPT-2's) with approximate="tanh"."""
+    return activations.gelu(x, approximate=approximate)
+
+
+def relu(x):
+    return activations.relu(x)
+
+
+def sigmoid(x):
+    return activations.sigmoid(x)
+
+
+def silu(x):
+    return activations.silu(x)
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    return activations.softplus(x, beta, threshold)
+
+
+def tanh(x):
+    return elementwise.tanh(x)
+
+
+def softmax(x, dim=-1):
+    return _softmax.softmax(x, dim)
+
+
+def log_softmax(x, dim=-1):
+    return _softmax.log_softmax(x, dim)
+
+
+def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
+    """Softmax cross entropy of (N, C) logits against (N,) class indices; targets equal to ``ignore_index``
+    count neither in the sum nor in the mean's denominator."""
+    return loss.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+
+
+def nll_loss(log_probs, target, ignore_index=-100, reduction="mean"):
+    return loss.nll_loss(log_probs, target, ignore_index=ignore_index, reduction=reduction)
+
+
+def dropout(x, p=0.5, training=True):
+    """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training."""
+    return _dropout.dropout(x, p, training)
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v over (..., T, head_dim) inputs; ``is_causal`` masks future positions."""
+    return attention.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                  is_causal=is_causal, scale=scale)
+
+
+__all__ = ["linear", "embedding", "layer_norm", "gelu", "relu", "sigmoid", "silu", "softplus", "tanh", "softmax",
+           "log_softmax", "cross_entropy", "nll_loss", "dropout", "scaled_dot_product_attention"]

@@ -1,7 +1,7 @@
 """Module and Parameter: registration of parameters, buffers and submodules, state dicts, hooks."""
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 
 import numpy as np
 
@@ -10,28 +10,34 @@ from ..autograd.function import RemovableHandle
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
 
+IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
 
 class Parameter(Tensor):
-    """A Tensor that a Module registers as a trainable parameter (requires grad by default)."""
+    """A Tensor that a Module registers as a trainable parameter (requires grad by default).
+
+    ``Parameter(tensor_or_array, requires_grad=True)`` shares memory with a Tensor or array source, as
+    torch.nn.Parameter does; lists and scalars are converted to float32.
+    """
 
     __slots__ = ()
 
     def __init__(self, data=None, requires_grad=True):
         if data is None:
-            data = np.zeros((0,), np.float32)
+            data = np.zeros((0,), backend.get_default_dtype())
         if isinstance(data, Tensor):
             array, dev = data.array, data.device
+        elif hasattr(data, "dtype") and hasattr(data, "shape"):
+            array, dev = data, backend.device_of_array(data)
         else:
-            array = data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data, np.float32)
-            dev = backend.device_of_array(array)
-        # shares memory with the source, as torch.nn.Parameter does
+            array, dev = np.asarray(data, backend.get_default_dtype()), backend.CPU
         self.array = array
         self.device = dev
         self._requires_grad = False
         self.grad = None
         self.grad_fn = None
         self._output_idx = 0
-        self._version = [0]
+        self._version = data._version if isinstance(data, Tensor) else [0]
         self._accumulate = None
         self.requires_grad = requires_grad
 
@@ -39,9 +45,29 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + Tensor.__repr__(self.detach())
 
 
+def _check_name(kind, module, name):
+    if not isinstance(name, str):
+        raise TypeError(f"{kind}: name must be a str, got {type(name).__name__}")
+    if not name or "." in name:
+        raise KeyError(f"{kind}: name must be non-empty and contain no '.', got {name!r}")
+    d = module.__dict__
+    if "_parameters" not in d:
+        raise AttributeError(f"{kind}: call super().__init__() in {type(module).__name__}.__init__ first")
+    if name in d:
+        raise KeyError(f"{kind}: {type(module).__name__} already has a plain attribute {name!r}")
+
+
+def _add_indent(text, spaces=2):
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return text
+    pad = " " * spaces
+    return lines[0] + "\n" + "\n".join(pad + line for line in lines[1:])
+
+
 class Module:
-    """Base class of layers and models. Assigning a Parameter, Module or (via register_buffer) Tensor to
-    an attribute registers it; ``__call__`` runs forward with the registered hooks."""
+    """Base class of layers and models. Assigning a Parameter or Module to an attribute registers it
+    (buffers go through ``register_buffer``); ``__call__`` runs ``forward`` with the registered hooks."""
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -55,23 +81,26 @@ class Module:
     # ------------------------------------------------------------------------------ registration
     def __setattr__(self, name, value):
         d = self.__dict__
-        if "_parameters" not in d:
-            raise RuntimeError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
-        params, modules, buffers = d["_parameters"], d["_modules"], d["_buffers"]
+        params, modules, buffers = d.get("_parameters"), d.get("_modules"), d.get("_buffers")
         if isinstance(value, (Parameter, Module)):
+            if params is None:
+                raise AttributeError(f"cannot assign {type(value).__name__} {name!r} before "
+                                     f"Module.__init__() was called\nHINT: call super().__init__() first in "
+                                     f"{type(self).__name__}.__init__")
             for table in (params, modules, buffers):
                 table.pop(name, None)
             d.pop(name, None)
+            self._non_persistent.discard(name)
             (params if isinstance(value, Parameter) else modules)[name] = value
-        elif name in params or name in modules:
+        elif params is not None and (name in params or name in modules):
             if value is not None:
-                kind = "parameter" if name in params else "submodule"
-                raise TypeError(f"cannot assign {type(value).__name__} as {kind} {name!r} "
-                                f"(expected a {'Parameter' if kind == 'parameter' else 'Module'} or None)")
+                kind, want = ("parameter", "Parameter") if name in params else ("submodule", "Module")
+                raise TypeError(f"cannot assign {type(value).__name__} as {kind} {name!r} (expected a {want} "
+                                f"or None)")
             (params if name in params else modules)[name] = None
-        elif name in buffers:
+        elif buffers is not None and name in buffers:
             if value is not None and not isinstance(value, Tensor):
-                raise TypeError(f"cannot assign {type(value).__name__} to buffer {name!r} (expected a Tensor)")
+                raise TypeError(f"cannot assign {type(value).__name__} to buffer {name!r} (expected a Tensor or None)")
             buffers[name] = value
         else:
             object.__setattr__(self, name, value)
@@ -87,117 +116,179 @@ class Module:
         for table in (self._parameters, self._buffers, self._modules):
             if name in table:
                 del table[name]
+                self._non_persistent.discard(name)
                 return
         object.__delattr__(self, name)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
 
     def register_parameter(self, name, param):
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"register_parameter: {name!r} must be a Parameter or None, got {type(param).__name__}")
+        if name not in self._parameters:
+            _check_name("register_parameter", self, name)
+            if name in self._buffers or name in self._modules:
+                raise KeyError(f"register_parameter: {name!r} is already a buffer or submodule")
         self._parameters[name] = param
 
     def register_buffer(self, name, tensor, persistent=True):
+        """A Tensor that is part of the module's state (moved by ``to``) but is not a parameter; persistent
+        buffers appear in ``state_dict``."""
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(f"register_buffer: {name!r} must be a Tensor or None, got {type(tensor).__name__}")
+        if name not in self._buffers:
+            _check_name("register_buffer", self, name)
+            if name in self._parameters or name in self._modules:
+                raise KeyError(f"register_buffer: {name!r} is already a parameter or submodule")
         self._buffers[name] = tensor
-        if not persistent:
-            self._non_persistent.add(name)
-        else:
+        if persistent:
             self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
 
     def add_module(self, name, module):
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"add_module: {name!r} must be a Module or None, got {type(module).__name__}")
+        if name not in self._modules:
+            _check_name("add_module", self, name)
+            if name in self._parameters or name in self._buffers:
+                raise KeyError(f"add_module: {name!r} is already a parameter or buffer")
         self._modules[name] = module
 
+    register_module = add_module
+
+    def get_submodule(self, target):
+        """The submodule at a dotted path (``"transformer.h.0.attn"``); ``""`` is this module."""
+        mod = self
+        for part in target.split(".") if target else []:
+            child = mod._modules.get(part)
+            if child is None:
+                raise AttributeError(f"get_submodule: {type(mod).__name__} has no submodule {part!r} "
+                                     f"(looking up {target!r})")
+            mod = child
+        return mod
+
+    def get_parameter(self, target):
+        prefix, _, name = target.rpartition(".")
+        mod = self.get_submodule(prefix)
+        if mod._parameters.get(name) is None:
+            raise AttributeError(f"get_parameter: {type(mod).__name__} has no parameter {name!r} (looking up {target!r})")
+        return mod._parameters[name]
+
     # -------------------------------------------------------------------------------- iteration
-    def named_modules(self, prefix="", memo=None):
-        memo = set() if memo is None else memo
-        if id(self) in memo:
-            return
-        memo.add(id(self))
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """(dotted name, module) pairs, this module first (name ``prefix``), depth first in registration order."""
+        if memo is None:
+            memo = set()
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
         yield prefix, self
         for name, child in self._modules.items():
             if child is not None:
-                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+                yield from child.named_modules(memo, f"{prefix}.{name}" if prefix else name, remove_duplicate)
 
     def modules(self):
-        return (m for _, m in self.named_modules())
+        for _, m in self.named_modules():
+            yield m
 
     def named_children(self):
-        return ((n, m) for n, m in self._modules.items() if m is not None)
+        seen = set()
+        for name, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield name, m
 
     def children(self):
-        return (m for _, m in self.named_children())
+        for _, m in self.named_children():
+            yield m
 
-    def _named_members(self, table, recurse=True):
+    def _named_members(self, table, prefix, recurse, remove_duplicate):
         seen = set()
-        mods = self.named_modules() if recurse else [("", self)]
-        for prefix, mod in mods:
+        mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
+        for mod_prefix, mod in mods:
             for name, value in getattr(mod, table).items():
-                if value is None or id(value) in seen:
+                if value is None or (remove_duplicate and id(value) in seen):
                     continue
                 seen.add(id(value))
-                yield (f"{prefix}.{name}" if prefix else name), value
+                yield (f"{mod_prefix}.{name}" if mod_prefix else name), value
 
-    def named_parameters(self, recurse=True):
-        """(dotted name, Parameter) pairs; a parameter shared by two modules (tied weights) appears once."""
-        return self._named_members("_parameters", recurse)
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        """(dotted name, Parameter) pairs; a parameter shared by two modules (tied weights) appears once,
+        under the name where it is first found."""
+        return self._named_members("_parameters", prefix, recurse, remove_duplicate)
 
     def parameters(self, recurse=True):
-        return (p for _, p in self.named_parameters(recurse))
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
 
-    def named_buffers(self, recurse=True):
-        return self._named_members("_buffers", recurse)
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named_members("_buffers", prefix, recurse, remove_duplicate)
 
     def buffers(self, recurse=True):
-        return (b for _, b in self.named_buffers(recurse))
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
 
-    def num_parameters(self):
-        return sum(p.numel() for p in self.parameters())
+    def num_parameters(self, only_trainable=False):
+        """Number of parameter elements (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not only_trainable)
 
     # ------------------------------------------------------------------------------- state dict
-    def state_dict(self, prefix=""):
-        """Ordered {dotted name: detached tensor}, parameters then buffers per module; tied weights appear
-        under every name, as in torch."""
-        out = OrderedDict()
-        for mod_prefix, mod in self.named_modules(prefix.rstrip(".")):
-            base = f"{mod_prefix}." if mod_prefix else ""
-            for name, p in mod._parameters.items():
-                if p is not None:
-                    out[base + name] = p.detach()
-            for name, b in mod._buffers.items():
-                if b is not None and name not in mod._non_persistent:
-                    out[base + name] = b.detach()
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """Ordered {dotted name: tensor}: each module's parameters, then its persistent buffers, then its
+        children's entries. Tied weights appear under every name, as in torch. Values are detached
+        tensors sharing memory with the module's (the Parameters themselves with ``keep_vars=True``)."""
+        out = OrderedDict() if destination is None else destination
+        for name, p in self._parameters.items():
+            if p is not None:
+                out[prefix + name] = p if keep_vars else p.detach()
+        for name, b in self._buffers.items():
+            if b is not None and name not in self._non_persistent:
+                out[prefix + name] = b if keep_vars else b.detach()
+        for name, child in self._modules.items():
+            if child is not None:
+                child.state_dict(out, prefix + name + ".", keep_vars)
         return out
 
     def load_state_dict(self, state_dict, strict=True):
-        """Copy values into the existing parameters and buffers (they keep their identity, so optimizers
-        holding them stay valid). ``strict`` requires exactly the same keys."""
-        own = self.state_dict()
+        """Copy values (Tensors or arrays) into the existing parameters and buffers; they keep their identity,
+        so optimizers holding them stay valid. ``strict`` requires exactly the same keys; shapes must always
+        match. Returns ``(missing_keys, unexpected_keys)``."""
+        own = self.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         problems = []
+        if strict and missing:
+            problems.append(f"  missing keys ({len(missing)}): " + ", ".join(missing))
+        if strict and unexpected:
+            problems.append(f"  unexpected keys ({len(unexpected)}): " + ", ".join(unexpected))
+        values = {}
         for key, target in own.items():
             if key not in state_dict:
                 continue
             value = state_dict[key]
-            arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
-            if tuple(arr.shape) != tuple(target.shape):
+            if not isinstance(value, Tensor) and not (hasattr(value, "shape") and hasattr(value, "dtype")):
+                value = np.asarray(value)
+            if tuple(value.shape) != tuple(target.shape):
                 problems.append(f"  size mismatch for {key}: expected shape {tuple(target.shape)}, "
-                                f"got {tuple(arr.shape)}")
-        if strict and (missing or unexpected):
-            problems.insert(0, "  missing keys: " + (", ".join(missing) or "none"))
-            problems.insert(1, "  unexpected keys: " + (", ".join(unexpected) or "none"))
+                                f"got {tuple(value.shape)}")
+            values[key] = value
         if problems:
-            raise RuntimeError(f"load_state_dict: error(s) loading into {type(self).__name__}:\n" + "\n".join(problems)
-                               + "\nHINT: was the checkpoint saved from a model with the same configuration?")
+            raise RuntimeError(f"load_state_dict: error(s) loading state_dict into {type(self).__name__}:\n"
+                               + "\n".join(problems) + "\nHINT: " + _load_hint(missing, unexpected))
         with no_grad():
-            for key, target in own.items():
-                if key in state_dict:
-                    value = state_dict[key]
-                    target.copy_(value if isinstance(value, Tensor) else np.asarray(value))
-        return missing, unexpected
+            for key, value in values.items():
+                target = own[key]
+                if not isinstance(value, Tensor):
+                    value = backend.to_device_array(value, target.device)
+                target.copy_(value)
+        return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------------------ mode, device
     def train(self, mode=True):
+        """Set ``training`` on this module and every submodule (Dropout reads it)."""
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         return self
@@ -206,28 +297,31 @@ class Module:
         return self.train(False)
 
     def apply(self, fn):
+        """Call ``fn(module)`` on every submodule (children first) and then on this module."""
         for child in self.children():
             child.apply(fn)
         fn(self)
         return self
 
     def to(self, *args, dtype=None, device=None):
-        """Move/cast parameters and buffers in place (Parameter objects are kept)."""
+        """Move and/or cast (floating) parameters, buffers and their grads in place; the Parameter objects
+        are kept, so optimizers stay valid. ``to("cuda:0")``, ``to(it.float64)``, ``to(device, dtype)``."""
         for a in args:
-            if isinstance(a, (str, backend.Device)) and str(a).split(":")[0] in ("cpu", "cuda"):
+            if isinstance(a, backend.Device) or (isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda")):
                 device = a
             else:
                 dtype = a
         dev = backend.Device.parse(device) if device is not None else None
         dt = backend.as_dtype(dtype) if dtype is not None else None
+        if dt is not None and not backend.is_floating(dt):
+            raise TypeError(f"Module.to: only floating dtypes are supported, got {dt}")
         seen = set()
         for mod in self.modules():
             for table in (mod._parameters, mod._buffers):
                 for t in table.values():
-                    if t is None or id(t) in seen:
-                        continue
-                    seen.add(id(t))
-                    _move_in_place(t, dev, dt)
+                    if t is not None and id(t) not in seen:
+                        seen.add(id(t))
+                        _move_in_place(t, dev, dt)
         return self
 
     def cpu(self):
@@ -242,6 +336,9 @@ class Module:
     def double(self):
         return self.to(dtype=backend.float64)
 
+    def half(self):
+        return self.to(dtype=backend.float16)
+
     def zero_grad(self, set_to_none=True):
         for p in self.parameters():
             if p.grad is None:
@@ -249,8 +346,7 @@ class Module:
             if set_to_none:
                 p.grad = None
             else:
-                with no_grad():
-                    p.grad.zero_()
+                p.grad.array.fill(0)
 
     def requires_grad_(self, flag=True):
         for p in self.parameters():
@@ -259,12 +355,13 @@ class Module:
 
     # ----------------------------------------------------------------------------------- calls
     def register_forward_hook(self, hook):
-        """``hook(module, inputs, output) -> None | new output`` after every forward."""
+        """``hook(module, args, output) -> None | new output`` after every forward; returns a handle
+        whose ``remove()`` unregisters it."""
         self._forward_hooks.append(hook)
         return RemovableHandle(self._forward_hooks, hook)
 
     def register_forward_pre_hook(self, hook):
-        """``hook(module, inputs) -> None | new inputs`` before every forward."""
+        """``hook(module, args) -> None | new args`` before every forward (a non-tuple is wrapped)."""
         self._forward_pre_hooks.append(hook)
         return RemovableHandle(self._forward_pre_hooks, hook)
 
@@ -272,12 +369,14 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must implement forward")
 
     def __call__(self, *args, **kwargs):
-        for hook in self._forward_pre_hooks:
+        if not self._forward_hooks and not self._forward_pre_hooks:
+            return self.forward(*args, **kwargs)
+        for hook in list(self._forward_pre_hooks):
             result = hook(self, args)
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
         out = self.forward(*args, **kwargs)
-        for hook in self._forward_hooks:
+        for hook in list(self._forward_hooks):
             result = hook(self, args, out)
             if result is not None:
                 out = result
@@ -285,32 +384,55 @@ class Module:
 
     # ------------------------------------------------------------------------------------ repr
     def extra_repr(self):
+        """One-line description of the module's own settings, shown in ``repr``."""
         return ""
 
-    def __repr__(self):
-        lines = []
-        for name, child in self._modules.items():
-            body = repr(child).replace("\n", "\n  ")
-            lines.append(f"({name}): {body}")
+    def __repr__(self):  # torch's layout, so printed models read the same
         extra = self.extra_repr()
-        if not lines:
-            return f"{type(self).__name__}({extra})"
-        head = f"{type(self).__name__}(" + (f"{extra}" if extra else "")
-        return head + "\n  " + "\n  ".join(lines) + "\n)"
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = [f"({name}): " + _add_indent(repr(child)) for name, child in self._modules.items()]
+        lines = extra_lines + child_lines
+        text = type(self).__name__ + "("
+        if lines:
+            if len(extra_lines) == 1 and not child_lines:
+                text += extra_lines[0]
+            else:
+                text += "\n  " + "\n  ".join(lines) + "\n"
+        return text + ")"
+
+
+def _load_hint(missing, unexpected):
+    for wrapper in ("module.", "_orig_mod."):
+        if unexpected and all(k.startswith(wrapper) for k in unexpected) and \
+                {k[len(wrapper):] for k in unexpected} >= set(missing):
+            return f"the checkpoint's keys carry a {wrapper!r} prefix (saved from a wrapped model); strip it, " \
+                   f"or load into the wrapper"
+    return "was the checkpoint saved from a model with the same configuration? strict=False ignores missing " \
+           "and unexpected keys (shapes must still match)"
 
 
 def _move_in_place(t, device, dtype):
-    array = t.array
-    if dtype is not None and array.dtype != dtype and backend.is_floating(array.dtype):
-        array = array.astype(dtype)
-    if device is not None and device is not t.device:
-        array = backend.to_device_array(array, device)
+    cast = dtype is not None and t.array.dtype != dtype and backend.is_floating(t.array.dtype)
+    move = device is not None and device is not t.device
+    if not cast and not move:
+        return
+    t.array = _convert(t.array, device if move else None, dtype if cast else None)
+    if move:
         t.device = device
         if t._accumulate is not None:  # keep the leaf node (and any hooks on it), on the new device
             t._accumulate.device = device
             t._accumulate.xp = device.array_module()
-    if array is not t.array:
-        t.array = array
-        t._version[0] += 1
-    if t.grad is not None and (t.grad.device is not t.device or t.grad.dtype != array.dtype):
-        t.grad = None
+    t._version[0] += 1
+    g = t.grad
+    if g is not None:
+        g.array = _convert(g.array, device if move else None, dtype if cast else None)
+        g.device = t.device
+        g._version[0] += 1
+
+
+def _convert(array, device, dtype):
+    if dtype is not None:
+        array = array.astype(dtype)
+    if device is not None:
+        array = backend.to_device_array(array, device)
+    return array

@@ -105,7 +105,8 @@ class Reducer:
         missing = [(b, i) for b, bucket in enumerate(self.buckets) for i in range(len(bucket.params))
                    if i not in bucket.ready]
         if missing and not self.find_unused:
-            names = ", ".join(f"#{self.params.index(self.buckets[b].params[i])} shape "
+            position = {id(p): k for k, p in enumerate(self.params)}
+            names = ", ".join(f"#{position[id(self.buckets[b].params[i])]} shape "
                               f"{tuple(self.buckets[b].params[i].shape)}" for b, i in missing[:5])
             raise RuntimeError(
                 f"DistributedDataParallel: {len(missing)} parameter(s) received no gradient in this backward pass "

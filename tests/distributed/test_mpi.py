@@ -1,0 +1,92 @@
+"""Real multi-process jobs under mpiexec (from the mpich package the extras install)."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install -e '.[mpi]')")
+
+
+def mpirun(n, *args, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=REPO)
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def test_collectives_and_allreduce_hook_on_two_ranks():
+    proc = mpirun(2, os.path.join(HERE, "worker_collectives.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 OK" in proc.stdout and "rank 1 OK" in proc.stdout
+
+
+def test_ddp_equals_single_process_no_sync_and_unused_parameters():
+    proc = mpirun(2, os.path.join(HERE, "worker_ddp.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 DDP OK" in proc.stdout and "rank 1 DDP OK" in proc.stdout
+
+
+def test_a_rank_that_raises_aborts_the_whole_job_quickly():
+    t0 = time.monotonic()
+    proc = mpirun(2, os.path.join(HERE, "worker_failures.py"), "raise", timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "rank 1 failed on purpose" in proc.stderr
+    assert elapsed < 30
+
+
+def test_collective_timeout_names_the_collective_and_ranks():
+    proc = mpirun(2, os.path.join(HERE, "worker_failures.py"), "timeout", timeout=60)
+    assert proc.returncode != 0
+    assert "TIMEOUT: all_reduce on ranks [0, 1] (rank 0 of group, backend mpi) did not complete within 2 s" \
+        in proc.stdout
+
+
+def test_world_of_one_without_mpirun():
+    code = ("import infini_train as it; from infini_train import distributed as dist; "
+            "t = it.ones(2); dist.all_reduce(t, 'avg'); print(dist.get_world_size(), t.tolist())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1 [1.0, 1.0]"
+
+
+def test_train_script_on_two_ranks_matches_one_rank_with_twice_the_batch(tmp_path):
+    import json
+
+    import numpy as np
+
+    from infini_train.data.corpus import prepare_shards, stdlib_documents
+    from tests.examples.test_train import TRAIN, tiny_args
+
+    data = tmp_path / "data"
+    prepare_shards(stdlib_documents(200_000), str(data), "byte")
+    cfg = os.path.join(REPO, "configs", "gpt2_tiny_ddp.yaml")
+    common = ["train.num_iterations=4", "train.save_every=2", "train.val_loss_every=2"]
+    two = mpirun(2, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "two", *common, "train.batch_size=2"),
+                 timeout=300)
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
+    assert "world 2 (mpi)" in two.stdout
+    one = subprocess.run([sys.executable, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "one", *common)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert one.returncode == 0, one.stderr[-2000:]
+
+    def rows(name):
+        with open(tmp_path / name / "metrics.jsonl") as f:
+            return [json.loads(line) for line in f]
+
+    a, b = rows("two"), rows("one")
+    np.testing.assert_allclose([r["loss"] for r in a], [r["loss"] for r in b], rtol=1e-5)
+    np.testing.assert_allclose([r["val_loss"] for r in a if "val_loss" in r],
+                               [r["val_loss"] for r in b if "val_loss" in r], rtol=1e-5)
+    assert os.path.isdir(tmp_path / "two" / "checkpoints" / "step_000004")  # rank 0 wrote it
+    # resume under DDP continues from the checkpoint
+    again = mpirun(2, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "two", "train.num_iterations=6",
+                                                          "train.save_every=2", "train.batch_size=2",
+                                                          "resume=auto"), timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed from" in again.stdout and "step_000004" in again.stdout
