@@ -1,0 +1,190 @@
+"""GPT-2 training step (forward, backward, AdamW) in infini_train and in torch eager, side by side.
+
+    python benchmarks/bench_gpt2.py [--configs tiny d12-T64 d12-T256] [--steps 5] [--warmup 2] [--threads 2]
+
+Both frameworks get the same config, the same weights (copied from infini_train's init) and the same
+batch. Timed steps alternate between the two so drifting machine load hits both alike. Reports tokens/s,
+the ratio infini_train/torch (above 1.0 means infini_train is faster), MFU against the sgemm peak measured
+in the same run, and peak memory as the RSS growth of each framework's part (measured in a subprocess per
+framework so one does not hide the other's allocations).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+CONFIGS = {
+    "tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=512, block_size=64, B=4, T=64),
+    "d12-T64": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, block_size=1024, B=4, T=64),
+    "d12-T256": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, block_size=1024, B=4, T=256),
+}
+
+
+def rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def sgemm_peak(n=2048, repeats=3):
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    best = min(_timed(lambda: a @ a) for _ in range(repeats))
+    return 2 * n ** 3 / best
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def build_it(spec):
+    import infini_train as it
+    from infini_train.models.gpt2 import GPT2, GPT2Config
+
+    cfg = GPT2Config(**{k: v for k, v in spec.items() if k not in ("B", "T")})
+    it.manual_seed(0)
+    model = GPT2(cfg)
+    opt = model.configure_optimizers(0.1, 6e-4)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg.vocab_size, size=(spec["B"], spec["T"]))
+    y = rng.integers(0, cfg.vocab_size, size=(spec["B"], spec["T"]))
+    xt, yt = it.tensor(x), it.tensor(y)
+
+    def step():
+        opt.zero_grad()
+        _, loss = model(xt, yt)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return model, step
+
+
+def build_torch(spec, state):
+    import torch
+    from transformers import GPT2Config as HFConfig
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(HFConfig(n_embd=spec["n_embd"], n_layer=spec["n_layer"], n_head=spec["n_head"],
+                                  vocab_size=spec["vocab_size"], n_positions=spec["block_size"], resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new"),
+                         ).train()
+    if state is not None:
+        sd = {}
+        for k, v in state.items():
+            t = torch.tensor(v)
+            if k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) and ".h." in k:
+                t = t.T.contiguous()
+            sd[k] = t
+        hf.load_state_dict(sd, strict=False)
+    decay = [p for p in hf.parameters() if p.dim() >= 2]
+    no_decay = [p for p in hf.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])))
+    y = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])))
+    V = spec["vocab_size"]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = hf(x).logits
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, V), y.view(-1))
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return hf, step
+
+
+def memory_probe(framework, name, steps):
+    """Run in a child process: RSS growth (MB) of building the model and running ``steps`` training steps."""
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); import benchmarks.bench_gpt2 as b; "
+            f"print(b._memory_child({framework!r}, {name!r}, {steps}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        return float("nan")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _memory_child(framework, name, steps):
+    spec = CONFIGS[name]
+    import torch
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    base = rss_mb()
+    step = build_it(spec)[1] if framework == "it" else build_torch(spec, None)[1]
+    for _ in range(steps):
+        step()
+    return rss_mb() - base
+
+
+def run(name, steps, warmup, threads, memory):
+    import torch
+
+    torch.set_num_threads(threads)
+    spec = CONFIGS[name]
+    model, it_step = build_it(spec)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    _, th_step = build_torch(spec, state)
+    for _ in range(warmup):
+        it_step()
+        th_step()
+    t_it, t_th = [], []
+    for _ in range(steps):
+        t_it.append(_timed(it_step))
+        t_th.append(_timed(th_step))
+    tokens = spec["B"] * spec["T"]
+    flops = model.flops_per_token(spec["T"]) * tokens
+    result = {"config": name, "tokens_per_step": tokens,
+              "it_tok_s": tokens / min(t_it), "torch_tok_s": tokens / min(t_th),
+              "it_ms": 1000 * min(t_it), "torch_ms": 1000 * min(t_th), "flops_per_step": flops}
+    result["ratio"] = result["it_tok_s"] / result["torch_tok_s"]
+    if memory:
+        os.environ["BENCH_THREADS"] = str(threads)
+        result["it_mem_mb"] = memory_probe("it", name, 2)
+        result["torch_mem_mb"] = memory_probe("torch", name, 2)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    peak = sgemm_peak()
+    print(f"sgemm peak (2048^2, numpy): {peak / 1e9:.1f} GFLOP/s")
+    header = f"{'config':10s}{'it tok/s':>10s}{'torch tok/s':>13s}{'ratio':>7s}{'it MFU':>8s}{'torch MFU':>10s}"
+    header += "" if args.no_memory else f"{'it MB':>8s}{'torch MB':>10s}"
+    print(header)
+    results = []
+    for name in args.configs:
+        r = run(name, args.steps, args.warmup, args.threads, not args.no_memory)
+        r["it_mfu"] = r["flops_per_step"] / (r["it_ms"] / 1000) / peak
+        r["torch_mfu"] = r["flops_per_step"] / (r["torch_ms"] / 1000) / peak
+        line = (f"{name:10s}{r['it_tok_s']:10.0f}{r['torch_tok_s']:13.0f}{r['ratio']:7.2f}"
+                f"{100 * r['it_mfu']:7.1f}%{100 * r['torch_mfu']:9.1f}%")
+        if not args.no_memory:
+            line += f"{r['it_mem_mb']:8.0f}{r['torch_mem_mb']:10.0f}"
+        print(line, flush=True)
+        results.append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sgemm_peak": peak, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Generate text from a trained GPT-2, with no graph built (no_grad) and a KV cache.
+
+    python examples/gpt2/generate.py --checkpoint runs/gpt2_tiny --prompt "def main(" --max-new-tokens 200
+    python examples/gpt2/generate.py --pretrained path/to/gpt2_124M.bin --prompt "Hello" --top-k 40
+
+Tokens are streamed to stdout as they are produced.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from common import load_model, to_tensor
+
+import infini_train as it
+
+
+class StreamPrinter:
+    """Writes each new token as it comes, holding back bytes that do not yet form whole characters."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.pending = []
+
+    def __call__(self, token_ids):
+        self.pending.append(int(token_ids[0]))
+        text = self.tokenizer.decode(self.pending)
+        if not text.endswith("\ufffd"):
+            self.flush()
+
+    def flush(self):
+        if self.pending:
+            sys.stdout.write(self.tokenizer.decode(self.pending))
+            sys.stdout.flush()
+            self.pending = []
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoints/step_XXXXXX directory or a run's out_dir (newest)")
+    src.add_argument("--pretrained", help="an HF GPT-2 directory or an llm.c .bin model file")
+    p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 picks the most likely token (greedy)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--tokenizer", default=None, help="override the tokenizer recorded with the model")
+    p.add_argument("--no-cache", action="store_true", help="re-run the whole context for every token")
+    args = p.parse_args(argv)
+
+    model, tok = load_model(args.checkpoint, args.pretrained, args.device, args.tokenizer)
+    ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
+    block = model.config.block_size
+    if len(ids) > block:
+        raise SystemExit(f"error: the prompt is {len(ids)} tokens, more than the model's block_size {block}\n"
+                         f"HINT: shorten the prompt to at most {block} tokens")
+    with it.no_grad():
+        for i in range(args.num_samples):
+            if args.num_samples > 1:
+                print(f"--- sample {i + 1} ---")
+            sys.stdout.write(args.prompt)
+            sys.stdout.flush()
+            stream = StreamPrinter(tok)
+            t0 = time.perf_counter()
+            model.generate(to_tensor([ids], args.device), args.max_new_tokens, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, seed=args.seed + i, use_cache=not args.no_cache,
+                           stream=stream)
+            dt = time.perf_counter() - t0
+            stream.flush()
+            sys.stdout.write("\n")
+            print(f"[{args.max_new_tokens} tokens in {dt:.2f} s: {args.max_new_tokens / dt:.1f} tokens/s]",
+                  file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
