@@ -3,67 +3,218 @@ import pytest
 import torch
 
 import infini_train as it
+from infini_train.autograd.misc import index_add
 from tests.op_check import check_op
 
 
-@pytest.mark.parametrize("spec,dim", [(2, 0), ([1, 3], 1), (3, -1)])
-def test_split(spec, dim):
-    check_op([(4, 4)], lambda x: it.split(x, spec, dim), lambda x: torch.split(x, spec, dim))
+# --------------------------------------------------------------------------------------- split/chunk
+@pytest.mark.parametrize("shape,spec,dim", [((4, 4), 2, 0), ((4, 4), [1, 3], 1), ((4, 3), 3, -1),
+                                            ((5, 3), 2, 0), ((2, 5), [1, 0, 3, 1], -1), ((0, 3), 2, 0),
+                                            ((3, 2), 5, 0)], ids=str)
+def test_split(shape, spec, dim):
+    check_op([shape], lambda x: it.split(x, spec, dim), lambda x: torch.split(x, spec, dim))
+    check_op([shape], lambda x: x.split(spec, dim), lambda x: x.split(spec, dim), fd=False)
 
 
-def test_split_with_unused_outputs_gets_zero_grads():
-    check_op([(6, 2)], lambda x: it.split(x, 2)[1] * 3, lambda x: torch.split(x, 2)[1] * 3)
+def test_split_with_missing_output_grads_gets_zeros():
+    # only outputs 0 and 2 of 3 are used: the engine feeds zeros for the middle one
+    check_op([(7, 2)], lambda x: (lambda a, b, c: a * 3 + c[:1].sum())(*it.split(x, 3)),
+             lambda x: (lambda a, b, c: a * 3 + c[:1].sum())(*torch.split(x, 3)))
+    x = it.randn(6, 2, requires_grad=True)
+    pieces = x.split([2, 3, 1])
+    (pieces[1] * 2).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.repeat([[0.0], [2.0], [0.0]], [2, 3, 1], axis=0) * [1, 1])
 
 
-@pytest.mark.parametrize("n,chunks", [(6, 3), (7, 3), (5, 4)])
-def test_chunk_uneven(n, chunks):
+def test_split_pieces_are_views_sharing_the_version():
+    x = it.randn(4, 3)
+    a, b = x.split(2)
+    assert np.shares_memory(a.array, x.array) and a._version is x._version and b._version is x._version
+
+
+@pytest.mark.parametrize("n,chunks", [(6, 3), (7, 3), (5, 4), (6, 4), (2, 5), (0, 3)])
+def test_chunk_uneven_matches_torch(n, chunks):
     check_op([(n, 2)], lambda x: x.chunk(chunks), lambda x: x.chunk(chunks))
+    check_op([(2, n)], lambda x: it.chunk(x, chunks, -1), lambda x: torch.chunk(x, chunks, -1), fd=False)
 
 
-@pytest.mark.parametrize("dim", [0, 1, -1])
-def test_cat_and_stack(dim):
-    check_op([(2, 3), (2, 3), (2, 3)], lambda a, b, c: it.cat([a, b, c], dim),
-             lambda a, b, c: torch.cat([a, b, c], dim))
-    check_op([(2, 3), (2, 3)], lambda a, b: it.stack([a, b], dim), lambda a, b: torch.stack([a, b], dim))
-    check_op([(2, 3), (1, 3)], lambda a, b: it.concat([a, b], 0), lambda a, b: torch.cat([a, b], 0))
+def test_split_chunk_errors():
+    with pytest.raises(ValueError, match=r"split: expected non-negative sections summing to the size of dim 0 \(4\)"):
+        it.split(it.ones(4), [1, 2])
+    with pytest.raises(ValueError, match="split: expected a positive split size, got 0"):
+        it.split(it.ones(4), 0)
+    with pytest.raises(ValueError, match="chunk: expected a positive number of chunks, got 0"):
+        it.ones(4).chunk(0)
+    with pytest.raises(ValueError, match=r"split: expected dim in \[-1, 0\], got dim=1"):
+        it.ones(4).split(2, 1)
 
 
+# ---------------------------------------------------------------------------------------- cat/stack
+@pytest.mark.parametrize("shapes,dim", [([(2, 3), (4, 3), (1, 3)], 0), ([(2, 1, 4), (2, 3, 4), (2, 2, 4)], -2),
+                                        ([(2, 3), (2, 1), (2, 2), (2, 4)], 1), ([(0, 3), (2, 3)], 0),
+                                        ([(3,)], 0), ([(2, 2, 1), (2, 2, 3)], -1)], ids=str)
+def test_cat_several_sizes_along_dim(shapes, dim):
+    check_op(shapes, lambda *xs: it.cat(xs, dim) * 2, lambda *xs: torch.cat(xs, dim) * 2)
+    check_op(shapes, lambda *xs: it.concat(list(xs), dim), lambda *xs: torch.concat(xs, dim), fd=False)
+
+
+def test_cat_with_an_input_that_needs_no_grad():
+    check_op([(2, 3), (1, 3), (3, 3)], lambda a, b, c: it.cat([a, b, c]), lambda a, b, c: torch.cat([a, b, c]),
+             grad_mask=[True, False, True])
+
+
+@pytest.mark.parametrize("shape,dim", [((2, 3), 0), ((2, 3), 1), ((2, 3), 2), ((2, 3), -1), ((2, 3), -3), ((), 0),
+                                       ((0, 2), 1)], ids=str)
+def test_stack(shape, dim):
+    check_op([shape] * 3, lambda *xs: it.stack(xs, dim) * 2, lambda *xs: torch.stack(xs, dim) * 2)
+
+
+def test_cat_stack_errors_name_the_tensor_and_shapes():
+    with pytest.raises(ValueError, match=r"cat: expected equal shapes except in dim 0, got tensor 0 has shape "
+                                         r"\(2, 3\), tensor 2 has shape \(2, 4\)\nHINT: "):
+        it.cat([it.ones(2, 3), it.ones(1, 3), it.ones(2, 4)])
+    with pytest.raises(ValueError, match=r"cat: expected equal shapes except in dim 1, got tensor 0 has shape "
+                                         r"\(2, 3\), tensor 1 has shape \(2, 3, 1\)"):
+        it.cat([it.ones(2, 3), it.ones(2, 3, 1)], dim=-1)
+    with pytest.raises(ValueError, match=r"cat: expected tensors of one dtype, got tensor 0 is float32, tensor 1 "
+                                         r"is int64\nHINT: cast"):
+        it.cat([it.ones(2), it.tensor([1, 2])])
+    with pytest.raises(ValueError, match=r"stack: expected tensors on one device, got tensor 0 on cpu, tensor 1 "
+                                         r"on cpu:1\nHINT: move"):
+        it.stack([it.ones(2, device="cpu:0"), it.ones(2, device="cpu:1")])
+    with pytest.raises(ValueError, match=r"stack: expected tensors of equal shape, got tensor 0 has shape \(2,\), "
+                                         r"tensor 1 has shape \(3,\)\nHINT: .*use cat"):
+        it.stack([it.ones(2), it.ones(3)])
+    with pytest.raises(ValueError, match="cat: expected tensors with at least 1 dim, got a 0-d tensor"):
+        it.cat([it.ones(()), it.ones(())])
+    with pytest.raises(ValueError, match="cat: expected a non-empty sequence of tensors"):
+        it.cat([])
+    with pytest.raises(ValueError, match=r"stack: expected dim in \[-2, 1\], got dim=2"):
+        it.stack([it.ones(2), it.ones(2)], 2)
+
+
+# ------------------------------------------------------------------------------------ basic indexing
 @pytest.mark.parametrize("index", [
-    (slice(None), 1), (0,), (slice(1, None, 2),), (Ellipsis, -1), (None, slice(0, 2)), (1, slice(None), None),
+    (slice(None), 1), (0,), 2, -1, (slice(1, None, 2),), (Ellipsis, -1), (None, slice(0, 2)),
+    (1, slice(None), None), (slice(None), slice(None, None, 3), 0), (-2, -1, 1), (), Ellipsis,
+    (slice(5, 9),), (Ellipsis, None, slice(None, 1)),
 ], ids=str)
 def test_basic_indexing(index):
-    check_op([(3, 4, 2)], lambda x: x[index], lambda x: x[index])
+    check_op([(3, 4, 2)], lambda x: x[index] * 2, lambda x: x[index] * 2)
 
 
-def test_advanced_indexing_with_repeated_indices_accumulates():
-    idx = np.array([0, 2, 0, 0], np.int64)
-    check_op([(3, 2), idx], lambda x, i: x[i], lambda x, i: x[i])
-    check_op([(3, 4)], lambda x: x[[1, 1, 2], [0, 0, 3]], lambda x: x[[1, 1, 2], [0, 0, 3]])
-    check_op([(3, 4), idx[:3]], lambda x, i: x[:, i], lambda x, i: x[:, i])
+def test_basic_indexing_is_a_view_and_negative_steps_work():
+    x = it.randn(3, 4)
+    for y in (x[1:, ::2], x[1], x[1, 2], x[None]):
+        assert np.shares_memory(y.array, x.array) and y._version is x._version
+    check_op([(3, 4)], lambda x: x[::-1, 1::-1] * 2, lambda x: x.flip(0)[:, :2].flip(1) * 2)
+    check_op([()], lambda x: x[...] * 2, lambda x: x[...] * 2)
+    check_op([()], lambda x: x[None] * 2, lambda x: x[None] * 2)
 
 
-def test_bool_mask_indexing():
-    mask = np.array([[True, False, True], [False, False, True]])
-    check_op([(2, 3), mask], lambda x, m: x[m], lambda x, m: x[m])
+# --------------------------------------------------------------------------------- advanced indexing
+REPEATED = np.array([0, 2, 0, 0], np.int64)
 
 
-def test_gather_and_index_select_with_repeats():
-    index = np.array([[0, 0, 2], [1, 1, 1]], np.int64)
-    check_op([(2, 3), index], lambda x, i: x.gather(1, i), lambda x, i: x.gather(1, i))
-    check_op([(3, 2), np.array([[2, 0], [2, 2]], np.int64)], lambda x, i: it.gather(x, 0, i),
-             lambda x, i: torch.gather(x, 0, i))
-    sel = np.array([2, 0, 2], np.int64)
-    check_op([(3, 4), sel], lambda x, i: it.index_select(x, 0, i), lambda x, i: torch.index_select(x, 0, i))
-    check_op([(3, 4), sel], lambda x, i: it.index_select(x, 1, i), lambda x, i: torch.index_select(x, 1, i))
+@pytest.mark.parametrize("make", [
+    lambda i: i,  # int array / Tensor with repeats
+    lambda i: (slice(None), i[:3]),  # mixed with a slice
+    lambda i: (i[:2] - 3,),  # negative indices
+    lambda i: (i.reshape(2, 2),),  # 2-D index array
+    lambda i: ([1, 1, 2], [0, 0, 1]),  # Python lists, repeated pairs
+    lambda i: (i[:2], slice(None), [1, 1]),  # arrays split by a slice: advanced dims move to the front
+    lambda i: (Ellipsis, [1, 0, 1]),
+    lambda i: (None, [2, 2], 1),
+], ids=["array", "slice+array", "negative", "2d", "lists", "split", "ellipsis", "none+int"])
+def test_advanced_indexing_with_repeated_indices_accumulates(make):
+    index = make(REPEATED)
+    check_op([(3, 4, 2)], lambda x: x[index] * 2, lambda x: x[index] * 2)
+    it_index = tuple(it.tensor(i) if isinstance(i, np.ndarray) else i for i in index) \
+        if isinstance(index, tuple) else it.tensor(index)
+    th_index = tuple(torch.tensor(i) if isinstance(i, np.ndarray) else i for i in index) \
+        if isinstance(index, tuple) else torch.tensor(index)
+    check_op([(3, 4, 2)], lambda x: x[it_index], lambda x: x[th_index], fd=False)
 
 
-def test_errors_name_op_and_values():
-    with pytest.raises(ValueError, match=r"cat: expected equal shapes except in dim 0, got tensor 0 has shape "
-                                         r"\(2, 3\), tensor 1 has shape \(2, 4\)"):
-        it.cat([it.ones(2, 3), it.ones(2, 4)])
-    with pytest.raises(ValueError, match="gather: expected indices in \\[0, 3\\)"):
+def test_index_tensor_passed_through_check_op():
+    check_op([(3, 2), REPEATED], lambda x, i: x[i], lambda x, i: x[i])
+    check_op([(3, 4), REPEATED[:3]], lambda x, i: x[:, i] * 2, lambda x, i: x[:, i] * 2)
+    check_op([(3, 4)], lambda x: x[[]], lambda x: x[[]])
+
+
+MASK = np.array([[True, False, True], [False, False, True]])
+
+
+@pytest.mark.parametrize("shape,mask,lead", [
+    ((2, 3), MASK, 0),  # full mask
+    ((2, 3, 2), MASK, 0),  # mask over the two leading dims
+    ((3, 2, 3), MASK, 1),  # mask after a slice: x[:, mask]
+    ((3, 2), np.array([True, False, True]), 0),
+    ((3, 2), np.zeros(3, bool), 0),  # selects nothing
+], ids=["full", "leading", "after-slice", "1d", "none"])
+def test_bool_mask_indexing(shape, mask, lead):
+    prefix = (slice(None),) * lead
+    check_op([shape, mask], lambda x, m: x[prefix + (m,)] * 2, lambda x, m: x[prefix + (m,)] * 2)
+
+
+def test_indexing_errors_name_getitem_the_index_and_the_size():
+    x = it.ones(2, 3)
+    with pytest.raises(ValueError, match=r"getitem: expected indices in \[-2, 2\) for dim 0 of size 2, got index 5"):
+        x[5]
+    with pytest.raises(ValueError, match=r"getitem: expected indices in \[-3, 3\) for dim 1 of size 3, got index -4"):
+        x[:, -4]
+    with pytest.raises(ValueError, match=r"getitem: expected indices in \[-3, 3\) for dim 1 of size 3, got index 7"):
+        x[[0, 1], it.tensor([2, 7])]
+    with pytest.raises(ValueError, match=r"getitem: expected a bool mask of shape \(2, 3\) \(dims 0..\), got a mask "
+                                         r"of shape \(3, 2\)"):
+        x[it.tensor(np.ones((3, 2), bool))]
+    with pytest.raises(ValueError, match=r"getitem: expected at most 2 indices for shape \(2, 3\), got 3 indices"):
+        x[0, 0, 0]
+    with pytest.raises(ValueError, match="getitem: expected integer or bool index arrays, got an index of dtype "
+                                         "float32"):
+        x[it.tensor([0.0, 1.0])]
+
+
+def test_index_add_accumulates_repeats():
+    target = np.zeros((3, 2), np.float32)
+    index_add(np, target, np.array([0, 0, 2]), np.ones((3, 2), np.float32))
+    np.testing.assert_array_equal(target, [[2, 2], [0, 0], [1, 1]])
+
+
+# ------------------------------------------------------------------------------- gather/index_select
+@pytest.mark.parametrize("shape,dim,index", [
+    ((2, 3), 1, [[0, 0, 2], [1, 1, 1]]),
+    ((3, 2), 0, [[2, 0], [2, 2]]),
+    ((2, 3, 4), -1, [[[3, 3, 0]], [[1, 1, 1]]]),  # smaller than the input in dims 1 and 2
+    ((2, 3, 4), 1, [[[2, 2], [0, 2], [1, 1], [2, 0]], [[0, 0], [0, 0], [1, 2], [2, 2]]]),
+    ((4,), 0, [3, 3, 3, 1, 0]),
+    ((2, 3), 1, np.zeros((2, 0), np.int64)),
+], ids=str)
+def test_gather_with_repeats(shape, dim, index):
+    index = np.asarray(index, np.int64)
+    if shape == (2, 3, 4) and dim == 1:
+        index = index.transpose(0, 2, 1)  # (2, 2, 4): along dim 1 pick 2 of 3
+    check_op([shape, index], lambda x, i: x.gather(dim, i) * 2, lambda x, i: x.gather(dim, i) * 2)
+    check_op([shape, index], lambda x, i: it.gather(x, dim, i), lambda x, i: torch.gather(x, dim, i), fd=False)
+
+
+@pytest.mark.parametrize("shape,dim,index", [((3, 4), 0, [2, 0, 2]), ((3, 4), 1, [3, 3, 0, 1, 3]),
+                                             ((2, 3, 2), -1, [1, 1]), ((3, 2), 0, 1), ((3, 2), 0, [])], ids=str)
+def test_index_select_with_repeats(shape, dim, index):
+    index = np.asarray(index, np.int64)
+    check_op([shape, index], lambda x, i: it.index_select(x, dim, i) * 2,
+             lambda x, i: torch.index_select(x, dim, i) * 2)
+
+
+def test_gather_index_select_errors_name_the_index_and_size():
+    with pytest.raises(ValueError, match=r"gather: expected indices in \[0, 3\) for dim 1 of size 3, got index 5"):
         it.gather(it.ones(2, 3), 1, it.tensor([[0, 5]]))
-    with pytest.raises(ValueError, match="getitem: expected indices within the shape"):
-        it.ones(2, 3)[5]
-    with pytest.raises(ValueError, match="split: expected sections summing"):
-        it.split(it.ones(4), [1, 2])
+    with pytest.raises(ValueError, match=r"gather: expected indices in \[0, 2\) for dim 0 of size 2, got index -1"):
+        it.ones(2, 3).gather(0, it.tensor([[-1, 0]]))
+    with pytest.raises(ValueError, match=r"gather: expected index sizes <= the input's \(2, 3\) in every dim but 1"):
+        it.ones(2, 3).gather(1, it.tensor(np.zeros((3, 1), np.int64)))
+    with pytest.raises(ValueError, match="gather: expected an integer index with 2 dims"):
+        it.ones(2, 3).gather(1, it.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"index_select: expected indices in \[0, 3\) for dim 0 of size 3, got "
+                                         r"index 3"):
+        it.index_select(it.ones(3, 2), 0, it.tensor([0, 3]))
