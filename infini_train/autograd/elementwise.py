@@ -7,9 +7,16 @@ from __future__ import annotations
 import math
 
 from ..tensor import Tensor
-from .function import Op, sum_to
+from .function import Op, op_error, sum_to
 
-__all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh"]
+__all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh",
+           "sqrt", "rsqrt", "sin", "cos", "abs", "reciprocal", "clamp", "maximum", "minimum",
+           "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "where"]
+
+
+# Backward passes route gradients with ``g * mask`` rather than ``xp.where(mask, g, 0)``: on CPU, numpy's where
+# is branch-bound on irregular masks (3.2 ms vs 0.15 ms on 256x3072 float32). They differ only where g itself
+# is inf/nan at a masked-out position.
 
 
 class _Binary(Op):
@@ -29,12 +36,17 @@ class _Binary(Op):
         return (sum_to(ga, sa) if need_a else None), (sum_to(gb, sb) if need_b else None)
 
 
-def _fix_dtype(out, a, b):
+def _fix_dtype(out, *operands):
     # an integer tensor combined with a Python float gives float64 in numpy; keep the float32 default
     if out.dtype.kind == "f" and out.dtype.itemsize == 8:
-        if _dtype_of(a) != "float64" and _dtype_of(b) != "float64":
+        if all(_dtype_of(x) != "float64" for x in operands):
             return out.astype("float32")
     return out
+
+
+def _as_float(a):
+    # float-valued math on integer/bool input gives float32, as in torch (numpy would give float64)
+    return a.astype("float32") if a.dtype.kind in "biu" else a
 
 
 def _dtype_of(x):
@@ -143,7 +155,7 @@ class Neg(Op):
 
 class Exp(Op):
     def forward(self, a):
-        return self.xp.exp(a)
+        return self.xp.exp(_as_float(a))
 
     def setup_context(self, inputs, output):
         self.save_for_backward(output)
@@ -155,7 +167,7 @@ class Exp(Op):
 
 class Log(Op):
     def forward(self, a):
-        return self.xp.log(a)
+        return self.xp.log(_as_float(a))
 
     def setup_context(self, inputs, output):
         self.save_for_backward(inputs[0])
@@ -167,7 +179,7 @@ class Log(Op):
 
 class Tanh(Op):
     def forward(self, a):
-        return self.xp.tanh(a)
+        return self.xp.tanh(_as_float(a))
 
     def setup_context(self, inputs, output):
         self.save_for_backward(output)
@@ -175,6 +187,209 @@ class Tanh(Op):
     def backward(self, g):
         (out,) = self.saved_arrays
         return g * (1 - out * out)
+
+
+class Sqrt(Op):
+    def forward(self, a):
+        return self.xp.sqrt(_as_float(a))
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(output)
+
+    def backward(self, g):
+        (out,) = self.saved_arrays
+        return g / (2 * out)
+
+
+class Rsqrt(Op):
+    def forward(self, a):
+        return 1 / self.xp.sqrt(_as_float(a))
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(output)
+
+    def backward(self, g):
+        (out,) = self.saved_arrays
+        return g * (-0.5 * out * out * out)
+
+
+class Sin(Op):
+    def forward(self, a):
+        return self.xp.sin(_as_float(a))
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(inputs[0])
+
+    def backward(self, g):
+        (a,) = self.saved_arrays
+        return g * self.xp.cos(a)
+
+
+class Cos(Op):
+    def forward(self, a):
+        return self.xp.cos(_as_float(a))
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(inputs[0])
+
+    def backward(self, g):
+        (a,) = self.saved_arrays
+        return -(g * self.xp.sin(a))
+
+
+class Abs(Op):
+    def forward(self, a):
+        return self.xp.abs(a)
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(inputs[0])
+
+    def backward(self, g):
+        (a,) = self.saved_arrays
+        return g * self.xp.sign(a)  # 0 at a == 0, as torch
+
+
+class Reciprocal(Op):
+    def forward(self, a):
+        return 1 / _as_float(a)
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(output)
+
+    def backward(self, g):
+        (out,) = self.saved_arrays
+        return -(g * out * out)
+
+
+class Clamp(_Binary):
+    """Bounds are scalars, tensors or None. Gradients follow torch's clamp backward: x gets the gradient
+    where min <= x <= max; a tensor bound gets it where it was the one selected."""
+
+    def forward(self, x, lo, hi):
+        if lo is None and hi is None:
+            raise op_error("Clamp", "at least one of min and max", "min=None and max=None",
+                           "pass min=..., max=... or both")
+        out = x
+        if lo is not None:
+            out = self.xp.maximum(out, lo)
+        if hi is not None:
+            out = self.xp.minimum(out, hi)  # min > max gives max everywhere, as torch
+        return _fix_dtype(out, x, lo, hi)
+
+    def backward(self, g):
+        x, lo, hi = self.operands()
+        need_x, need_lo, need_hi = self.needs_input_grad
+        shapes = self._input_shapes
+        gx = glo = ghi = None
+        if need_x:
+            if lo is None:
+                inside = x <= hi
+            elif hi is None:
+                inside = x >= lo
+            else:
+                inside = (x >= lo) & (x <= hi)
+            gx = sum_to(g * inside, shapes[0])
+        if need_lo:
+            picked = x < lo if hi is None else (x < lo) & (lo < hi)
+            glo = sum_to(g * picked, shapes[1])
+        if need_hi:
+            picked = x > hi if lo is None else (x > hi) | (hi < lo)
+            ghi = sum_to(g * picked, shapes[2])
+        return gx, glo, ghi
+
+
+def _share_ties(xp, g, a, b, a_loses, b_loses, needs):
+    # torch's maximum/minimum backward: the winner gets the gradient, ties split it half/half
+    share = xp.where(a == b, g * 0.5, g)  # ties are rare: a predictable branch, unlike the masks below
+    return (share * ~a_loses if needs[0] else None), (share * ~b_loses if needs[1] else None)
+
+
+class Maximum(_Binary):
+    def forward(self, a, b):
+        return _fix_dtype(self.xp.maximum(a, b), a, b)
+
+    def backward(self, g):
+        a, b = self.operands()
+        return self.reduce_grads(*_share_ties(self.xp, g, a, b, a < b, a > b, self.needs_input_grad))
+
+
+class Minimum(_Binary):
+    def forward(self, a, b):
+        return _fix_dtype(self.xp.minimum(a, b), a, b)
+
+    def backward(self, g):
+        a, b = self.operands()
+        return self.reduce_grads(*_share_ties(self.xp, g, a, b, a > b, a < b, self.needs_input_grad))
+
+
+class _Predicate(Op):
+    """Comparisons and logic: a bool result that never carries a gradient."""
+
+    differentiable = False
+    ufunc = None
+
+    def forward(self, a, b):
+        return getattr(self.xp, self.ufunc)(a, b)
+
+
+class Eq(_Predicate):
+    ufunc = "equal"
+
+
+class Ne(_Predicate):
+    ufunc = "not_equal"
+
+
+class Lt(_Predicate):
+    ufunc = "less"
+
+
+class Le(_Predicate):
+    ufunc = "less_equal"
+
+
+class Gt(_Predicate):
+    ufunc = "greater"
+
+
+class Ge(_Predicate):
+    ufunc = "greater_equal"
+
+
+class LogicalAnd(_Predicate):
+    ufunc = "logical_and"
+
+
+class LogicalOr(_Predicate):
+    ufunc = "logical_or"
+
+
+class LogicalNot(Op):
+    differentiable = False
+
+    def forward(self, a):
+        return self.xp.logical_not(a)
+
+
+class Where(Op):
+    """cond ? a : b with broadcasting; a and b may be tensors or Python scalars."""
+
+    def forward(self, cond, a, b):
+        if cond.dtype != bool:
+            raise op_error("Where", "a bool condition tensor", f"a condition of dtype {cond.dtype}",
+                           "build the condition with a comparison (x > 0) or convert it with .bool()")
+        return _fix_dtype(self.xp.where(cond, a, b), a, b)
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(inputs[0])
+
+    def backward(self, g):
+        (cond,) = self.saved_arrays
+        _, need_a, need_b = self.needs_input_grad
+        _, shape_a, shape_b = self._input_shapes
+        ga = sum_to(g * cond, shape_a) if need_a else None
+        gb = sum_to(g * ~cond, shape_b) if need_b else None
+        return None, ga, gb
 
 
 def add(a, b):
@@ -217,3 +432,100 @@ def log(a):
 
 def tanh(a):
     return Tanh().apply(a)
+
+
+def sqrt(a):
+    return Sqrt().apply(a)
+
+
+def rsqrt(a):
+    """1 / sqrt(a)."""
+    return Rsqrt().apply(a)
+
+
+def sin(a):
+    return Sin().apply(a)
+
+
+def cos(a):
+    return Cos().apply(a)
+
+
+def abs(a):  # noqa: A001 - mirrors torch.abs
+    """|a|; the gradient at 0 is 0, as in torch."""
+    return Abs().apply(a)
+
+
+def reciprocal(a):
+    """1 / a."""
+    return Reciprocal().apply(a)
+
+
+def clamp(x, min=None, max=None):  # noqa: A002 - torch's argument names
+    """Limit x to [min, max]; either bound may be None, a Python scalar or a tensor (broadcasting).
+    The gradient reaches x where min <= x <= max."""
+    return Clamp().apply(x, min, max)
+
+
+def maximum(a, b):
+    """Elementwise maximum with broadcasting; on ties both sides get half the gradient (as torch)."""
+    return Maximum().apply(a, b)
+
+
+def minimum(a, b):
+    """Elementwise minimum with broadcasting; on ties both sides get half the gradient (as torch)."""
+    return Minimum().apply(a, b)
+
+
+def eq(a, b):
+    """a == b elementwise (bool tensor); either side may be a Python scalar."""
+    return Eq().apply(a, b)
+
+
+def ne(a, b):
+    """a != b elementwise (bool tensor)."""
+    return Ne().apply(a, b)
+
+
+def lt(a, b):
+    """a < b elementwise (bool tensor)."""
+    return Lt().apply(a, b)
+
+
+def le(a, b):
+    """a <= b elementwise (bool tensor)."""
+    return Le().apply(a, b)
+
+
+def gt(a, b):
+    """a > b elementwise (bool tensor)."""
+    return Gt().apply(a, b)
+
+
+def ge(a, b):
+    """a >= b elementwise (bool tensor)."""
+    return Ge().apply(a, b)
+
+
+def logical_and(a, b):
+    """Elementwise AND of the truth values (bool tensor); also ``a & b``."""
+    return LogicalAnd().apply(a, b)
+
+
+def logical_or(a, b):
+    """Elementwise OR of the truth values (bool tensor); also ``a | b``."""
+    return LogicalOr().apply(a, b)
+
+
+def logical_not(a):
+    """Elementwise NOT of the truth values (bool tensor); also ``~a``."""
+    return LogicalNot().apply(a)
+
+
+def where(cond, a, b):
+    """Pick a where cond is True, else b (broadcasting). cond is a bool tensor; a and b are tensors or
+    Python scalars. Gradients flow to a where cond holds and to b elsewhere."""
+    if not isinstance(cond, Tensor):
+        raise op_error("Where", "the condition as a bool Tensor", type(cond).__name__,
+                       "wrap it with infini_train.tensor(...) or build it with a comparison")
+    return Where().apply(cond, a, b)
