@@ -1,5 +1,10 @@
 """Neural-network modules, functional forms, initialisation and gradient utilities."""
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, Sequential
-from .layers import GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, Tanh
+from .layers import (GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, ReLU, SiLU,
+                     Sigmoid, Softmax, Tanh)
 from .module import Module, Parameter
+
+__all__ = ["functional", "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear",
+           "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Sigmoid", "SiLU", "Tanh", "Softmax", "LogSoftmax",
+           "Identity", "CrossEntropyLoss"]

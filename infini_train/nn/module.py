@@ -173,7 +173,8 @@ class Module:
         prefix, _, name = target.rpartition(".")
         mod = self.get_submodule(prefix)
         if mod._parameters.get(name) is None:
-            raise AttributeError(f"get_parameter: {type(mod).__name__} has no parameter {name!r} (looking up {target!r})")
+            raise AttributeError(f"get_parameter: {type(mod).__name__} has no parameter {name!r} "
+                                 f"(looking up {target!r})")
         return mod._parameters[name]
 
     # -------------------------------------------------------------------------------- iteration

@@ -1,81 +1,106 @@
-"""Adam (L2 weight decay) and AdamW (decoupled weight decay), torch's single-tensor update, in place.
+"""Adam (L2 weight decay) and AdamW (decoupled weight decay): torch's single-tensor update, in place.
 
-Each step reuses two preallocated scratch buffers per parameter (``out=`` ufuncs): no allocation in the
-hot loop beyond them.
+    g = grad (+ weight_decay * param for Adam)          param *= 1 - lr * weight_decay  (AdamW)
+    m = lerp(m, g, 1 - beta1)                           v = beta2 * v + (1 - beta2) * g * g
+    param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+Each step runs in the state arrays and the optimizer's workspace (one scratch row, a second for Adam's L2
+weight decay or ``maximize``, which must not touch ``.grad``), piecewise on CPU (see optimizer.py): no
+allocation in the hot loop.
 """
 from __future__ import annotations
-
-import math
 
 from ..autograd.grad_mode import no_grad
 from .optimizer import Optimizer
 
 
 class Adam(Optimizer):
-    decoupled = False
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 maximize=False, decoupled_weight_decay=False):
         name = type(self).__name__
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"{name}: expected lr, eps, weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"{name}: expected betas in [0, 1), got {betas}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        if len(betas) != 2 or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"{name}: expected two betas in [0, 1), got {betas}")
+        super().__init__(params, dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps,
+                                      weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                                      decoupled_weight_decay=decoupled_weight_decay))
 
     @no_grad()
     def step(self):
         for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+            b1, b2 = float(group["betas"][0]), float(group["betas"][1])
+            decoupled, amsgrad, maximize = group["decoupled_weight_decay"], group["amsgrad"], group["maximize"]
+            l2 = bool(wd) and not decoupled
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 xp = p.device.array_module()
-                grad, param = p.grad.array, p.array
-                state = self._state_for(p)
+                state = self.state.setdefault(p, {})
                 if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = xp.zeros_like(param)
-                    state["exp_avg_sq"] = xp.zeros_like(param)
-                scratch = state.get("_scratch")
-                if scratch is None or scratch.shape != param.shape:
-                    scratch = state["_scratch"] = xp.empty_like(param)
+                    with p.device.context():
+                        state["step"] = 0
+                        state["exp_avg"] = xp.zeros_like(p.array)
+                        state["exp_avg_sq"] = xp.zeros_like(p.array)
+                        if amsgrad:
+                            state["max_exp_avg_sq"] = xp.zeros_like(p.array)
                 state["step"] += 1
                 step = state["step"]
-                if wd:
-                    if self.decoupled:
-                        param *= 1 - lr * wd
-                    else:
-                        grad = grad + wd * param
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                # m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2
-                m *= b1
-                xp.multiply(grad, 1 - b1, out=scratch)
-                m += scratch
-                v *= b2
-                xp.multiply(grad, grad, out=scratch)
-                scratch *= 1 - b2
-                v += scratch
-                bias1 = 1 - b1 ** step
-                bias2 = 1 - b2 ** step
-                step_size = lr / bias1
-                # param -= step_size * m / (sqrt(v) / sqrt(bias2) + eps)
-                xp.sqrt(v, out=scratch)
-                scratch /= math.sqrt(bias2)
-                scratch += eps
-                xp.divide(m, scratch, out=scratch)
-                scratch *= step_size
-                param -= scratch
+                arrays = [p.array, p.grad.array, state["exp_avg"], state["exp_avg_sq"]]
+                if amsgrad:
+                    arrays.append(state["max_exp_avg_sq"])
+                rows = 2 if l2 or maximize else 1
+                step_size = lr / (1.0 - b1 ** step)
+                bias_correction2_sqrt = (1.0 - b2 ** step) ** 0.5
+                for pieces in self._pieces(p, arrays, rows):
+                    param, grad, m, v = pieces[:4]
+                    scratch = pieces[4 + amsgrad]
+                    g = grad
+                    if l2 or maximize:
+                        g = pieces[-1]
+                        if l2:
+                            xp.multiply(param, wd, out=g)  # grad + wd * param, without touching .grad
+                            if maximize:
+                                g -= grad
+                            else:
+                                g += grad
+                        else:
+                            xp.negative(grad, out=g)
+                    if wd and decoupled:
+                        param *= 1.0 - lr * wd
+                    _lerp_(xp, m, g, 1.0 - b1, scratch)
+                    v *= b2
+                    xp.multiply(g, 1.0 - b2, out=scratch)  # addcmul: (value * g) * g
+                    scratch *= g
+                    v += scratch
+                    if amsgrad:
+                        v = xp.maximum(pieces[4], v, out=pieces[4])
+                    xp.sqrt(v, out=scratch)  # denom = sqrt(v) / sqrt(1 - b2^t) + eps
+                    scratch /= bias_correction2_sqrt
+                    scratch += eps
+                    xp.divide(m, scratch, out=scratch)
+                    scratch *= step_size
+                    param -= scratch
                 p._version[0] += 1
 
-    def state_dict(self):
-        sd = super().state_dict()
-        for st in sd["state"].values():
-            st.pop("_scratch", None)
-        return sd
+
+def _lerp_(xp, start, end, weight, scratch):
+    """start += weight * (end - start) in place, with torch's two formulas for small and large weights."""
+    xp.subtract(end, start, out=scratch)
+    if weight < 0.5:
+        scratch *= weight
+        start += scratch
+    else:
+        scratch *= 1.0 - weight
+        xp.subtract(end, scratch, out=start)
 
 
 class AdamW(Adam):
-    decoupled = True
+    """Adam with decoupled weight decay (Loshchilov & Hutter): param *= 1 - lr * weight_decay each step."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         maximize=maximize, decoupled_weight_decay=True)
+
