@@ -72,19 +72,24 @@ def test_no_graph_and_flat_memory_under_no_grad():
 
 
 def test_peak_memory_does_not_grow_with_generated_length():
+    import gc
     import tracemalloc
 
-    m = model(block=256)
+    m = model(block=1024)
+    m.generate(it.tensor(PROMPTS[:1]), 300, temperature=0)  # warm-up: lazy imports, interpreter free lists
 
     def peak(n):
+        gc.collect()
         tracemalloc.start()
         m.generate(it.tensor(PROMPTS[:1]), n, temperature=0)
         _, top = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         return top
 
-    short, long = peak(10), peak(200)
-    assert long < short * 1.1 + 64_000, (short, long)
+    short, long = peak(300), peak(1000)
+    # nothing accumulates per token; what grows is the transient attention row over t cached keys (O(t),
+    # 4 bytes x heads x layers per key), well inside this bound
+    assert long < short * 1.25 + 64_000, (short, long)
 
 
 def test_sample_next_top_k_top_p_and_errors():
