@@ -1,6 +1,17 @@
-"""DistributedDataLoader, following llm.c's train_gpt2.py: memory-mapped shards; at each step rank r reads
-tokens [pos + r*B*T, pos + (r+1)*B*T + 1) so ranks take disjoint slices of one global batch; the position
-advances by B*T*world_size, moves to the next shard when the next batch would not fit, and wraps around.
+"""DistributedDataLoader, following llm.c's train_gpt2.py.
+
+Shards are memory-mapped. A *global batch* is ``B * T * world_size`` consecutive tokens of the current
+shard starting at ``position``; rank r reads its own disjoint slice ``[position + r*B*T, position +
+(r+1)*B*T + 1)`` (one extra token for the shifted targets). After each batch the position advances by one
+global batch; when the next global batch would not fit, the loader moves to the start of the next shard,
+and after the last shard it wraps around to the first. So ``world_size`` ranks with batch B together read
+exactly what one rank with batch ``B * world_size`` reads, in the same order.
+
+    loader = DistributedDataLoader("data/stdlib_byte/train_*.bin", B=16, T=64, rank=rank, world_size=world)
+    x, y = loader.next_batch()          # int64 numpy arrays of shape (B, T); y is x shifted by one token
+    state = loader.state_dict()         # {"shard": 0, "position": 2048}, JSON-serialisable
+    loader.load_state_dict(state)       # continue at exactly the same place (e.g. after a resume)
+    loader.reset()                      # back to the first batch (validation passes, overfit_single_batch)
 """
 from __future__ import annotations
 
@@ -9,44 +20,99 @@ import numpy as np
 from .shards import ShardError, find_shards, read_header, read_shard
 
 
+def _check_int(name, value, low):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+        raise ValueError(f"DistributedDataLoader: expected {name} to be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
 class DistributedDataLoader:
+    """Batches of (B, T) token windows from llm.c shards; rank ``rank`` of ``world_size`` reads its own slice."""
+
     def __init__(self, pattern, B, T, rank=0, world_size=1):
-        self.pattern, self.B, self.T = pattern, B, T
-        self.rank, self.world_size = rank, world_size
+        self.pattern = pattern
+        self.B, self.T = _check_int("B", B, 1), _check_int("T", T, 1)
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"DistributedDataLoader: expected rank in [0, {self.world_size}), got {rank}")
         self.files = find_shards(pattern)
-        need = B * T * world_size + 1
-        for path in self.files:
-            if read_header(path) < need:
-                raise ShardError(f"{path}: {read_header(path)} tokens, fewer than one global batch needs "
-                                 f"(B*T*world_size + 1 = {need})\nHINT: lower train.batch_size or "
-                                 "train.sequence_length, or prepare more data")
+        self.shard_sizes = [read_header(path) for path in self.files]
+        need = self.global_batch_tokens + 1
+        for path, size in zip(self.files, self.shard_sizes):
+            if size < need:
+                raise ShardError(f"{path}: {size} tokens, fewer than one global batch needs (B*T*world_size + 1 = "
+                                 f"{self.B}*{self.T}*{self.world_size} + 1 = {need})\nHINT: lower "
+                                 "train.batch_size or train.sequence_length, or prepare more data (or fewer, "
+                                 "larger shards)")
+        self.current_shard = None
+        self.tokens = None
         self.reset()
 
-    def reset(self):
-        self._load(0)
+    @property
+    def global_batch_tokens(self):
+        """Tokens all ranks consume per next_batch() call together: B * T * world_size."""
+        return self.B * self.T * self.world_size
 
-    def _load(self, shard):
-        self.current_shard = shard
-        self.tokens = read_shard(self.files[shard])
-        self.current_position = self.B * self.T * self.rank
+    @property
+    def current_position(self):
+        """Offset of this rank's next batch in the current shard (llm.c's ``current_position``)."""
+        return self.position + self.rank * self.B * self.T
+
+    def _set_shard(self, index):
+        if index != self.current_shard:
+            self.tokens = read_shard(self.files[index])
+            self.current_shard = index
+        self.position = 0
+
+    def reset(self):
+        """Go back to the first batch of the first shard."""
+        self._set_shard(0)
+
+    def _advance_if_needed(self):
+        if self.position + self.global_batch_tokens + 1 > len(self.tokens):
+            self._set_shard((self.current_shard + 1) % len(self.files))
 
     def next_batch(self):
-        """(x, y) int64 arrays of shape (B, T); y is x shifted by one token."""
+        """(x, y): int64 numpy arrays of shape (B, T); y[b, t] is the token after x[b, t]."""
         B, T = self.B, self.T
-        buf = np.asarray(self.tokens[self.current_position:self.current_position + B * T + 1], dtype=np.int64)
-        x, y = buf[:-1].reshape(B, T), buf[1:].reshape(B, T)
-        self.current_position += B * T * self.world_size
-        if self.current_position + B * T * self.world_size + 1 > len(self.tokens):
-            self._load((self.current_shard + 1) % len(self.files))
+        start = self.current_position
+        buf = np.asarray(self.tokens[start:start + B * T + 1], dtype=np.int64)
+        x = buf[:-1].reshape(B, T)
+        y = buf[1:].reshape(B, T).copy()  # x and y share no memory
+        self.position += self.global_batch_tokens
+        self._advance_if_needed()
         return x, y
 
     def state_dict(self):
-        """JSON-serialisable position (shard index, token offset of this rank's next batch)."""
-        return {"shard": self.current_shard, "position": int(self.current_position)}
+        """Where the next global batch starts: {"shard": index into self.files, "position": token offset}.
+
+        The same on every rank (the rank's own offset is added when reading), JSON-serialisable."""
+        return {"shard": int(self.current_shard), "position": int(self.position)}
 
     def load_state_dict(self, state):
-        self._load(int(state["shard"]))
-        self.current_position = int(state["position"])
+        """Continue from a state_dict(): the following batches equal those the saving loader would have read."""
+        try:
+            shard, position = int(state["shard"]), int(state["position"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"DistributedDataLoader.load_state_dict: expected {{'shard': int, 'position': int}}, "
+                             f"got {state!r}") from None
+        if not 0 <= shard < len(self.files):
+            raise ValueError(f"DistributedDataLoader.load_state_dict: shard {shard} is out of range: "
+                             f"{len(self.files)} shards match {self.pattern!r}\nHINT: the run was saved with "
+                             "other data; point data.train at the same shards")
+        self._set_shard(shard)
+        if not 0 <= position < len(self.tokens):
+            raise ValueError(f"DistributedDataLoader.load_state_dict: position {position} is outside shard "
+                             f"{self.files[shard]} ({len(self.tokens)} tokens)\nHINT: the run was saved with "
+                             "other data; point data.train at the same shards")
+        self.position = position
+        self._advance_if_needed()  # only when the global batch changed since the save (other B, T or ranks)
 
     def num_tokens(self):
-        return sum(read_header(p) for p in self.files)
+        """Total tokens over all shards."""
+        return int(sum(self.shard_sizes))
+
+    def __repr__(self):
+        return (f"DistributedDataLoader({self.pattern!r}, B={self.B}, T={self.T}, rank={self.rank}, "
+                f"world_size={self.world_size}, shards={len(self.files)}, tokens={self.num_tokens()})")

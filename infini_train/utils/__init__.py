@@ -1,1 +1,1 @@
-"""Utilities: run configuration, checkpoints, metrics logging."""
+"""Utilities: run configuration (utils.config), checkpoints (utils.checkpoint), metrics logging (utils.metrics)."""

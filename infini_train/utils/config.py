@@ -1,125 +1,183 @@
-"""Run configuration: typed dataclasses loaded from YAML plus dotted command-line overrides, validated
-before any work starts. Key names follow llm.c's train_gpt2 flags.
+"""Run configuration: typed dataclasses read from YAML plus dotted command-line overrides, validated before
+any work starts. Training keys follow the flags of llm.c's train_gpt2 (batch_size = -b, sequence_length = -t,
+total_batch_size = -d, learning_rate = -l, warmup_iters = -u, learning_rate_decay_frac = -q, ...).
 
     cfg = load_config("configs/gpt2_tiny.yaml", ["train.learning_rate=3e-4", "out_dir=runs/x"])
+    cfg = parse_args(sys.argv[1:])           # train.py [--config FILE] [dotted.key=value ...]
+    grad_accum = cfg.train.grad_accum_steps(world_size)   # raises ConfigError when it does not divide
+    gpt2_config = cfg.model.to_gpt2_config()
+    cfg.save_resolved()                      # out_dir/config.yaml, loadable with load_config
+    print(cfg.pretty())
 
-Every problem (unknown key, wrong type, out-of-range value) is reported at once in one ConfigError, each
-line naming the dotted key, what was expected, what was found, and the nearest valid key.
+Every problem (unknown key, wrong type, out-of-range value, inconsistent values) is reported at once in
+one ConfigError, one line each, naming the dotted key, what was expected and what was found, with the
+nearest valid key for a misspelt one. In every periodic setting (``*_every``) 0 disables the action.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import difflib
-import io
+import fnmatch
+import math
 import os
 import typing
 from dataclasses import dataclass, field
+from typing import Optional
 
 import yaml
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = "configs/gpt2_tiny.yaml"
 DTYPES = ("float32", "float64")
 TOKENIZERS = ("byte", "gpt2", "auto")
+TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # smallest model vocab_size each tokenizer needs
 BACKENDS = ("auto", "mpi", "nccl")
+SOURCES = ("stdlib",)
 
 
 class ConfigError(ValueError):
-    pass
+    """An invalid run configuration; ``errors`` holds one line per problem."""
+
+    def __init__(self, message, errors=()):
+        super().__init__(message)
+        self.errors = list(errors)
 
 
 @dataclass
 class ModelConfig:
-    preset: typing.Optional[str] = None
-    block_size: typing.Optional[int] = None
-    vocab_size: typing.Optional[int] = None
-    n_layer: typing.Optional[int] = None
-    n_head: typing.Optional[int] = None
-    n_embd: typing.Optional[int] = None
-    dropout: typing.Optional[float] = None
-    bias: typing.Optional[bool] = None
+    """The GPT-2 shape: a preset (GPT2_PRESETS: gpt2, gpt2-medium, ..., d12, d24, ...) and/or explicit fields;
+    explicit (non-null) fields override the preset, and without a preset they override GPT2Config's defaults."""
+
+    preset: Optional[str] = None
+    block_size: Optional[int] = None
+    vocab_size: Optional[int] = None
+    n_layer: Optional[int] = None
+    n_head: Optional[int] = None
+    n_embd: Optional[int] = None
+    dropout: Optional[float] = None
+    bias: Optional[bool] = None
+
+    def overrides(self):
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "preset" and getattr(self, f.name) is not None}
 
     def to_gpt2_config(self):
+        """The resolved infini_train.models.gpt2_config.GPT2Config."""
         from ..models.gpt2_config import GPT2Config
 
-        overrides = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                     if f.name != "preset" and getattr(self, f.name) is not None}
         if self.preset:
-            return GPT2Config.from_preset(self.preset, **overrides)
-        return GPT2Config(**overrides)
+            return GPT2Config.from_preset(self.preset, **self.overrides())
+        return GPT2Config(**self.overrides())
 
 
 @dataclass
 class DataConfig:
-    train: str = "data/stdlib_byte/train_*.bin"
-    val: typing.Optional[str] = "data/stdlib_byte/val_*.bin"
-    tokenizer: str = "byte"
-    source: typing.Optional[str] = "stdlib"  # build the default corpus when the shards are missing
-    max_corpus_bytes: int = 4_000_000
+    """Token shards (llm.c format). With ``source: stdlib`` the default corpus (Python's standard library
+    sources) is built into data.train's directory on first use (infini_train.data.corpus.ensure_default_data);
+    with ``source: null`` the shards must exist."""
+
+    train: str = "data/stdlib_byte/train_*.bin"  # glob of training shards
+    val: Optional[str] = "data/stdlib_byte/val_*.bin"  # glob of validation shards (null: no validation)
+    tokenizer: str = "byte"  # "byte" | "gpt2" | "auto" (gpt2 when available offline, else byte)
+    source: Optional[str] = "stdlib"  # build the default corpus when data.train matches nothing
+    max_corpus_bytes: int = 4_000_000  # size cap of the default corpus
 
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 8
-    sequence_length: int = 64
-    total_batch_size: int = 0  # tokens per optimizer step; 0 means batch_size * sequence_length * world_size
-    num_iterations: int = 100
-    learning_rate: float = 1e-3
-    warmup_iters: int = 0
-    learning_rate_decay_frac: float = 0.0
-    weight_decay: float = 0.0
+    """Optimisation and the periodic actions; names follow llm.c's train_gpt2 flags."""
+
+    batch_size: int = 8  # B: sequences per micro-batch per rank (-b)
+    sequence_length: int = 64  # T (-t), at most model block_size
+    total_batch_size: int = 0  # tokens per optimizer step (-d) = B*T*grad_accum*world_size; 0: B*T*world_size
+    num_iterations: int = 100  # optimizer steps (-x)
+    learning_rate: float = 1e-3  # peak lr (-l)
+    warmup_iters: int = 0  # linear warmup steps (-u)
+    learning_rate_decay_frac: float = 0.0  # final lr as a fraction of the peak (-q)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay on 2-D weights (-c)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0
-    val_loss_every: int = 0
-    val_max_steps: int = 20
-    sample_every: int = 0
-    sample_length: int = 64
-    save_every: int = 0
-    keep_last: int = 3
-    log_every: int = 1
-    overfit_single_batch: bool = False
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    val_loss_every: int = 0  # steps between validation passes (-v); 0 disables
+    val_max_steps: int = 20  # batches per validation pass (-m)
+    sample_every: int = 0  # steps between generated samples (-s); 0 disables
+    sample_length: int = 64  # tokens per sample (-g)
+    save_every: int = 0  # steps between checkpoints (-n); 0: only the final one
+    keep_last: int = 3  # checkpoints kept on disk; 0 keeps all
+    log_every: int = 1  # steps between printed lines (metrics.jsonl gets every step)
+    overfit_single_batch: bool = False  # train on the first batch over and over (a debugging aid, -f)
+
+    def grad_accum_steps(self, world_size=1):
+        """Micro-batches per optimizer step: total_batch_size / (B * T * world_size); a ConfigError if it
+        does not divide. Call at run start, once the world size is known."""
+        per_step = self.batch_size * self.sequence_length * world_size
+        total = self.total_batch_size or per_step
+        if total % per_step:
+            lower = max(total // per_step, 1) * per_step
+            raise ConfigError(
+                f"train.total_batch_size: expected a multiple of batch_size * sequence_length * world_size = "
+                f"{self.batch_size} * {self.sequence_length} * {world_size} = {per_step}, got {total}\n"
+                f"HINT: set train.total_batch_size={lower} (or {lower + per_step}), or change batch_size / the "
+                "number of ranks")
+        return total // per_step
 
 
 @dataclass
 class RunConfig:
+    """A whole run: the three sections plus where it writes, how it resumes and where it runs."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    out_dir: str = "runs/default"
-    resume: str = ""  # "" (fresh), "auto" (newest checkpoint in out_dir) or a checkpoint path
+    out_dir: str = "runs/default"  # config.yaml, metrics.jsonl, loss.png, checkpoints/
+    resume: str = ""  # "" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path
     seed: int = 1337
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
-    plot: bool = True
+    device: str = "auto"  # "auto" (cuda:<local rank> when available, else cpu), "cpu", "cpu:N", "cuda", "cuda:N"
+    dtype: str = "float32"  # parameter and activation dtype: "float32" | "float64"
+    backend: str = "auto"  # process-group backend under mpirun: "auto" (nccl on GPUs, else mpi), "mpi", "nccl"
+    plot: bool = True  # write out_dir/loss.png at the end
 
     def grad_accum_steps(self, world_size=1):
-        """total_batch_size = B * T * grad_accum * world_size; raise a clear error when it does not divide."""
-        t = self.train
-        per_step = t.batch_size * t.sequence_length * world_size
-        total = t.total_batch_size or per_step
-        if total % per_step:
-            raise ConfigError(
-                f"train.total_batch_size: expected a multiple of batch_size * sequence_length * world_size = "
-                f"{t.batch_size} * {t.sequence_length} * {world_size} = {per_step}, got {total}\n"
-                f"HINT: set train.total_batch_size={per_step * max(total // per_step, 1)} or adjust batch_size")
-        return total // per_step
+        """Same as ``self.train.grad_accum_steps(world_size)``."""
+        return self.train.grad_accum_steps(world_size)
 
     def to_dict(self):
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, raw, source="config"):
+        """Build and validate from a nested dict (e.g. a checkpoint's saved config)."""
+        return _validated(raw if raw is not None else {}, source, [])
+
     def to_yaml(self):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def pretty(self):
+        """One ``dotted.key  value`` line per setting, aligned, with the resolved model shape."""
+        flat = _flatten(self.to_dict())
+        width = max(map(len, flat))
+        lines = [f"{k.ljust(width)}  {v!r}" if isinstance(v, str) else f"{k.ljust(width)}  {v}"
+                 for k, v in flat.items()]
+        try:
+            gpt = self.model.to_gpt2_config()
+            lines.append(f"{'(resolved model)'.ljust(width)}  {gpt}")
+        except ValueError:
+            pass
+        return "\n".join(lines)
+
+    __str__ = pretty
+
     def save_resolved(self, out_dir=None):
-        """Write out_dir/config.yaml atomically; returns its path."""
+        """Write ``out_dir/config.yaml`` (default self.out_dir) atomically (temp file + os.replace); returns
+        its path. load_config(path) gives back an equal RunConfig."""
         out_dir = out_dir or self.out_dir
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, "config.yaml")
-        tmp = path + ".tmp"
+        tmp = os.path.join(out_dir, f".config.yaml.tmp{os.getpid()}")
         with open(tmp, "w") as f:
+            f.write("# resolved run configuration (defaults, config file and overrides merged)\n")
             f.write(self.to_yaml())
         os.replace(tmp, path)
         return path
@@ -128,51 +186,98 @@ class RunConfig:
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
 
-def _all_keys():
+def config_keys():
+    """Every valid dotted key: top-level ones first, then model.*, data.*, train.*."""
     keys = [f.name for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS]
-    for sec, cls in SECTIONS.items():
-        keys += [f"{sec}.{f.name}" for f in dataclasses.fields(cls)]
+    for section, cls in SECTIONS.items():
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     return keys
 
 
-def _suggest(path, candidates):
-    close = difflib.get_close_matches(path, candidates, n=1, cutoff=0.5)
-    if not close:
-        leaf = path.rsplit(".", 1)[-1]
-        close = [k for k in candidates if k.rsplit(".", 1)[-1] == leaf][:1] or \
-            difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1] for k in candidates], n=1, cutoff=0.6)
-        close = [k for k in candidates if k.endswith("." + close[0]) or k == close[0]][:1] if close else []
-    return f" (did you mean '{close[0]}'?)" if close else ""
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _suggest(path):
+    """ " (did you mean 'train.learning_rate'?)" for a misspelt dotted key, or ""."""
+    section, _, leaf = path.rpartition(".")
+    keys = config_keys() + ([] if section else list(SECTIONS))  # section names only for top-level keys
+    local = [k for k in keys if k.rpartition(".")[0] == section]
+    same_leaf = [k for k in keys if k.rpartition(".")[2] == leaf and k != path]
+    if same_leaf:  # the right key in the wrong section
+        best = same_leaf
+    else:
+        close = difflib.get_close_matches(leaf, [k.rpartition(".")[2] for k in local], n=1, cutoff=0.6)
+        best = [k for k in local if k.rpartition(".")[2] == close[0]] if close else []
+        if not best:
+            best = difflib.get_close_matches(path, keys, n=1, cutoff=0.6)
+        if not best:
+            close = difflib.get_close_matches(leaf, [k.rpartition(".")[2] for k in keys], n=1, cutoff=0.7)
+            best = [k for k in keys if k.rpartition(".")[2] == close[0]] if close else []
+    return f" (did you mean '{best[0]}'?)" if best else ""
+
+
+def _describe(value):
+    return f"{value!r} ({type(value).__name__})"
 
 
 def _coerce(value, annotation, path, errors):
-    """Check/convert one value to the field's type; report a type error into ``errors``."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is typing.Union and type(None) in args:
+    """The value converted to the field's type, or _BAD after recording a type error."""
+    optional = typing.get_origin(annotation) is typing.Union and type(None) in typing.get_args(annotation)
+    if optional:
         if value is None:
             return None
-        annotation = next(a for a in args if a is not type(None))
-    if annotation is float and isinstance(value, str):
-        try:
-            return float(value)  # YAML 1.1 reads 3e-4 as a string
-        except ValueError:
-            pass
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if annotation is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    ok = isinstance(value, annotation) and not (annotation is int and isinstance(value, bool))
-    if not ok:
-        errors.append(f"{path}: expected {annotation.__name__}, got {value!r} ({type(value).__name__})")
-    return value
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    kind = annotation.__name__ + (" or null" if optional else "")
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):  # YAML 1.1 reads 1e4 as a string
+            try:
+                number = float(value)
+                if number.is_integer():
+                    return int(number)
+            except ValueError:
+                pass
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # out_dir: 2024
+    errors.append(f"{path}: expected {kind}, got {_describe(value)}")
+    return _BAD
 
 
-def _build(cls, raw, prefix, errors):
+_BAD = object()
+
+
+def _build(cls, raw, prefix, errors, bad):
+    """Instantiate ``cls`` from a dict; unknown keys and type errors go to ``errors``, their paths to ``bad``
+    (those fields keep their defaults, so range checks can still run on the others)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        errors.append(f"{prefix}: expected a mapping of keys, got {raw!r}")
+        errors.append(f"{prefix}: expected a section of keys (like {prefix}.{dataclasses.fields(cls)[0].name}), "
+                      f"got {_describe(raw)}")
+        bad.add(prefix)
         return cls()
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -180,111 +285,270 @@ def _build(cls, raw, prefix, errors):
     for key, value in raw.items():
         path = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
-            errors.append(f"{path}: unknown key{_suggest(path, _all_keys())}")
+            errors.append(f"{path}: unknown key{_suggest(path)}")
             continue
         if cls is RunConfig and key in SECTIONS:
-            kwargs[key] = _build(SECTIONS[key], value, key, errors)
+            kwargs[key] = _build(SECTIONS[key], value, key, errors, bad)
+            continue
+        coerced = _coerce(value, hints[key], path, errors)
+        if coerced is _BAD:
+            bad.add(path)
         else:
-            kwargs[key] = _coerce(value, hints[key], path, errors)
+            kwargs[key] = coerced
     return cls(**kwargs)
 
 
-def _check_ranges(cfg: RunConfig, errors):
-    t, m = cfg.train, cfg.model
+class _Checker:
+    """Range checks on fields that passed the type checks."""
 
-    def need(ok, path, expected, value):
-        if not ok:
-            errors.append(f"{path}: expected {expected}, got {value!r}")
+    def __init__(self, cfg, errors, bad):
+        self.cfg, self.errors, self.bad = cfg, errors, bad
 
-    for name in ("batch_size", "sequence_length", "num_iterations", "log_every", "sample_length"):
-        v = getattr(t, name)
-        need(isinstance(v, int) and v >= 1, f"train.{name}", "an integer >= 1", v)
-    for name in ("warmup_iters", "val_loss_every", "val_max_steps", "sample_every", "save_every", "keep_last",
-                 "total_batch_size"):
-        v = getattr(t, name)
-        need(isinstance(v, int) and v >= 0, f"train.{name}", "an integer >= 0 (0 disables)", v)
-    for name in ("learning_rate", "eps"):
-        v = getattr(t, name)
-        need(isinstance(v, float) and v > 0, f"train.{name}", "a number > 0", v)
-    for name in ("weight_decay", "grad_clip"):
-        v = getattr(t, name)
-        need(isinstance(v, float) and v >= 0, f"train.{name}", "a number >= 0", v)
-    for name in ("beta1", "beta2"):
-        v = getattr(t, name)
-        need(isinstance(v, float) and 0 <= v < 1, f"train.{name}", "a number in [0, 1)", v)
-    need(isinstance(t.learning_rate_decay_frac, float) and 0 <= t.learning_rate_decay_frac <= 1,
-         "train.learning_rate_decay_frac", "a number in [0, 1]", t.learning_rate_decay_frac)
-    need(cfg.dtype in DTYPES, "dtype", f"one of {DTYPES}", cfg.dtype)
-    need(cfg.backend in BACKENDS, "backend", f"one of {BACKENDS}", cfg.backend)
-    need(cfg.data.tokenizer in TOKENIZERS, "data.tokenizer", f"one of {TOKENIZERS}", cfg.data.tokenizer)
-    need(cfg.data.source in (None, "stdlib"), "data.source", "'stdlib' or null", cfg.data.source)
-    need(isinstance(cfg.data.max_corpus_bytes, int) and cfg.data.max_corpus_bytes > 0, "data.max_corpus_bytes",
-         "an integer > 0", cfg.data.max_corpus_bytes)
-    dev = cfg.device
-    kind, _, idx = str(dev).partition(":")
-    need(dev == "auto" or (kind in ("cpu", "cuda") and (idx == "" or idx.isdigit())), "device",
-         "'auto', 'cpu', 'cpu:N', 'cuda' or 'cuda:N'", dev)
-    if m.dropout is not None:
-        need(0 <= m.dropout < 1, "model.dropout", "a number in [0, 1)", m.dropout)
-    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-        v = getattr(m, name)
-        if v is not None:
-            need(v >= 1, f"model.{name}", "an integer >= 1", v)
+    def value(self, path):
+        node = self.cfg
+        for part in path.split("."):
+            node = getattr(node, part)
+        return node
+
+    def ok(self, *paths):
+        return not any(p in self.bad or p.split(".")[0] in self.bad for p in paths)
+
+    def need(self, path, predicate, expected):
+        if not self.ok(path):
+            return
+        value = self.value(path)
+        if value is None:
+            return
+        if not predicate(value):
+            self.errors.append(f"{path}: expected {expected}, got {value!r}")
+            self.bad.add(path)
+
+
+def _finite(v):
+    return math.isfinite(v)
+
+
+def _check_ranges(cfg, errors, bad):
     from ..models.gpt2_config import GPT2_PRESETS
-    if m.preset is not None and m.preset not in GPT2_PRESETS:
-        close = difflib.get_close_matches(m.preset, GPT2_PRESETS, n=1)
+
+    c = _Checker(cfg, errors, bad)
+    for name in ("batch_size", "sequence_length", "num_iterations", "sample_length", "log_every"):
+        c.need(f"train.{name}", lambda v: v >= 1, "an integer >= 1")
+    for name in ("total_batch_size", "warmup_iters", "val_loss_every", "val_max_steps", "sample_every",
+                 "save_every", "keep_last"):
+        c.need(f"train.{name}", lambda v: v >= 0, "an integer >= 0 (0 disables)" if name.endswith("every")
+               else "an integer >= 0")
+    c.need("train.learning_rate", lambda v: _finite(v) and v > 0, "a number > 0")
+    c.need("train.eps", lambda v: _finite(v) and v > 0, "a number > 0")
+    c.need("train.weight_decay", lambda v: _finite(v) and v >= 0, "a number >= 0")
+    c.need("train.grad_clip", lambda v: _finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")
+    for name in ("beta1", "beta2"):
+        c.need(f"train.{name}", lambda v: 0 <= v < 1, "a number in [0, 1)")
+    c.need("train.learning_rate_decay_frac", lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    t = cfg.train
+    if c.ok("train.val_loss_every", "train.val_max_steps") and t.val_loss_every and not t.val_max_steps:
+        errors.append("train.val_max_steps: expected >= 1 when train.val_loss_every is set, got 0")
+    if c.ok("train.batch_size", "train.sequence_length", "train.total_batch_size") and t.total_batch_size:
+        per = t.batch_size * t.sequence_length
+        if t.total_batch_size % per:
+            errors.append(f"train.total_batch_size: expected a multiple of batch_size * sequence_length = "
+                          f"{t.batch_size} * {t.sequence_length} = {per} (times grad-accumulation steps and "
+                          f"ranks), got {t.total_batch_size}")
+
+    c.need("seed", lambda v: 0 <= v < 2 ** 63, "an integer in [0, 2**63)")
+    c.need("out_dir", lambda v: v.strip() != "", "a directory path")
+    c.need("dtype", lambda v: v in DTYPES, f"one of {DTYPES}")
+    c.need("backend", lambda v: v in BACKENDS, f"one of {BACKENDS}")
+    c.need("device", _valid_device, "'auto', 'cpu', 'cpu:N', 'cuda' or 'cuda:N'")
+    if c.ok("backend", "device") and cfg.backend == "nccl" and cfg.device.startswith("cpu"):
+        errors.append(f"backend: expected 'mpi' or 'auto' with device {cfg.device!r} (NCCL needs GPUs), got 'nccl'")
+    _check_data(cfg, c, errors)
+    _check_model(cfg, c, errors, GPT2_PRESETS)
+
+
+def _valid_device(dev):
+    kind, sep, idx = dev.partition(":")
+    return dev == "auto" or (kind in ("cpu", "cuda") and (not sep or idx.isdigit()))
+
+
+def _check_data(cfg, c, errors):
+    d = cfg.data
+    c.need("data.tokenizer", lambda v: v in TOKENIZERS, f"one of {TOKENIZERS}")
+    c.need("data.source", lambda v: v in SOURCES, f"one of {SOURCES} or null")
+    c.need("data.max_corpus_bytes", lambda v: v >= 1, "an integer >= 1")
+    c.need("data.train", lambda v: v.strip() != "", "a glob of token shards")
+    if not c.ok("data.source", "data.train", "data.val") or d.source != "stdlib":
+        return
+    # the default corpus is written as <dir>/train_000000.bin ... and <dir>/val_000000.bin
+    train_name = os.path.basename(d.train)
+    if not fnmatch.fnmatch("train_000000.bin", train_name) or fnmatch.fnmatch("val_000000.bin", train_name):
+        errors.append(f"data.train: expected a pattern matching the default corpus's train_NNNNNN.bin (and not "
+                      f"val_NNNNNN.bin) with data.source=stdlib, got {d.train!r}; use <dir>/train_*.bin, or "
+                      "data.source=null for shards of your own")
+    elif d.val:
+        val_name = os.path.basename(d.val)
+        if os.path.dirname(d.val) != os.path.dirname(d.train):
+            errors.append(f"data.val: expected the directory of data.train ({os.path.dirname(d.train) or '.'!r}) "
+                          f"with data.source=stdlib, got {d.val!r}")
+        elif not fnmatch.fnmatch("val_000000.bin", val_name) or fnmatch.fnmatch("train_000000.bin", val_name):
+            errors.append(f"data.val: expected a pattern matching the default corpus's val_NNNNNN.bin (and not "
+                          f"train_NNNNNN.bin) with data.source=stdlib, got {d.val!r}; use <dir>/val_*.bin")
+
+
+def _check_model(cfg, c, errors, presets):
+    m, t = cfg.model, cfg.train
+    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        c.need(f"model.{name}", lambda v: v >= 1, "an integer >= 1")
+    c.need("model.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")
+    if c.ok("model.preset") and m.preset is not None and m.preset not in presets:
+        close = difflib.get_close_matches(m.preset, presets, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        errors.append(f"model.preset: expected one of {sorted(GPT2_PRESETS)}, got {m.preset!r}{hint}")
+        errors.append(f"model.preset: expected one of {sorted(presets)} or null, got {m.preset!r}{hint}")
+        return
+    names = ("model.preset", "model.block_size", "model.vocab_size", "model.n_layer", "model.n_head",
+             "model.n_embd", "model.dropout", "model.bias")
+    if not c.ok(*names):
+        return
+    shape = {**(presets[m.preset] if m.preset else {}), **m.overrides()}
+    n_embd, n_head = shape.get("n_embd", 768), shape.get("n_head", 12)
+    if n_embd % n_head:
+        key = "model.n_head" if m.n_head is not None or m.n_embd is None else "model.n_embd"
+        errors.append(f"{key}: expected n_embd ({n_embd}) divisible by n_head ({n_head}), got n_embd % n_head = "
+                      f"{n_embd % n_head}")
         return
     try:
         gpt = m.to_gpt2_config()
     except (ValueError, TypeError) as exc:
-        errors.append(f"model: {str(exc).replace(chr(10), ' ')}")
+        errors.append(f"model: {' '.join(str(exc).split())}")
         return
-    if isinstance(t.sequence_length, int) and t.sequence_length > gpt.block_size:
+    if c.ok("train.sequence_length") and t.sequence_length > gpt.block_size:
         errors.append(f"train.sequence_length: expected <= model block_size ({gpt.block_size}), "
                       f"got {t.sequence_length}")
+    need = TOKENIZER_VOCAB.get(cfg.data.tokenizer)
+    if need and c.ok("data.tokenizer") and gpt.vocab_size < need:
+        errors.append(f"model.vocab_size: expected >= {need} for data.tokenizer {cfg.data.tokenizer!r}, "
+                      f"got {gpt.vocab_size}")
 
 
-def parse_override(text):
-    if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected dotted.key=value, e.g. train.learning_rate=3e-4")
-    key, _, value = text.partition("=")
-    return key.strip(), yaml.safe_load(io.StringIO(value)) if value.strip() else ""
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that reports a key given twice in one mapping instead of keeping the last silently."""
 
 
-def load_config(path=None, overrides=()):
-    raw = {}
-    if path:
-        if not os.path.exists(path):
-            raise ConfigError(f"config file {path} does not exist\nHINT: see configs/ for the shipped runs")
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a YAML mapping at the top level, got {type(raw).__name__}")
-    errors = []
+def _mapping_without_duplicates(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given at line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def parse_value(text):
+    """A command-line value as a YAML scalar (``3e-4`` stays a string here; the field's type converts it).
+    Text YAML cannot parse (``*.bin``, ``@x``) is taken as a plain string."""
+    if text.strip() == "":
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _apply_overrides(raw, overrides, errors):
     for text in overrides:
-        key, value = parse_override(text)
-        node = raw
+        key, sep, value = str(text).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            errors.append(f"override {text!r}: expected dotted.key=value, e.g. train.learning_rate=3e-4")
+            continue
         parts = key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[parts[-1]] = value
-    cfg = _build(RunConfig, raw, "", errors)
-    if not errors:
-        _check_ranges(cfg, errors)
+        node = raw
+        settings = set(config_keys())
+        for depth, part in enumerate(parts[:-1]):
+            prefix = ".".join(parts[:depth + 1])
+            child = node.get(part)
+            if prefix in settings or (child is not None and not isinstance(child, dict)):
+                errors.append(f"{key}: unknown key ({prefix!r} is a setting, not a section)")
+                break
+            if child is None:  # a new or empty section (an unknown one is reported by _build)
+                child = node[part] = {}
+            node = child
+        else:
+            node[parts[-1]] = parse_value(value)
+
+
+def _validated(raw, source, errors):
+    bad = set()
+    cfg = _build(RunConfig, raw, "", errors, bad)
+    _check_ranges(cfg, errors, bad)
     if errors:
-        where = f" in {path}" if path else ""
-        raise ConfigError(f"invalid run configuration{where}:\n  " + "\n  ".join(errors))
+        raise ConfigError(f"invalid run configuration ({source}), {len(errors)} problem"
+                          f"{'s' if len(errors) > 1 else ''}:\n  " + "\n  ".join(errors), errors)
     return cfg
 
 
+def load_config(path=None, overrides=()):
+    """Read the YAML file at ``path`` (None or an empty file: all defaults), apply ``overrides``
+    (["train.learning_rate=3e-4", "out_dir=runs/x", ...]) and validate everything -> RunConfig.
+
+    Raises one ConfigError listing every problem."""
+    raw = {}
+    if path:
+        try:
+            with open(path) as f:
+                raw = yaml.load(f, Loader=_StrictLoader)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist\nHINT: the shipped runs are in "
+                              f"{os.path.join(REPO_ROOT, 'configs')}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path}: expected a YAML mapping of keys at the top level, got "
+                              f"{_describe(raw)}")
+    errors = []
+    _apply_overrides(raw, list(overrides), errors)
+    return _validated(raw, path or "defaults", errors)
+
+
+def default_config_path():
+    """configs/gpt2_tiny.yaml relative to the working directory, else inside the repository."""
+    if os.path.exists(DEFAULT_CONFIG):
+        return DEFAULT_CONFIG
+    return os.path.join(REPO_ROOT, DEFAULT_CONFIG)
+
+
+def _key_listing():
+    lines, current = [], None
+    for key in config_keys():
+        section = key.split(".")[0] if "." in key else ""
+        if section != current:
+            lines.append(f"  {section + '.*' if section else 'top level'}:")
+            current = section
+        lines.append(f"    {key}")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None):
-    """``train.py [--config FILE] [dotted.key=value ...]`` -> RunConfig."""
-    parser = argparse.ArgumentParser(description="Train GPT-2 with infini_train.")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML run config (default {DEFAULT_CONFIG})")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. train.learning_rate=3e-4")
-    args = parser.parse_args(argv)
-    return load_config(args.config, args.overrides)
+    """``train.py [--config FILE] [--print-config] [dotted.key=value ...]`` -> RunConfig (ConfigError when
+    invalid). --config defaults to configs/gpt2_tiny.yaml; --print-config prints the resolved config and exits."""
+    parser = argparse.ArgumentParser(
+        description="Train GPT-2 with infini_train.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="overrides are dotted.key=value, values in YAML syntax, e.g.\n"
+               "  train.learning_rate=3e-4 out_dir=runs/x model.preset=d12 data.val=null\n\n"
+               "valid keys:\n" + _key_listing())
+    parser.add_argument("--config", default=None, help=f"YAML run config (default {DEFAULT_CONFIG})")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    args = parser.parse_intermixed_args(argv)
+    cfg = load_config(args.config or default_config_path(), args.overrides)
+    if args.print_config:
+        print(cfg.to_yaml(), end="")
+        raise SystemExit(0)
+    return cfg

@@ -1,75 +1,258 @@
 import glob
+import os
 
 import pytest
+import yaml
 
-from infini_train.utils.config import ConfigError, RunConfig, load_config
+from infini_train.utils.config import (
+    ConfigError,
+    RunConfig,
+    config_keys,
+    load_config,
+    parse_args,
+    parse_value,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def write(tmp_path, text):
-    p = tmp_path / "run.yaml"
+def write(tmp_path, text, name="run.yaml"):
+    p = tmp_path / name
     p.write_text(text)
     return str(p)
 
 
-def test_unknown_key_suggests_nearest_including_across_sections(tmp_path):
-    path = write(tmp_path, "train:\n  learnin_rate: 0.1\nmodel:\n  n_layers: 2\nlearning_rate: 3\n")
+def errors_of(*args):
     with pytest.raises(ConfigError) as info:
-        load_config(path)
-    msg = str(info.value)
+        load_config(*args)
+    return str(info.value), info.value.errors
+
+
+def test_unknown_keys_suggest_the_nearest_key_in_and_across_sections(tmp_path):
+    path = write(tmp_path, "train:\n  learnin_rate: 0.1\nmodel:\n  n_layers: 2\nlearning_rate: 3\n"
+                           "trian:\n  batch_size: 2\ndata:\n  dropout: 0.1\n")
+    msg, errors = errors_of(path)
     assert "train.learnin_rate: unknown key (did you mean 'train.learning_rate'?)" in msg
     assert "model.n_layers: unknown key (did you mean 'model.n_layer'?)" in msg
-    assert "learning_rate: unknown key (did you mean 'train.learning_rate'?)" in msg
+    assert "learning_rate: unknown key (did you mean 'train.learning_rate'?)" in msg  # across sections
+    assert "trian: unknown key (did you mean 'train'?)" in msg
+    assert "data.dropout: unknown key (did you mean 'model.dropout'?)" in msg
+    assert len(errors) == 5
+    msg, _ = errors_of(None, ["train.warmup_iter=3", "train.foo.bar=1", "seed.x=1"])
+    assert "train.warmup_iter: unknown key (did you mean 'train.warmup_iters'?)" in msg
+    assert "train.foo: unknown key" in msg
+    assert "seed.x: unknown key ('seed' is a setting, not a section)" in msg
 
 
-def test_wrong_types_and_ranges_all_reported_at_once(tmp_path):
-    path = write(tmp_path, "train:\n  batch_size: eight\n  beta2: 1.5\n  weight_decay: -1\nseed: true\n")
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    msg = str(info.value)
+def test_wrong_types_name_key_expected_type_and_value(tmp_path):
+    path = write(tmp_path, "train:\n  batch_size: eight\n  num_iterations: 2.5\n  overfit_single_batch: 1\n"
+                           "  learning_rate: fast\nseed: true\nmodel: 3\nresume: false\n")
+    msg, errors = errors_of(path)
     assert "train.batch_size: expected int, got 'eight' (str)" in msg
-    assert "seed: expected int, got True (bool)" in msg
-    with pytest.raises(ConfigError) as info:
-        load_config(write(tmp_path, "train:\n  beta2: 1.5\n  weight_decay: -1\n  warmup_iters: -3\n"))
-    msg = str(info.value)
-    assert "train.beta2: expected a number in [0, 1), got 1.5" in msg
-    assert "train.weight_decay: expected a number >= 0, got -1.0" in msg
-    assert "train.warmup_iters: expected an integer >= 0 (0 disables), got -3" in msg
+    assert "train.num_iterations: expected int, got 2.5 (float)" in msg
+    assert "train.overfit_single_batch: expected bool, got 1 (int)" in msg
+    assert "train.learning_rate: expected float, got 'fast' (str)" in msg
+    assert "seed: expected int, got True (bool)" in msg  # bools are not ints
+    assert "model: expected a section of keys (like model.preset), got 3 (int)" in msg
+    assert "resume: expected str, got False (bool)" in msg
+    assert len(errors) == 7
+    msg, _ = errors_of(None, ["model.n_layer=null", "data.tokenizer=null"])
+    assert "model.n_layer" not in msg  # optional model fields accept null
+    assert "data.tokenizer: expected str, got None (NoneType)" in msg
 
 
-def test_bad_preset_and_sequence_longer_than_block(tmp_path):
-    with pytest.raises(ConfigError, match="model.preset: expected one of .*, got 'gpt-2' \\(did you mean 'gpt2'\\?\\)"):
-        load_config(None, ["model.preset=gpt-2"])
-    with pytest.raises(ConfigError, match=r"train.sequence_length: expected <= model block_size \(64\), got 128"):
-        load_config(None, ["model.block_size=64", "train.sequence_length=128"])
+def test_ints_are_accepted_for_float_fields(tmp_path):
+    cfg = load_config(write(tmp_path, "train:\n  weight_decay: 0\n  learning_rate: 1\nmodel:\n  dropout: 0\n"))
+    assert cfg.train.weight_decay == 0.0 and isinstance(cfg.train.weight_decay, float)
+    assert cfg.train.learning_rate == 1.0 and isinstance(cfg.train.learning_rate, float)
+    assert isinstance(cfg.model.dropout, float)
 
 
-def test_overrides_are_coerced_and_applied(tmp_path):
+def test_out_of_range_values_are_all_reported_in_one_error():
+    msg, errors = errors_of(None, [
+        "train.batch_size=0", "train.learning_rate=0", "train.warmup_iters=-3", "train.weight_decay=-1",
+        "train.grad_clip=-0.5", "train.beta1=1.0", "train.beta2=-0.1", "model.dropout=1.0", "train.eps=.inf",
+        "train.learning_rate_decay_frac=1.5", "dtype=float16", "device=gpu:0", "backend=gloo", "seed=-1",
+        "train.val_loss_every=-1", "data.tokenizer=bpe", "data.source=web"])
+    assert msg.startswith("invalid run configuration (defaults), 17 problems:")
+    assert len(errors) == 17 and len(msg.splitlines()) == 18  # one line per problem
+    for line in ["train.batch_size: expected an integer >= 1, got 0",
+                 "train.learning_rate: expected a number > 0, got 0.0",
+                 "train.warmup_iters: expected an integer >= 0, got -3",
+                 "train.weight_decay: expected a number >= 0, got -1.0",
+                 "train.grad_clip: expected a number >= 0 (0 disables clipping), got -0.5",
+                 "train.beta1: expected a number in [0, 1), got 1.0",
+                 "train.beta2: expected a number in [0, 1), got -0.1",
+                 "model.dropout: expected a number in [0, 1), got 1.0",
+                 "train.eps: expected a number > 0, got inf",
+                 "train.learning_rate_decay_frac: expected a number in [0, 1], got 1.5",
+                 "dtype: expected one of ('float32', 'float64'), got 'float16'",
+                 "device: expected 'auto', 'cpu', 'cpu:N', 'cuda' or 'cuda:N', got 'gpu:0'",
+                 "backend: expected one of ('auto', 'mpi', 'nccl'), got 'gloo'",
+                 "seed: expected an integer in [0, 2**63), got -1",
+                 "train.val_loss_every: expected an integer >= 0 (0 disables), got -1",
+                 "data.tokenizer: expected one of ('byte', 'gpt2', 'auto'), got 'bpe'",
+                 "data.source: expected one of ('stdlib',) or null, got 'web'"]:
+        assert line in errors
+
+
+def test_type_errors_and_range_errors_are_reported_together(tmp_path):
+    msg, errors = errors_of(None, ["train.batch_size=x", "train.beta2=1.5", "train.learnin_rate=1"])
+    assert len(errors) == 3 and "train.beta2: expected a number in [0, 1), got 1.5" in msg
+
+
+def test_bad_preset_and_model_consistency():
+    msg, _ = errors_of(None, ["model.preset=gpt-2"])
+    assert "model.preset: expected one of ['d12', 'd24', 'd36', 'd48', 'gpt2', 'gpt2-large', 'gpt2-medium', " \
+           "'gpt2-xl'] or null, got 'gpt-2' (did you mean 'gpt2'?)" in msg
+    msg, _ = errors_of(None, ["model.block_size=64", "train.sequence_length=128"])
+    assert "train.sequence_length: expected <= model block_size (64), got 128" in msg
+    msg, _ = errors_of(None, ["model.n_embd=100", "model.n_head=3"])
+    assert "model.n_head: expected n_embd (100) divisible by n_head (3), got n_embd % n_head = 1" in msg
+    msg, _ = errors_of(None, ["model.preset=d12", "model.n_embd=100"])  # the preset's n_head=12
+    assert "model.n_embd: expected n_embd (100) divisible by n_head (12)" in msg
+    msg, _ = errors_of(None, ["model.vocab_size=200", "train.sequence_length=64"])
+    assert "model.vocab_size: expected >= 257 for data.tokenizer 'byte', got 200" in msg
+    msg, _ = errors_of(None, ["data.tokenizer=gpt2", "model.vocab_size=257", "train.sequence_length=64"])
+    assert "model.vocab_size: expected >= 50257 for data.tokenizer 'gpt2', got 257" in msg
+    msg, _ = errors_of(None, ["backend=nccl", "device=cpu"])
+    assert "backend: expected 'mpi' or 'auto' with device 'cpu' (NCCL needs GPUs), got 'nccl'" in msg
+
+
+def test_default_corpus_shard_names_are_checked():
+    msg, _ = errors_of(None, ["data.train=data/x/*.bin"])  # would also match the val shards
+    assert "data.train: expected a pattern matching the default corpus's train_NNNNNN.bin" in msg
+    msg, _ = errors_of(None, ["data.train=data/x/train_*.bin", "data.val=data/y/val_*.bin"])
+    assert "data.val: expected the directory of data.train ('data/x') with data.source=stdlib" in msg
+    cfg = load_config(None, ["data.train=data/x/*.bin", "data.val=null", "data.source=null"])  # own shards
+    assert cfg.data.val is None and cfg.data.source is None
+
+
+def test_multiple_validation_passes_checks():
+    msg, _ = errors_of(None, ["train.val_loss_every=10", "train.val_max_steps=0"])
+    assert "train.val_max_steps: expected >= 1 when train.val_loss_every is set, got 0" in msg
+    msg, _ = errors_of(None, ["train.batch_size=4", "train.sequence_length=8", "train.total_batch_size=100"])
+    assert "train.total_batch_size: expected a multiple of batch_size * sequence_length = 4 * 8 = 32" in msg
+
+
+def test_overrides_are_parsed_as_yaml_and_coerced_by_field_type(tmp_path):
     cfg = load_config(write(tmp_path, "train:\n  learning_rate: 1e-3\n"),
                       ["train.learning_rate=3e-4", "out_dir=runs/x", "train.overfit_single_batch=true",
-                       "model.preset=d12", "model.n_layer=2"])
+                       "model.preset=d12", "model.n_layer=2", "train.num_iterations=1e4", "plot=false",
+                       "data.val=null", "data.train=data/x/train_*.bin", "model.bias=no", "resume=", "out_dir=2024"])
     assert cfg.train.learning_rate == 3e-4 and isinstance(cfg.train.learning_rate, float)
-    assert cfg.out_dir == "runs/x" and cfg.train.overfit_single_batch is True
+    assert cfg.train.num_iterations == 10000 and isinstance(cfg.train.num_iterations, int)
+    assert cfg.train.overfit_single_batch is True and cfg.plot is False and cfg.model.bias is False
+    assert cfg.out_dir == "2024" and cfg.resume == "" and cfg.data.val is None
+    assert cfg.data.train == "data/x/train_*.bin"
     gpt = cfg.model.to_gpt2_config()
-    assert (gpt.n_layer, gpt.n_embd) == (2, 768)
-    with pytest.raises(ConfigError, match="expected dotted.key=value"):
-        load_config(None, ["train.learning_rate"])
+    assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.bias) == (2, 12, 768, False)
+    assert parse_value("3e-4") == "3e-4" and parse_value("*.bin") == "*.bin" and parse_value("cpu:1") == "cpu:1"
+    msg, _ = errors_of(None, ["train.learning_rate", "=3"])
+    assert "override 'train.learning_rate': expected dotted.key=value, e.g. train.learning_rate=3e-4" in msg
+    assert "override '=3': expected dotted.key=value" in msg
 
 
-def test_grad_accum_divisibility_is_checked():
+def test_model_config_without_preset_uses_gpt2_defaults():
+    gpt = load_config(None, ["model.n_layer=3"]).model.to_gpt2_config()
+    assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.vocab_size, gpt.block_size) == (3, 12, 768, 50257, 1024)
+    gpt = load_config(None, ["model.preset=gpt2-medium", "model.vocab_size=50304"]).model.to_gpt2_config()
+    assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.vocab_size) == (24, 16, 1024, 50304)
+
+
+def test_grad_accum_steps_checks_divisibility_with_the_world_size():
     cfg = load_config(None, ["train.batch_size=4", "train.sequence_length=8", "train.total_batch_size=96"])
-    assert cfg.grad_accum_steps(world_size=1) == 3
-    with pytest.raises(ConfigError, match=r"train.total_batch_size: expected a multiple of .* = 64, got 96"):
-        cfg.grad_accum_steps(world_size=2)
+    assert cfg.train.grad_accum_steps(world_size=1) == 3 and cfg.grad_accum_steps(1) == 3
+    with pytest.raises(ConfigError, match=r"train.total_batch_size: expected a multiple of batch_size \* "
+                                          r"sequence_length \* world_size = 4 \* 8 \* 2 = 64, got 96\nHINT: set "
+                                          r"train.total_batch_size=64 \(or 128\)"):
+        cfg.train.grad_accum_steps(world_size=2)
+    auto = load_config(None, ["train.batch_size=4", "train.sequence_length=8", "train.total_batch_size=0"])
+    assert auto.train.grad_accum_steps(world_size=4) == 1
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob("configs/*.yaml")))
+def test_yaml_problems(tmp_path):
+    assert load_config(write(tmp_path, "")) == RunConfig()  # empty file: defaults
+    assert load_config(write(tmp_path, "# only a comment\n")) == RunConfig()
+    with pytest.raises(ConfigError, match="duplicate key 'batch_size'"):
+        load_config(write(tmp_path, "train:\n  batch_size: 4\n  batch_size: 8\n"))
+    with pytest.raises(ConfigError, match="expected a YAML mapping of keys at the top level, got"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(write(tmp_path, "train: [1,\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
+
+
+SHIPPED = sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml")))
+
+
+def test_all_four_shipped_configs_exist():
+    assert {os.path.basename(p) for p in SHIPPED} >= {"gpt2_tiny.yaml", "gpt2_124m.yaml", "gpt2_tiny_ddp.yaml",
+                                                       "gpt2_124m_ddp.yaml"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
 def test_shipped_configs_validate(path):
     cfg = load_config(path)
     assert isinstance(cfg, RunConfig)
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    assert raw["out_dir"] == f"runs/{os.path.basename(path)[:-5]}"
+    gpt = cfg.model.to_gpt2_config()
+    assert cfg.train.sequence_length <= gpt.block_size
 
 
-def test_resolved_config_round_trips(tmp_path):
-    cfg = load_config("configs/gpt2_tiny.yaml", [f"out_dir={tmp_path}"])
+def test_shipped_configs_have_the_intended_batch_arithmetic():
+    def cfg(name):
+        return load_config(os.path.join(REPO, "configs", name))
+    tiny, tiny_ddp, big, big_ddp = (cfg(n) for n in ("gpt2_tiny.yaml", "gpt2_tiny_ddp.yaml", "gpt2_124m.yaml",
+                                                       "gpt2_124m_ddp.yaml"))
+    assert tiny.train.grad_accum_steps(1) == 1 and tiny.model.vocab_size == 257 and tiny.data.source == "stdlib"
+    assert tiny_ddp.train.grad_accum_steps(2) == 1
+    assert tiny_ddp.train.total_batch_size == 2 * tiny.train.batch_size * tiny.train.sequence_length
+    assert big.train.grad_accum_steps(1) == 8 and big.train.total_batch_size == 524288
+    assert big_ddp.train.grad_accum_steps(8) == 1 and big_ddp.backend == "nccl"
+    for run in (big, big_ddp):
+        t = run.train
+        assert (run.model.preset, run.data.tokenizer, t.learning_rate, t.warmup_iters, t.weight_decay, t.beta1,
+                t.beta2, t.grad_clip, t.num_iterations, t.learning_rate_decay_frac) == \
+            ("d12", "gpt2", 6e-4, 700, 0.1, 0.9, 0.95, 1.0, 18865, 0.0)
+        assert run.model.to_gpt2_config().block_size == 1024 and t.sequence_length == 1024
+
+
+def test_resolved_config_round_trips_and_is_written_atomically(tmp_path):
+    cfg = load_config(os.path.join(REPO, "configs", "gpt2_tiny.yaml"),
+                      [f"out_dir={tmp_path}", "train.learning_rate=3e-4", "train.eps=1e-8"])
     path = cfg.save_resolved()
-    again = load_config(path)
-    assert again == cfg
+    assert path == os.path.join(str(tmp_path), "config.yaml")
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]  # no temporary file left behind
+    assert load_config(path) == cfg
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="train.batch_siz: unknown key"):
+        RunConfig.from_dict({"train": {"batch_siz": 2}})
+
+
+def test_pretty_lists_every_key():
+    text = load_config(None, ["train.learning_rate=3e-4"]).pretty()
+    lines = text.splitlines()
+    assert any(line.split() == ["train.learning_rate", "0.0003"] for line in lines)
+    assert any(line.split()[:2] == ["data.train", "'data/stdlib_byte/train_*.bin'"] for line in lines)
+    for key in config_keys():
+        assert any(line.startswith(key + " ") for line in lines), key
+    assert "(resolved model)" in text and "n_layer=12" in text
+
+
+def test_parse_args(tmp_path, capsys):
+    cfg = parse_args(["train.batch_size=2", "--config", os.path.join(REPO, "configs", "gpt2_124m.yaml"),
+                      "out_dir=runs/y"])
+    assert cfg.train.batch_size == 2 and cfg.out_dir == "runs/y" and cfg.model.preset == "d12"
+    default = parse_args([])
+    assert default == load_config(os.path.join(REPO, "configs", "gpt2_tiny.yaml"))
+    with pytest.raises(ConfigError, match="train.learning_rat: unknown key"):
+        parse_args(["train.learning_rat=1"])
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--print-config", "seed=7"])
+    assert info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["seed"] == 7 and printed["train"]["num_iterations"] == default.train.num_iterations
