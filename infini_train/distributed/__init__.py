@@ -1,146 +1,208 @@
-"""Process groups over MPI (mpi4py) and NCCL (cupy), and module-level collectives like torch.distributed.
+"""Process groups and collectives, in the style of torch.distributed (``from infini_train import distributed as dist``).
 
-``init_process_group()`` reads rank and world size from MPI (run under ``mpirun``); a plain
-``python script.py`` is a world of size 1 where every collective is the identity.
+    dist.init_process_group()              # under mpirun -n N (or launch/run.sh); rank/size from MPI
+    dist.all_reduce(t, dist.ReduceOp.AVG)  # in place on t.array, on every rank
+    work = dist.all_reduce(t, async_op=True); ...; work.wait()
+
+Backends: "mpi" (mpi4py on host arrays; cupy arrays are staged through the host) and "nccl" (cupy's NCCL on
+each rank's GPU). ``init_process_group()`` picks NCCL when every rank sees a GPU and cupy, MPI otherwise. A
+plain ``python script.py`` is a world of one process ("single" backend) where every collective is the
+identity, and calling a collective before ``init_process_group`` initialises the world lazily.
+
+Failures: in a world of more than one rank an uncaught exception on any rank aborts the whole job
+(MPI Abort), and a collective that does not complete within the timeout (``init_process_group(timeout=)``
+or $INFINI_TRAIN_COLLECTIVE_TIMEOUT, default 300 s) raises an error naming it, the group's ranks and this rank.
+mpi4py is imported lazily: the package imports without it.
 """
 from __future__ import annotations
 
-import os
-import sys
-import threading
-import traceback
+import numpy as np
 
-from .process_group import DEFAULT_TIMEOUT, MPIProcessGroup, ProcessGroup, ReduceOp, SingleProcessGroup, Work
+from .launch_utils import (
+    CUDA_HINT,
+    MPI_HINT,
+    cuda_device_count,
+    import_mpi,
+    install_abort_on_failure,
+    launcher_world_size,
+    node_local_rank,
+    uninstall_abort_on_failure,
+)
+from .process_group import ProcessGroup, ReduceOp, SingleProcessGroup
+from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_timeout
 
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
-           "get_local_rank", "new_group", "default_group", "ReduceOp", "Work", "ProcessGroup", "all_reduce",
-           "broadcast", "all_gather", "reduce_scatter", "reduce", "barrier", "send", "recv", "isend", "irecv"]
+           "get_local_rank", "get_local_world_size", "get_backend", "new_group", "default_group", "ReduceOp",
+           "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "barrier",
+           "send", "recv", "isend", "irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
 
-_world = None
-_local_rank = 0
-_backend = None
-_timeout = DEFAULT_TIMEOUT
-
-
-def _mpi():
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return None
-    return MPI
+_BACKENDS = (None, "auto", "mpi", "nccl", "single")
+_world = None  # the default (world) group
+_lazy = False  # the world was made by default_group(), not by an explicit init_process_group()
+_local_rank, _local_size = 0, 1
+_subgroups = []  # groups from new_group(), destroyed with the world
 
 
-def _launched_by_mpi():
-    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
-                                         "HYDRA_CONTROL_FD", "MPI_LOCALRANKID"))
-
-
-def _cuda_per_rank(local_rank):
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > local_rank
-    except Exception:
-        return False
-
-
-def init_process_group(backend=None, timeout=None):
-    """Join the world: rank/world size from MPI, local rank from a shared-memory split (it picks the GPU).
-    ``backend`` None picks "nccl" when every rank has a GPU and cupy, else "mpi"."""
-    global _world, _local_rank, _backend, _timeout
+def init_process_group(backend=None, timeout=None) -> ProcessGroup:
+    """Join the job's world and return its group. Rank and world size come from MPI (mpirun -n N); the
+    local rank (position among the ranks on this node) picks the GPU. ``backend``: None/"auto" (NCCL when
+    every rank sees a GPU and cupy, else MPI), "mpi" or "nccl". ``timeout``: collective timeout in seconds
+    (default $INFINI_TRAIN_COLLECTIVE_TIMEOUT or 300)."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"init_process_group: expected backend None, 'mpi' or 'nccl', got {backend!r}")
     if _world is not None:
-        return _world
-    _timeout = float(timeout) if timeout is not None else DEFAULT_TIMEOUT
-    MPI = _mpi()
-    if MPI is None:
-        if _launched_by_mpi() or backend in ("mpi", "nccl"):
-            raise RuntimeError("init_process_group: mpi4py is not installed, so ranks cannot communicate\n"
-                               "HINT: pip install -e '.[mpi]'")
-        _world, _backend = SingleProcessGroup(_timeout), "single"
+        if _lazy:
+            destroy_process_group()  # made implicitly by an earlier collective: redo with these settings
+        elif backend in (None, "auto", _world.backend):
+            if timeout is not None:
+                _world.timeout = resolve_timeout(timeout)
+            return _world
+        else:
+            raise RuntimeError(f"init_process_group: the world is already initialised with backend "
+                               f"{_world.backend!r}, got backend={backend!r}\n"
+                               "HINT: call destroy_process_group() first")
+    return _init_world(None if backend == "auto" else backend, resolve_timeout(timeout), lazy=False)
+
+
+def _init_world(backend, seconds, lazy):
+    global _world, _lazy, _local_rank, _local_size
+    announced = launcher_world_size()
+    needs_mpi = backend in ("mpi", "nccl") or (announced or 1) > 1
+    MPI = import_mpi(f"init_process_group(backend={backend!r}) in a world of {announced or 1} rank(s)"
+                     if needs_mpi else None)
+    if MPI is None:  # no mpi4py and no launcher: a world of one
+        _world, _lazy = SingleProcessGroup(seconds), lazy
         return _world
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
-    _local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank() if size > 1 else 0
-    if backend in (None, "auto"):
-        has_gpu = _cuda_per_rank(_local_rank)
-        backend = "nccl" if size > 1 and all(comm.allgather(has_gpu)) else ("mpi" if size > 1 else "single")
+    if announced is not None and announced != size:
+        raise RuntimeError(f"init_process_group: the launcher started {announced} ranks but MPI sees a world of "
+                           f"{size}\nHINT: mpi4py was built against another MPI than the mpirun used; start the job "
+                           "with the mpirun next to your python (launch/run.sh does) or rebuild mpi4py for yours")
+    if backend == "single" and size > 1:
+        raise ValueError(f"init_process_group: backend 'single' is a world of one process, got {size} ranks")
+    _local_rank, _local_size = node_local_rank(MPI, comm)
     if size > 1:
-        install_failure_handler(comm)
+        install_abort_on_failure(comm)  # from here on, an error on any rank ends the job
+    if backend is None:
+        backend = "single" if size == 1 else _auto_backend(MPI, comm)
     if backend == "nccl":
-        import cupy
-        cupy.cuda.Device(_local_rank).use()
-        from .nccl_backend import NCCLProcessGroup
-        _world = NCCLProcessGroup(comm, list(range(size)), _local_rank, _timeout)
-    elif backend == "mpi" or size > 1:
-        _world = MPIProcessGroup(comm, list(range(size)), _timeout)
+        world = _nccl_group(comm, list(range(size)), seconds, owns_comm=False)
+    elif backend == "mpi":
+        from .mpi_backend import MPIProcessGroup
+
+        world = MPIProcessGroup(comm, list(range(size)), seconds)
     else:
-        _world = SingleProcessGroup(_timeout)
-    _backend = _world.backend
-    return _world
+        world = SingleProcessGroup(seconds)
+    _world, _lazy = world, lazy
+    return world
 
 
-def install_failure_handler(comm):
-    """An exception on any rank aborts the whole job (MPI Abort), so every rank exits non-zero promptly."""
-    def abort(exc_type, exc, tb):
-        rank = comm.Get_rank()
-        sys.stderr.write(f"[rank {rank}] uncaught {exc_type.__name__}; aborting the job\n")
-        traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
-        sys.stderr.flush()
-        comm.Abort(1)
-
-    sys.excepthook = abort
-    threading.excepthook = lambda args: abort(args.exc_type, args.exc_value, args.exc_traceback)
+def _auto_backend(MPI, comm):
+    """NCCL when every rank sees a GPU of its own (and cupy), MPI otherwise; all ranks agree."""
+    mine = np.array([1 if cuda_device_count() > _local_rank else 0], np.int32)
+    comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MIN)
+    return "nccl" if mine[0] else "mpi"
 
 
-def destroy_process_group():
-    global _world
-    _world = None
+def _nccl_group(comm, ranks, seconds, owns_comm):
+    count = cuda_device_count()
+    if count == 0:
+        raise RuntimeError(f"init_process_group: backend 'nccl' needs cupy and a GPU, but world rank "
+                           f"{ranks[comm.Get_rank()]} sees none\n"
+                           f"HINT: {CUDA_HINT}")
+    if _local_rank >= count:
+        raise RuntimeError(f"init_process_group: {_local_size} ranks share this node but it has {count} GPU(s)\n"
+                           "HINT: start at most one rank per GPU (mpirun -n <GPUs per node x nodes>)")
+    import cupy
+
+    from .nccl_backend import NCCLProcessGroup
+
+    cupy.cuda.Device(_local_rank).use()
+    return NCCLProcessGroup(comm, ranks, seconds, owns_comm=owns_comm, device=_local_rank)
 
 
-def is_initialized():
+def destroy_process_group(group=None):
+    """Release ``group``'s communicator; with no argument, every group and the world (hooks restored)."""
+    global _world, _lazy
+    if group is not None and group is not _world:
+        group.destroy()
+        if group in _subgroups:
+            _subgroups.remove(group)
+        return
+    for g in reversed(_subgroups):
+        g.destroy()
+    _subgroups.clear()
+    if _world is not None:
+        _world.destroy()
+    _world, _lazy = None, False
+    uninstall_abort_on_failure()
+
+
+def is_initialized() -> bool:
     return _world is not None
 
 
 def default_group() -> ProcessGroup:
-    return _world if _world is not None else init_process_group()
+    """The world group, initialised on first use (a world of one without mpirun)."""
+    return _world if _world is not None else _init_world(None, resolve_timeout(None), lazy=True)
 
 
-def get_rank(group=None):
+def get_rank(group=None) -> int:
     return (group or default_group()).rank
 
 
-def get_world_size(group=None):
+def get_world_size(group=None) -> int:
     return (group or default_group()).size
 
 
-def get_local_rank():
+def get_local_rank() -> int:
+    """This rank's position among the ranks on its node (it selects the GPU)."""
     default_group()
     return _local_rank
 
 
-def get_backend():
+def get_local_world_size() -> int:
     default_group()
-    return _backend
+    return _local_size
 
 
-def new_group(ranks):
-    """A group of some world ranks; every world rank must call it (MPI communicator creation is collective).
-    Ranks outside ``ranks`` get None."""
+def get_backend(group=None) -> str:
+    return (group or default_group()).backend
+
+
+def new_group(ranks, timeout=None, backend=None):
+    """A group of the given world ranks (group rank i is the i-th smallest). Members must all call it; other
+    ranks get None. ``backend`` defaults to the world's; ``timeout`` to the world's timeout."""
     world = default_group()
-    ranks = sorted(set(int(r) for r in ranks))
-    if world.size == 1:
-        return world if ranks == [0] else None
-    MPI = _mpi()
-    member = world.ranks.index(MPI.COMM_WORLD.Get_rank()) in ranks
-    sub = MPI.COMM_WORLD.Split(0 if member else MPI.UNDEFINED, ranks.index(MPI.COMM_WORLD.Get_rank())
-                               if member else 0)
-    if not member:
+    members = sorted({int(r) for r in ranks})
+    if not members or members[0] < 0 or members[-1] >= world.size:
+        raise ValueError(f"new_group: expected world ranks in [0, {world.size}), got {list(ranks)!r}")
+    seconds = world.timeout if timeout is None else resolve_timeout(timeout)
+    if world.rank not in members:
         return None
-    if world.backend == "nccl":
-        from .nccl_backend import NCCLProcessGroup
-        return NCCLProcessGroup(sub, ranks, _local_rank, _timeout)
-    return MPIProcessGroup(sub, ranks, _timeout)
+    backend = backend or world.backend
+    if world.size == 1 and backend == "single":
+        return SingleProcessGroup(seconds)
+    MPI = import_mpi(f"new_group(backend={backend!r})")
+    whole = MPI.COMM_WORLD.Get_group()
+    part = whole.Incl(members)
+    comm = MPI.COMM_WORLD.Create_group(part)  # collective over the members only
+    part.Free()
+    whole.Free()
+    if backend == "nccl":
+        group = _nccl_group(comm, members, seconds, owns_comm=True)
+    elif backend in ("mpi", "single"):
+        from .mpi_backend import MPIProcessGroup
+
+        group = MPIProcessGroup(comm, members, seconds, owns_comm=True)
+    else:
+        raise ValueError(f"new_group: expected backend None, 'mpi' or 'nccl', got {backend!r}")
+    _subgroups.append(group)
+    return group
 
 
+# ---------------------------------------------------------------------------------- module-level collectives
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     return (group or default_group()).all_reduce(tensor, op, async_op)
 
@@ -173,9 +235,10 @@ def recv(tensor, src, group=None, tag=0):
     return (group or default_group()).recv(tensor, src, tag)
 
 
-def isend(tensor, dst, group=None, tag=0):
+def isend(tensor, dst, group=None, tag=0) -> Work:
     return (group or default_group()).isend(tensor, dst, tag)
 
 
-def irecv(tensor, src, group=None, tag=0):
+def irecv(tensor, src, group=None, tag=0) -> Work:
     return (group or default_group()).irecv(tensor, src, tag)
+

@@ -1,9 +1,9 @@
-"""Real multi-process jobs under mpiexec (from the mpich package the extras install)."""
+"""DDP and the training script on real 2-rank jobs under mpiexec. The process-group layer itself is tested in
+test_process_group.py, test_collectives.py, test_failures.py and test_nccl.py."""
 import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,40 +19,10 @@ def mpirun(n, *args, timeout=120):
                           timeout=timeout, env=env, cwd=REPO)
 
 
-def test_collectives_and_allreduce_hook_on_two_ranks():
-    proc = mpirun(2, os.path.join(HERE, "worker_collectives.py"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rank 0 OK" in proc.stdout and "rank 1 OK" in proc.stdout
-
-
 def test_ddp_equals_single_process_no_sync_and_unused_parameters():
     proc = mpirun(2, os.path.join(HERE, "worker_ddp.py"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 DDP OK" in proc.stdout and "rank 1 DDP OK" in proc.stdout
-
-
-def test_a_rank_that_raises_aborts_the_whole_job_quickly():
-    t0 = time.monotonic()
-    proc = mpirun(2, os.path.join(HERE, "worker_failures.py"), "raise", timeout=60)
-    elapsed = time.monotonic() - t0
-    assert proc.returncode != 0
-    assert "rank 1 failed on purpose" in proc.stderr
-    assert elapsed < 30
-
-
-def test_collective_timeout_names_the_collective_and_ranks():
-    proc = mpirun(2, os.path.join(HERE, "worker_failures.py"), "timeout", timeout=60)
-    assert proc.returncode != 0
-    assert "TIMEOUT: all_reduce on ranks [0, 1] (rank 0 of group, backend mpi) did not complete within 2 s" \
-        in proc.stdout
-
-
-def test_world_of_one_without_mpirun():
-    code = ("import infini_train as it; from infini_train import distributed as dist; "
-            "t = it.ones(2); dist.all_reduce(t, 'avg'); print(dist.get_world_size(), t.tolist())")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "1 [1.0, 1.0]"
 
 
 def test_train_script_on_two_ranks_matches_one_rank_with_twice_the_batch(tmp_path):

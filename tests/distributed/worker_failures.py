@@ -1,27 +1,49 @@
-"""Run under mpiexec -n 2 with a mode: 'raise' (rank 1 raises mid-job) or 'timeout' (rank 1 skips a barrier)."""
+"""Run under ``mpiexec -n 2`` with a mode; each mode must end the whole job quickly, never hang:
+
+- ``raise``: rank 1 raises while rank 0 waits in an all_reduce (with a 300 s timeout): the abort-on-failure
+  hook must end rank 0 too, within seconds.
+- ``thread``: the same with the exception raised in a background thread of rank 1.
+- ``timeout``: rank 1 never joins; rank 0's async barrier wait(timeout=1) raises (caught and printed), then a
+  sync all_reduce under init_process_group(timeout=2) raises uncaught, which aborts the job.
+"""
 import sys
+import threading
 import time
+
+import numpy as np
 
 import infini_train as it
 from infini_train import distributed as dist
 
 mode = sys.argv[1]
-dist.init_process_group("mpi", timeout=2.0)
+dist.init_process_group("mpi", timeout=2.0 if mode == "timeout" else 300.0)
 rank = dist.get_rank()
+print(f"rank {rank} started", flush=True)
+
 if mode == "raise":
     if rank == 1:
+        time.sleep(0.2)
         raise ValueError("rank 1 failed on purpose")
-    t = it.ones(2)
-    dist.all_reduce(t)  # rank 0 would wait forever for rank 1 without the abort
-    time.sleep(60)
+    dist.all_reduce(it.ones(4))  # would wait forever (well, 300 s) for rank 1 without the abort
+elif mode == "thread":
+    if rank == 1:
+        def fail():
+            raise KeyError("rank 1 background thread failed on purpose")
+
+        threading.Thread(target=fail).start()
+        time.sleep(60)
+    dist.barrier()
 elif mode == "timeout":
-    if rank == 0:
-        try:
-            dist.all_reduce(it.ones(2))
-        except RuntimeError as exc:
-            print(f"TIMEOUT: {exc}", flush=True)
-            sys.stdout.flush()
-            from mpi4py import MPI
-            MPI.COMM_WORLD.Abort(3)
+    if rank == 1:
+        time.sleep(60)  # never joins
     else:
-        time.sleep(30)
+        work = dist.barrier(async_op=True)
+        try:
+            work.wait(timeout=1)
+        except RuntimeError as exc:
+            print(f"CAUGHT: {exc}", flush=True)
+        else:
+            raise AssertionError("expected the barrier to time out")
+        assert not work.is_completed()
+        dist.all_reduce(it.tensor(np.ones(3)))  # times out after 2 s, uncaught: aborts the job
+print(f"rank {rank} should not get here", flush=True)

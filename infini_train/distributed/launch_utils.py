@@ -1,0 +1,99 @@
+"""How a process finds its place in a job: MPI (imported lazily), the launcher's environment, the local rank,
+and abort-on-failure (an uncaught exception on any rank ends the whole job within seconds)."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+
+MPI_HINT = "pip install -e '.[mpi]'   (mpi4py + MPICH; start the job with mpirun -n N or launch/run.sh)"
+CUDA_HINT = "pip install -e '.[cuda]' on a machine with NVIDIA GPUs, or use backend='mpi'"
+# set by mpirun/mpiexec (MPICH hydra, Open MPI, MVAPICH) and by srun --mpi=pmi2/pmix
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def import_mpi(needed_for=None):
+    """mpi4py's MPI module, or None when mpi4py is missing (a RuntimeError with a HINT if ``needed_for``)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        if needed_for is None:
+            return None
+        raise RuntimeError(f"{needed_for} needs mpi4py, which is not installed\nHINT: {MPI_HINT}") from exc
+    return MPI
+
+
+def launcher_world_size():
+    """The world size a launcher announced in the environment, or None when no launcher started us."""
+    for name in _SIZE_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def node_local_rank(MPI, comm):
+    """(local rank, ranks on this node): this rank's position among the ranks sharing its node's memory."""
+    if comm.Get_size() == 1:
+        return 0, 1
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def cuda_device_count():
+    """GPUs this process sees (0 when cupy is missing or no driver/GPU is present)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return 0
+
+
+_saved_hooks = None
+_ABORT_GRACE_SECONDS = 0.5  # lets the launcher forward the traceback before Abort tears the job down
+
+
+def install_abort_on_failure(comm):
+    """Make an uncaught exception (main thread or any other) print its traceback tagged with the rank and
+    call ``comm.Abort(1)``: mpirun then ends every rank, so no peer waits forever in a collective."""
+    global _saved_hooks
+    if _saved_hooks is None:
+        _saved_hooks = (sys.excepthook, threading.excepthook)
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def abort(exc_type, exc, tb):
+        try:
+            sys.stdout.flush()
+            text = "".join(traceback.format_exception(exc_type, exc, tb))
+            sys.stderr.write("".join(f"[rank {rank}] {line}" for line in text.splitlines(True)))
+            sys.stderr.write(f"[rank {rank}] uncaught {exc_type.__name__}: aborting the job ({size} ranks)\n")
+            sys.stderr.flush()
+            time.sleep(_ABORT_GRACE_SECONDS)
+        finally:
+            comm.Abort(1)
+
+    def thread_abort(args):
+        if args.exc_type is SystemExit:  # a thread calling sys.exit() ends only itself, as by default
+            return
+        abort(args.exc_type, args.exc_value, args.exc_traceback)
+
+    sys.excepthook = abort
+    threading.excepthook = thread_abort
+
+
+def uninstall_abort_on_failure():
+    global _saved_hooks
+    if _saved_hooks is not None:
+        sys.excepthook, threading.excepthook = _saved_hooks
+        _saved_hooks = None
+_ABORT_GRACE_SECONDS = 0.5  # lets the launcher forward the traceback before Abort tears the job down
+
+
+__all__ = ["import_mpi", "launcher_world_size", "node_local_rank", "cuda_device_count", "install_abort_on_failure",
+           "uninstall_abort_on_failure", "MPI_HINT", "CUDA_HINT"]

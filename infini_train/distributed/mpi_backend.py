@@ -1,0 +1,189 @@
+"""MPI backend: mpi4py's non-blocking collectives (Iallreduce, Ibcast, ...) on host arrays.
+
+Arrays travel through the buffer interface (uppercase mpi4py methods), never pickled. A C-contiguous numpy
+array of a dtype MPI reduces is used as is, so the common case (float32 gradients) copies nothing; other
+arrays are staged in a host buffer and copied back once the operation completed:
+
+- cupy arrays: copied to the host and back (``cupy.ndarray.get``/``set``);
+- strided views: a contiguous copy, written back into the view;
+- float16/bfloat16 (and other dtypes MPI cannot reduce): reduced in float32, rounded once at the end.
+
+Operations that do not compute (broadcast, all_gather, send/recv) move raw bytes (MPI.BYTE), which is exact
+for every dtype. Booleans reduce with logical or (SUM, MAX) and logical and (PRODUCT, MIN).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .process_group import ProcessGroup, ReduceOp
+from .work import Work
+
+_MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.MAX: "MAX", ReduceOp.MIN: "MIN",
+            ReduceOp.PRODUCT: "PROD"}
+_BOOL_OPS = {ReduceOp.SUM: "LOR", ReduceOp.MAX: "LOR", ReduceOp.MIN: "LAND", ReduceOp.PRODUCT: "LAND"}
+
+
+_NATIVE = {}  # dtype -> whether MPI reduces it natively
+
+
+def _mpi_reduces(dtype):
+    """Whether MPI reduces this dtype natively (float16/bfloat16 go through float32 instead)."""
+    native = _NATIVE.get(dtype)
+    if native is None:
+        native = _NATIVE[dtype] = dtype.isnative and (dtype.kind in "iucb" or dtype.char in "fdg")
+    return native
+
+
+def _to_host(arr):
+    return arr if isinstance(arr, np.ndarray) else arr.get()  # cupy: device -> host, after the current stream
+
+
+def _assign(target, host):
+    """Write the host array ``host`` into ``target`` (numpy or cupy, any strides), casting to its dtype."""
+    if isinstance(target, np.ndarray):
+        target[...] = host
+        return
+    if host.dtype != target.dtype:
+        host = host.astype(target.dtype)
+    if target.flags.c_contiguous:
+        target.set(np.ascontiguousarray(host))
+    else:
+        import cupy
+
+        with target.device:
+            target[...] = cupy.asarray(host)
+
+
+class _Staged:
+    """A host buffer MPI can use for ``target``: ``target`` itself when possible, else a host copy that
+    ``write_back`` copies into ``target`` after the operation. ``read=False`` skips copying the current
+    contents in (receive-only buffers)."""
+
+    __slots__ = ("target", "host", "copied")
+
+    def __init__(self, target, reduce, read=True):
+        host = target
+        if reduce and not _mpi_reduces(target.dtype):
+            host = _to_host(target).astype(np.float32) if read else np.empty(target.shape, np.float32)
+        elif not (isinstance(target, np.ndarray) and target.flags.c_contiguous):
+            host = np.ascontiguousarray(_to_host(target)) if read else np.empty(target.shape, target.dtype)
+        self.target = target
+        self.host = host
+        self.copied = host is not target
+
+    def raw(self, MPI):
+        """The buffer as raw bytes, for operations that move data without computing."""
+        return [self.host.reshape(-1).view(np.uint8), MPI.BYTE]
+
+    def write_back(self, scale=None):
+        if scale is not None:
+            np.divide(self.host, scale, out=self.host)
+        if self.copied:
+            _assign(self.target, self.host)
+
+
+class MPIProcessGroup(ProcessGroup):
+    """A process group over an MPI communicator (``comm``'s ranks are the group ranks)."""
+
+    backend = "mpi"
+
+    def __init__(self, comm, ranks, timeout, owns_comm=False):
+        from mpi4py import MPI
+
+        super().__init__(ranks, comm.Get_rank(), timeout)
+        if comm.Get_size() != len(self.ranks):
+            raise ValueError(f"MPIProcessGroup: expected a communicator of {len(self.ranks)} ranks, got "
+                             f"{comm.Get_size()}")
+        self.comm = comm
+        self.MPI = MPI
+        self._owns_comm = owns_comm  # sub-communicators are freed by destroy(); COMM_WORLD never
+        self._ops = {op: getattr(MPI, name) for op, name in _MPI_OPS.items()}
+        self._bool_ops = {op: getattr(MPI, name) for op, name in _BOOL_OPS.items()}
+
+    def destroy(self):
+        if self._owns_comm and self.comm != self.MPI.COMM_NULL:
+            self.comm.Free()
+        self._owns_comm = False
+
+    def _start(self, name, start, finish=None, keep=None):
+        """Start a non-blocking MPI operation; its Work tests the request and runs ``finish`` when done."""
+        try:
+            request = start()
+        except self.MPI.Exception as exc:
+            raise RuntimeError(f"{self.describe(name)} failed to start: {exc}") from exc
+        return Work(self, name, request.Test, finish, (request, keep))
+
+    def _mpi_op(self, op, dtype):
+        return (self._bool_ops if dtype.kind == "b" else self._ops)[op]
+
+    @staticmethod
+    def _finisher(buf, scale=None):
+        if scale is None and not buf.copied:
+            return None
+        return lambda: buf.write_back(scale)
+
+    def _all_reduce(self, arr, op):
+        if (type(arr) is np.ndarray and op is not ReduceOp.AVG and arr.flags.c_contiguous and _mpi_reduces(arr.dtype)
+                and arr.dtype.kind != "b"):
+            # the common case (a float32 gradient bucket, a loss scalar): no staging, no copy back
+            try:
+                request = self.comm.Iallreduce(self.MPI.IN_PLACE, arr, self._ops[op])
+            except self.MPI.Exception as exc:
+                raise RuntimeError(f"{self.describe('all_reduce')} failed to start: {exc}") from exc
+            return Work(self, "all_reduce", request.Test, None, request)
+        buf = _Staged(arr, reduce=True)
+        mpi_op = self._mpi_op(op, buf.host.dtype)
+        scale = self.size if op is ReduceOp.AVG else None
+        return self._start("all_reduce", lambda: self.comm.Iallreduce(self.MPI.IN_PLACE, buf.host, mpi_op),
+                           self._finisher(buf, scale), buf)
+
+    def _broadcast(self, arr, src):
+        buf = _Staged(arr, reduce=False, read=self.rank == src)
+        finish = self._finisher(buf) if self.rank != src else None
+        return self._start("broadcast", lambda: self.comm.Ibcast(buf.raw(self.MPI), root=src), finish, buf)
+
+    def _all_gather(self, outs, arr):
+        src = _Staged(arr, reduce=False)
+        gathered = np.empty((self.size, arr.nbytes), np.uint8)
+
+        def finish():
+            for out, row in zip(outs, gathered):
+                _assign(out, row.view(arr.dtype).reshape(arr.shape))
+
+        return self._start("all_gather", lambda: self.comm.Iallgather(src.raw(self.MPI), [gathered, self.MPI.BYTE]),
+                           finish, (src, gathered))
+
+    def _reduce_scatter(self, out, ins, op):
+        recv = _Staged(out, reduce=True, read=False)
+        stacked = np.empty((self.size,) + tuple(out.shape), recv.host.dtype)
+        for row, a in zip(stacked, ins):
+            row[...] = _to_host(a)
+        mpi_op = self._mpi_op(op, stacked.dtype)
+        scale = self.size if op is ReduceOp.AVG else None
+        return self._start("reduce_scatter", lambda: self.comm.Ireduce_scatter_block(stacked, recv.host, mpi_op),
+                           self._finisher(recv, scale), (recv, stacked))
+
+    def _reduce(self, arr, dst, op):
+        buf = _Staged(arr, reduce=True)
+        mpi_op = self._mpi_op(op, buf.host.dtype)
+        if self.rank != dst:
+            return self._start("reduce", lambda: self.comm.Ireduce(buf.host, None, mpi_op, root=dst), None, buf)
+        scale = self.size if op is ReduceOp.AVG else None
+        return self._start("reduce", lambda: self.comm.Ireduce(self.MPI.IN_PLACE, buf.host, mpi_op, root=dst),
+                           self._finisher(buf, scale), buf)
+
+    def _barrier(self):
+        return self._start("barrier", self.comm.Ibarrier)
+
+    def _send(self, arr, dst, tag):
+        buf = _Staged(arr, reduce=False)
+        return self._start(f"send to {dst}", lambda: self.comm.Isend(buf.raw(self.MPI), dest=dst, tag=tag),
+                           None, buf)
+
+    def _recv(self, arr, src, tag):
+        buf = _Staged(arr, reduce=False, read=False)
+        return self._start(f"recv from {src}", lambda: self.comm.Irecv(buf.raw(self.MPI), source=src, tag=tag),
+                           self._finisher(buf), buf)
+
+
+__all__ = ["MPIProcessGroup"]

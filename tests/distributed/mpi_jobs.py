@@ -1,0 +1,35 @@
+"""Helpers for tests that start real multi-process jobs with the mpiexec next to the test's python."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install -e '.[mpi]')")
+
+
+def job_env(**extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    env.pop("INFINI_TRAIN_COLLECTIVE_TIMEOUT", None)
+    env.update(extra)
+    return env
+
+
+def mpirun(n, script, *args, timeout=120, env=None):
+    """``mpiexec -n N python script args`` from the repository root; returns the CompletedProcess."""
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, os.path.join(HERE, script), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env or job_env(), cwd=REPO)
+
+
+def python(*args, timeout=60, env=None):
+    """A plain ``python ...`` (no launcher): a world of one."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or job_env(), cwd=REPO)
+
+
+def output(proc):
+    return f"--- rc {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"

@@ -1,0 +1,150 @@
+"""Run under ``mpiexec -n 1`` or ``-n 2`` on a GPU machine (one GPU per rank): the NCCL backend's collectives on
+cupy arrays against numpy references, async Work, host tensors on an NCCL group (through MPI), stream-only
+waits, an MPI group staging cupy arrays through the host, and the all-reduce hook on GPU gradients.
+Prints "rank R NCCL OK <checks>"."""
+import os
+
+import cupy as cp
+import numpy as np
+
+import infini_train as it
+from infini_train import distributed as dist
+from infini_train.backend import CPU, Device
+from infini_train.distributed.nccl_backend import BLOCKING_WAIT_ENV
+
+world_group = dist.init_process_group("nccl", timeout=120)
+rank, world = dist.get_rank(), dist.get_world_size()
+assert world_group.backend == "nccl", world_group
+dev = Device.parse(f"cuda:{dist.get_local_rank()}")
+assert cp.cuda.Device().id == dev.index
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    if not cond:
+        raise AssertionError(f"rank {rank}: {what}")
+    checks += 1
+
+
+def inputs(r, shape, dtype, op="sum"):
+    rng = np.random.default_rng(1000 + r)
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(1 if op == "product" else -5, 4 if op == "product" else 6, shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if op == "product":
+        return rng.uniform(0.5, 1.5, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def reference(arrays, op):
+    acc = arrays[0].astype(np.float64) if arrays[0].dtype.kind == "f" else arrays[0].copy()
+    for a in arrays[1:]:
+        acc = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply}[op](acc, a)
+    return acc / world if op == "avg" else acc
+
+
+def gpu(array):
+    with cp.cuda.Device(dev.index):
+        return it.Tensor._make(cp.asarray(array), dev)
+
+
+def host(t):
+    return cp.asnumpy(t.array)
+
+
+OPS = ["sum", "avg", "max", "min", "product"]
+TOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}
+
+
+def all_reduce_checks(group, label):
+    for dtype in (np.float32, np.float64, np.float16, np.int32, np.int64):
+        for op in OPS:
+            if op == "avg" and np.dtype(dtype).kind != "f":
+                continue
+            for async_op in (False, True):
+                t = gpu(inputs(rank, (33,), dtype, op))
+                work = dist.all_reduce(t, op, group=group, async_op=async_op)
+                if async_op:
+                    check(work.wait() and work.is_completed(), "async wait")
+                ref = reference([inputs(r, (33,), dtype, op) for r in range(world)], op)
+                np.testing.assert_allclose(host(t), ref, rtol=TOL.get(np.dtype(dtype), 0),
+                                           err_msg=f"{label} all_reduce {op} {dtype}")
+                check(t.dtype == dtype, "dtype kept")
+
+
+all_reduce_checks(None, "nccl")
+
+# strided view and bool
+base = cp.asarray(inputs(rank, (4, 3), np.float32))
+dist.all_reduce(it.Tensor._make(base.T, dev))
+np.testing.assert_allclose(cp.asnumpy(base), reference([inputs(r, (4, 3), np.float32) for r in range(world)], "sum"),
+                           rtol=1e-6)
+flags = [inputs(r, (16,), bool) for r in range(world)]
+t = gpu(flags[rank])
+dist.all_reduce(t, "max")
+check(np.array_equal(host(t), np.logical_or.reduce(flags)), "bool max")
+
+# broadcast / all_gather / reduce_scatter / reduce
+for src in range(world):
+    t = gpu(inputs(rank, (2, 5), np.float32))
+    dist.broadcast(t, src=src)
+    check(np.array_equal(host(t), inputs(src, (2, 5), np.float32)), f"broadcast from {src}")
+outs = [gpu(np.zeros((2, 3), np.float32)) for _ in range(world)]
+dist.all_gather(outs, gpu(inputs(rank, (2, 3), np.float32)), async_op=True).wait()
+for r in range(world):
+    check(np.array_equal(host(outs[r]), inputs(r, (2, 3), np.float32)), f"all_gather part {r}")
+for op in OPS:
+    lists = [[inputs(10 * r + k, (3, 2), np.float32, op) for k in range(world)] for r in range(world)]
+    out = gpu(np.zeros((3, 2), np.float32))
+    dist.reduce_scatter(out, [gpu(a) for a in lists[rank]], op)
+    np.testing.assert_allclose(host(out), reference([lists[r][rank] for r in range(world)], op), rtol=1e-6)
+    checks += 1
+for dst in range(world):
+    mine = inputs(rank, (6,), np.float64)
+    t = gpu(mine)
+    dist.reduce(t, dst=dst, op="sum")
+    expected = reference([inputs(r, (6,), np.float64) for r in range(world)], "sum") if rank == dst else mine
+    np.testing.assert_allclose(host(t), expected, rtol=1e-12)
+    checks += 1
+if world == 2:
+    if rank == 0:
+        dist.send(gpu(np.arange(4.0)), dst=1)
+    else:
+        got = gpu(np.zeros(4))
+        dist.recv(got, src=0)
+        check(host(got).tolist() == [0.0, 1.0, 2.0, 3.0], "send/recv")
+dist.barrier()
+
+# a host tensor on an NCCL group goes through MPI
+cpu_t = it.Tensor._make(np.full(3, rank + 1.0), CPU)
+dist.all_reduce(cpu_t, "avg")
+check(np.allclose(cpu_t.numpy(), (world + 1) / 2), "host tensor on the NCCL group")
+
+# a second NCCL group with stream-only waits
+os.environ[BLOCKING_WAIT_ENV] = "0"
+streamed = dist.new_group(range(world))
+del os.environ[BLOCKING_WAIT_ENV]
+check(streamed.backend == "nccl" and not streamed.blocking_wait, "stream-only group")
+t = gpu(np.full(1000, rank + 1.0, np.float32))
+work = dist.all_reduce(t, "sum", group=streamed, async_op=True)
+work.wait()
+check(np.all(host(t) == world * (world + 1) / 2), "stream-ordered result")
+
+# an MPI group stages cupy arrays through the host
+mpi_group = dist.new_group(range(world), backend="mpi")
+check(mpi_group.backend == "mpi", "mpi sub-group")
+all_reduce_checks(mpi_group, "mpi-on-cupy")
+
+# the autograd hook on a GPU gradient
+w = it.tensor([1.0, 2.0], device=str(dev), requires_grad=True)
+w.register_post_accumulate_grad_hook(it.autograd.AllReducePostAccumulateHook("avg"))
+(w * (rank + 1)).sum().backward()
+np.testing.assert_allclose(host(w.grad), np.full(2, (world + 1) / 2))
+checks += 1
+
+dist.barrier()
+dist.destroy_process_group()
+print(f"rank {rank} NCCL OK {checks}", flush=True)
