@@ -8,7 +8,7 @@ as the slowest rank's. Bus bandwidth follows nccl-tests: bytes / time * 2 (n - 1
 carries. ratio = raw time / our time (1.0: no overhead; target >= 0.9). Sync calls are what is measured: our
 all_reduce starts an Iallreduce and waits on it (that is how the collective timeout works).
 
-measure_ddp_step_overhead() is the place for the DDP-step overhead measurement (DDP vs no DDP on one model).
+Then the DDP step overhead: the same training step with and without DistributedDataParallel.
 """
 from __future__ import annotations
 
@@ -73,15 +73,49 @@ def measure_size(comm, MPI, nbytes, repeats, dtype):
     return buf.nbytes, best["raw"], best["ours"]
 
 
-def measure_ddp_step_overhead(comm, args):
-    """DDP-STEP-OVERHEAD: reserved for the DistributedDataParallel work.
+def measure_ddp_step_overhead(comm, args, steps=6):
+    """One training step (forward + backward + AdamW) of the tiny GPT-2 on the same local batch, with and
+    without the DistributedDataParallel wrapper, alternating; the best step of each counts (slowest rank)."""
+    from mpi4py import MPI
 
-    To measure there: one training step (forward + backward + optimizer) of the same model on the same local
-    batch with and without the DDP wrapper, on every rank, reporting the step-time overhead of DDP and how much
-    of the bucketed all-reduce is hidden behind backward. Return a list of (label, value) rows to print, or
-    None while it is not implemented.
-    """
-    return None
+    from infini_train.models.gpt2 import GPT2, GPT2Config
+    from infini_train.nn.parallel import DistributedDataParallel
+
+    cfg = GPT2Config(block_size=64, vocab_size=512, n_layer=4, n_head=4, n_embd=256)
+    rng = np.random.default_rng(comm.Get_rank())
+    x = it.tensor(rng.integers(0, 512, (8, 64)))
+    y = it.tensor(rng.integers(0, 512, (8, 64)))
+
+    def stepper(wrap):
+        it.manual_seed(0)
+        model = GPT2(cfg)
+        runner = DistributedDataParallel(model) if wrap else model
+        opt = model.configure_optimizers(0.1, 1e-4)
+
+        def step():
+            opt.zero_grad()
+            _, loss = runner(x, y)
+            loss.backward()
+            opt.step()
+        return step
+
+    plain, ddp = stepper(False), stepper(True)
+    plain(), ddp()
+    t_plain, t_ddp = [], []
+    for _ in range(steps):
+        t_plain.append(slowest(comm, MPI, _timed(plain)))
+        t_ddp.append(slowest(comm, MPI, _timed(ddp)))
+    best_plain, best_ddp = min(t_plain), min(t_ddp)
+    grad_mb = sum(p.numel() for p in GPT2(cfg).parameters()) * 4 / 2 ** 20
+    return [("model", f"GPT-2 L4 C256 ({grad_mb:.1f} MB of gradients), local batch 8x64"),
+            ("step without DDP", f"{best_plain * 1e3:.1f} ms"), ("step with DDP", f"{best_ddp * 1e3:.1f} ms"),
+            ("DDP step overhead", f"{100 * (best_ddp - best_plain) / best_plain:.1f}% (target <= 10%)")]
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main():
