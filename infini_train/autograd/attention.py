@@ -1,11 +1,42 @@
-"""scaled_dot_product_attention as one fused Op: scores, masks, stable softmax, dropout and the weighted
-sum in forward; the analytic gradient in backward. Only the probability matrix is kept for backward."""
+"""scaled_dot_product_attention as one fused Op: scores, masks, stable softmax, dropout and the weighted sum
+in forward; the analytic gradient in backward. Only the probabilities (and a bool dropout mask) are kept.
+
+Forward:  S = q k^T * scale + mask,  P = softmax(S),  O = dropout(P) v
+Backward: dV = dropout(P)^T dO,  dP = dropout'(dO v^T),  dS = P * (dP - rowsum(dP * P)),
+          dQ = dS k * scale,  dK = dS^T q * scale,  dMask = dS (float masks only).
+Scalar factors (the attention scale, the dropout's 1/(1-p)) are applied to the (T, E)-sized results rather
+than to the (T, T)-sized score matrices."""
 from __future__ import annotations
 
 import math
 
-from .. import backend
+import numpy as np
+
+from .dropout import keep_mask
 from .function import Op, op_error, sum_to
+
+_NAME = "scaled_dot_product_attention"
+_CAUSAL_BLOCK_ROWS = 128
+_causal_cache = {}  # (Tq, Tk, dtype, device) -> additive (Tq, Tk) mask: 0 on and below the diagonal, -inf above
+
+
+def _causal_bias(xp, device, tq, tk, dtype):
+    key = (tq, tk, np.dtype(dtype).str, device)
+    bias = _causal_cache.get(key)
+    if bias is None:
+        if len(_causal_cache) > 16:
+            _causal_cache.clear()
+        upper = xp.triu(xp.ones((tq, tk), dtype=bool), k=1)  # torch: keep tril(ones(Tq, Tk)), top-left aligned
+        bias = _causal_cache[key] = xp.where(upper, xp.asarray(-np.inf, dtype), xp.asarray(0, dtype))
+    return bias
+
+
+def _row_max(xp, scores):
+    # numpy's fmax.reduce is 2-3x faster than .max() along the last axis (no NaN bookkeeping); a row holding
+    # a NaN ends up NaN through exp either way.
+    if xp.__name__ == "numpy":
+        return xp.fmax.reduce(scores, axis=-1, keepdims=True)
+    return scores.max(axis=-1, keepdims=True)
 
 
 class ScaledDotProductAttention(Op):
@@ -14,68 +45,176 @@ class ScaledDotProductAttention(Op):
         self.scale = scale
         self.dropout_p = dropout_p
 
-    def forward(self, q, k, v, mask=None):
-        xp = self.xp
+    def _check(self, q, k, v, mask):
         if q.ndim < 2 or k.ndim < 2 or v.ndim < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-            raise op_error("scaled_dot_product_attention", "q (..., Tq, E), k (..., Tk, E), v (..., Tk, Ev)",
-                           f"q {q.shape}, k {k.shape}, v {v.shape}")
-        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        self.used_scale = scale
-        s = xp.matmul(q, xp.swapaxes(k, -1, -2))
-        s *= scale
-        tq, tk = s.shape[-2], s.shape[-1]
+            raise op_error(_NAME, "q (..., Tq, E), k (..., Tk, E), v (..., Tk, Ev)",
+                           f"q {q.shape}, k {k.shape}, v {v.shape}",
+                           "q and k share the last dim E; k and v share the key length Tk")
+        try:
+            batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        except ValueError:
+            raise op_error(_NAME, "batch dims of q, k, v that broadcast", f"q {q.shape}, k {k.shape}, v {v.shape}",
+                           "use the same (batch, heads) leading dims for q, k and v") from None
+        if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype.kind not in "fV":
+            raise op_error(_NAME, "q, k, v of one floating dtype", f"{q.dtype}, {k.dtype}, {v.dtype}",
+                           "cast with .to(dtype)")
+        scores_shape = batch + (q.shape[-2], k.shape[-2])
+        if mask is not None:
+            if mask.dtype != bool and mask.dtype.kind not in "fV":
+                raise op_error(_NAME, "a bool or floating attn_mask", f"attn_mask of dtype {mask.dtype}",
+                               "bool: True takes part in attention; float: added to the scores")
+            try:
+                fits = np.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise op_error(_NAME, f"an attn_mask broadcastable to the scores' shape {scores_shape}",
+                               f"attn_mask of shape {mask.shape}", "the mask's last two dims are (Tq, Tk)")
+        return scores_shape
+
+    def _blocks(self, tq, tk):
+        """Query row ranges [q0, q1) and the key prefix each needs. Causal rows [q0, q1) see keys [0, q1) only,
+        so blocks of >= 128 rows skip the masked upper triangle: 25% less work at T=256, ~40% at T=1024."""
+        if not self.is_causal or tq < 2 * _CAUSAL_BLOCK_ROWS:
+            return [(0, tq, tk)]
+        rows = max(_CAUSAL_BLOCK_ROWS, -(-tq // 8))
+        return [(q0, min(q0 + rows, tq), min(q0 + rows, tq, tk)) for q0 in range(0, tq, rows)]
+
+    def _probs(self, q_rows, k_keys, mask, q0, q1, scale_q):
+        """softmax(q_rows @ k_keys^T * scale + masks) for one block of query rows, in place, in >= float32."""
+        xp = self.xp
+        scores = xp.matmul(q_rows, xp.swapaxes(k_keys, -1, -2))
+        if scores.dtype.itemsize < 4:
+            scores = scores.astype(xp.float32)
+        if not scale_q:
+            scores *= self.used_scale
         if self.is_causal:
-            upper = xp.triu(xp.ones((tq, tk), dtype=bool), k=1)
-            s[..., upper] = -xp.inf
+            causal = _causal_bias(xp, self.device, self.tq, self.tk, scores.dtype)
+            scores += causal[q0:q1, :scores.shape[-1]]
         if mask is not None:
             if mask.dtype == bool:
-                s = xp.where(mask, s, xp.asarray(-xp.inf, dtype=s.dtype))
-            else:
-                s = s + mask
-        s -= s.max(axis=-1, keepdims=True)
-        xp.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
-        probs = s
-        keep = None
-        if self.dropout_p > 0.0:
-            keep = (backend.generator_for(self.device).random(s.shape, dtype=xp.float32) >= self.dropout_p)
-            keep = keep * xp.asarray(1.0 / (1.0 - self.dropout_p), dtype=s.dtype)
-            probs = s * keep
-        self.stash(s, keep)
-        return xp.matmul(probs, v)
+                mask = xp.where(mask, xp.asarray(0, scores.dtype), xp.asarray(-np.inf, scores.dtype))
+            scores += mask
+        row_max = _row_max(xp, scores)
+        if mask is not None:  # a fully masked row gives zeros (torch's safe softmax), not 0/0
+            row_max[row_max == -np.inf] = 0
+        scores -= row_max
+        xp.exp(scores, out=scores)
+        row_sum = scores.sum(axis=-1, keepdims=True)
+        if mask is not None:
+            row_sum[row_sum == 0] = 1
+        scores /= row_sum
+        return scores
+
+    def forward(self, q, k, v, mask=None):
+        xp = self.xp
+        self._check(q, k, v, mask)
+        self.tq, self.tk = tq, tk = q.shape[-2], k.shape[-2]
+        self.in_dtype = q.dtype
+        self.used_scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        scale_q = q.shape[-1] < tk  # scale whichever is smaller: q (..., Tq, E) or the scores (..., Tq, Tk)
+        q_scaled = q * self.used_scale if scale_q else q
+        blocks = self._blocks(tq, tk)
+        outs, probs, keeps = [], [], []
+        for q0, q1, keys in blocks:
+            block_probs = self._probs(q_scaled[..., q0:q1, :], k[..., :keys, :], mask, q0, q1, scale_q)
+            weights, keep = block_probs, None
+            if self.dropout_p > 0.0:
+                keep = keep_mask(xp, self.device, block_probs.shape, self.dropout_p)
+                weights = block_probs * (1.0 / (1.0 - self.dropout_p))
+                weights *= keep
+            outs.append(xp.matmul(weights, v[..., :keys, :]))
+            probs.append(block_probs)
+            keeps.append(keep)
+        self.stash(blocks, probs, keeps)
+        out = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=-2)
+        return out.astype(q.dtype, copy=False)
 
     def setup_context(self, inputs, output):
-        self.save_for_backward(*inputs[:3])
+        need_q, need_k, need_v = self.needs_input_grad[:3]
+        need_scores = need_q or need_k or (len(inputs) == 4 and self.needs_input_grad[3])
+        self.save_for_backward(inputs[0] if need_k else None, inputs[1] if need_q else None,
+                               inputs[2] if need_scores else None)
 
     def backward(self, g):
         xp = self.xp
         q, k, v = self.saved_arrays
-        p, keep = self.stashed
+        blocks, probs, keeps = self.stashed
+        shapes = self._input_shapes
         need_q, need_k, need_v = self.needs_input_grad[:3]
-        dropped = p * keep if keep is not None else p
-        gv = sum_to(xp.matmul(xp.swapaxes(dropped, -1, -2), g), v.shape) if need_v else None
-        gq = gk = None
-        if need_q or need_k:
-            dp = xp.matmul(g, xp.swapaxes(v, -1, -2))
+        need_mask = len(shapes) == 4 and self.needs_input_grad[3]
+        drop_scale = 1.0 / (1.0 - self.dropout_p) if self.dropout_p > 0.0 else 1.0
+        coef = self.used_scale * drop_scale
+        g = g.astype(probs[0].dtype, copy=False)
+        parts_q, parts_k, parts_v = [], [], []
+        grad_mask = None
+        for (q0, q1, keys), p, keep in zip(blocks, probs, keeps):
+            g_rows = g[..., q0:q1, :]
+            if need_v:
+                weights = p if keep is None else p * keep
+                parts_v.append(xp.matmul(xp.swapaxes(weights, -1, -2), g_rows))
+            if not (need_q or need_k or need_mask):
+                continue
+            ds = xp.matmul(g_rows, xp.swapaxes(v[..., :keys, :], -1, -2))  # dP, up to the dropout's 1/(1-p)
             if keep is not None:
-                dp *= keep
-            # dS = P * (dP - rowsum(dP * P)), scaled for the q @ k^T * scale product
-            ds = dp * p
-            ds -= p * ds.sum(axis=-1, keepdims=True)
-            ds *= self.used_scale
+                ds *= keep
+            ds *= p
+            row = ds.sum(axis=-1, keepdims=True)
+            if self.retain_graph:
+                ds -= p * row
+            else:  # p is not needed any more: reuse it instead of allocating a temporary
+                p *= row
+                ds -= p
             if need_q:
-                gq = sum_to(xp.matmul(ds, k), q.shape)
+                parts_q.append(xp.matmul(ds, k[..., :keys, :]))
             if need_k:
-                gk = sum_to(xp.matmul(xp.swapaxes(ds, -1, -2), q), k.shape)
-        return (gq, gk, gv) + ((None,) if len(self.next_functions) == 4 else ())
+                parts_k.append(xp.matmul(xp.swapaxes(ds, -1, -2), q[..., q0:q1, :]))
+            if need_mask:  # masks and is_causal exclude each other: a single block
+                if keep is not None:
+                    ds *= drop_scale
+                grad_mask = sum_to(ds, shapes[3])
+        grad_q = grad_k = grad_v = None
+        if need_q:  # the blocks' query rows are disjoint and in order
+            grad_q = self._finish(parts_q[0] if len(parts_q) == 1 else xp.concatenate(parts_q, axis=-2), coef, 0)
+        if need_k:
+            grad_k = self._finish(_sum_key_prefixes(xp, parts_k, self.tk), coef, 1)
+        if need_v:
+            grad_v = self._finish(_sum_key_prefixes(xp, parts_v, self.tk), drop_scale, 2)
+        grads = (grad_q, grad_k, grad_v)
+        return grads + (grad_mask,) if len(shapes) == 4 else grads
+
+    def _finish(self, grad, coef, input_index):
+        """Apply the scalar factor to the (T, E)-sized gradient, undo batch broadcasting, cast to the input dtype."""
+        if coef != 1.0:
+            grad *= coef
+        return sum_to(grad, self._input_shapes[input_index]).astype(self.in_dtype, copy=False)
+
+
+def _sum_key_prefixes(xp, parts, keys):
+    """Sum per-block gradients (..., keys_i, E) over growing key prefixes, as if zero-padded to ``keys`` rows."""
+    last = parts[-1]
+    if last.shape[-2] == keys:  # the last block saw every key; a fresh matmul result, so adding into it is safe
+        total, parts = last, parts[:-1]
+    else:  # causal with Tq < Tk: keys after the last query get no gradient
+        total = xp.zeros(last.shape[:-2] + (keys, last.shape[-1]), dtype=last.dtype)
+    for part in parts:
+        total[..., :part.shape[-2], :] += part
+    return total
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    """softmax(q @ k^T * scale + mask) @ v. ``attn_mask``: bool (True = attend) or float (added to scores).
-    ``is_causal`` masks keys after each query (top-left aligned, as torch). The mask gets no gradient."""
-    if not 0.0 <= dropout_p < 1.0:
-        raise op_error("scaled_dot_product_attention", "dropout_p in [0, 1)", dropout_p)
-    fn = ScaledDotProductAttention(is_causal, scale, dropout_p)
+    """softmax(q @ k^T * scale + mask) @ v for q (..., Tq, E), k (..., Tk, E), v (..., Tk, Ev), as torch.
+
+    ``attn_mask``: bool (True = takes part) or float (added to the scores), broadcastable to (..., Tq, Tk).
+    ``is_causal`` keeps tril(ones(Tq, Tk)) (top-left aligned, as torch). ``scale`` defaults to 1/sqrt(E).
+    ``dropout_p`` drops attention weights with a mask from the generator seeded by ``manual_seed``.
+    A fully masked query row gives a zero output, as in torch."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise op_error(_NAME, "dropout_p in [0, 1)", repr(dropout_p), "dropout_p is the probability of dropping")
+    if is_causal and attn_mask is not None:
+        raise op_error(_NAME, "either attn_mask or is_causal=True", "both",
+                       "fold the causal mask into attn_mask (e.g. with tril) and pass is_causal=False")
+    fn = ScaledDotProductAttention(bool(is_causal), scale, float(dropout_p))
     if attn_mask is None:
         return fn.apply(q, k, v)
     return fn.apply(q, k, v, attn_mask)

@@ -1,4 +1,7 @@
-"""linear: y = x @ W.T + b, fused, with 2-D reshapes so every product is one sgemm call."""
+"""linear: y = x @ W.T + b, fused, with 2-D reshapes so every product is one sgemm call.
+
+Transposed operands are passed as views (BLAS takes them with a transpose flag), so no copy of W.T is
+ever made; the bias is added in place to the freshly computed output."""
 from __future__ import annotations
 
 from .function import Op, op_error
@@ -6,42 +9,44 @@ from .function import Op, op_error
 
 class Linear(Op):
     def forward(self, x, weight, bias=None):
-        if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
-            raise op_error("linear", f"x (..., {weight.shape[-1] if weight.ndim else '?'}) and weight (out, in)",
-                           f"x {x.shape}, weight {weight.shape}",
+        if weight.ndim != 2:
+            raise op_error("linear", "a 2-D weight (out_features, in_features)", f"weight of shape {weight.shape}")
+        out_features, in_features = weight.shape
+        if x.ndim == 0 or x.shape[-1] != in_features:
+            raise op_error("linear", f"x of shape (..., {in_features}) for weight {weight.shape}",
+                           f"x of shape {x.shape}",
                            "weight is (out_features, in_features); x's last dim must equal in_features")
-        if bias is not None and bias.shape != (weight.shape[0],):
-            raise op_error("linear", f"bias of shape ({weight.shape[0]},)", f"bias {bias.shape}")
-        if x.dtype != weight.dtype:
-            raise op_error("linear", "x and weight of one dtype", f"{x.dtype} and {weight.dtype}",
-                           "cast with .to(dtype)")
-        x2 = x.reshape(-1, x.shape[-1])
-        out = self.xp.matmul(x2, weight.T)
+        if bias is not None and bias.shape != (out_features,):
+            raise op_error("linear", f"bias of shape ({out_features},) (out_features)", f"bias of shape {bias.shape}")
+        if x.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
+            got = f"x {x.dtype}, weight {weight.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
+            raise op_error("linear", "x, weight and bias of one dtype", got, "cast with .to(dtype)")
+        out = self.xp.matmul(x.reshape(-1, in_features), weight.T)
         if bias is not None:
             out += bias
-        return out.reshape(x.shape[:-1] + (weight.shape[0],))
+        return out.reshape(x.shape[:-1] + (out_features,))
 
     def setup_context(self, inputs, output):
-        x, weight, bias = inputs
+        x, weight = inputs[0], inputs[1]
         need_x, need_w = self.needs_input_grad[0], self.needs_input_grad[1]
         self.save_for_backward(x if need_w else None, weight if need_x else None)
 
     def backward(self, g):
         x, weight = self.saved_arrays
         need_x, need_w, need_b = self.needs_input_grad
-        g2 = g.reshape(-1, g.shape[-1])
-        gx = gw = gb = None
+        g2d = g.reshape(-1, g.shape[-1])
+        grad_x = grad_w = grad_b = None
         if need_x:
-            gx = self.xp.matmul(g2, weight).reshape(self._input_shapes[0])
+            grad_x = self.xp.matmul(g2d, weight).reshape(self._input_shapes[0])
         if need_w:
-            gw = self.xp.matmul(g2.T, x.reshape(-1, x.shape[-1]))
+            grad_w = self.xp.matmul(g2d.T, x.reshape(-1, x.shape[-1]))
         if need_b:
-            gb = g2.sum(axis=0)
-        return gx, gw, gb
+            grad_b = g2d.sum(axis=0)
+        return grad_x, grad_w, grad_b
 
 
 def linear(x, weight, bias=None):
-    """x @ weight.T + bias, with weight (out_features, in_features)."""
+    """x @ weight.T + bias for x (..., in_features), weight (out_features, in_features), bias (out_features,)."""
     return Linear().apply(x, weight, bias)
 
 

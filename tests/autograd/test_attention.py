@@ -3,32 +3,149 @@ import pytest
 import torch
 
 import infini_train as it
-from tests.op_check import check_op
+from infini_train import backend
+from infini_train.autograd import attention as attention_module
+from tests.op_check import check_finite_differences, check_op, make_inputs
 
 F = torch.nn.functional
+sdpa = it.scaled_dot_product_attention
+
+# atol 1e-5 against torch: the op chains two float32 matmuls around an exp (rounding ~1e-7 relative on values
+# up to ~10, and torch scales q and k separately before the product); float64 finite differences stay at 1e-6.
+ATOL = 1e-5
+
+SHAPES = {
+    "3d": [(2, 5, 4), (2, 5, 4), (2, 5, 3)],
+    "4d_tq<tk": [(1, 2, 3, 4), (1, 2, 6, 4), (1, 2, 6, 4)],
+    "4d_tq>tk": [(2, 1, 5, 3), (2, 1, 2, 3), (2, 1, 2, 2)],
+    "broadcast_kv": [(3, 2, 4, 2), (1, 2, 3, 2), (1, 2, 3, 2)],
+}
 
 
-@pytest.mark.parametrize("shapes", [[(2, 5, 4), (2, 5, 4), (2, 5, 3)], [(1, 2, 3, 4), (1, 2, 6, 4), (1, 2, 6, 4)]],
-                         ids=str)
+@pytest.mark.parametrize("shapes", list(SHAPES.values()), ids=list(SHAPES))
 @pytest.mark.parametrize("causal", [False, True])
-def test_sdpa(shapes, causal):
-    # atol 1e-5: two chained float32 matmuls around a softmax
-    check_op(shapes, lambda q, k, v: it.scaled_dot_product_attention(q, k, v, is_causal=causal),
-             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), atol=1e-5)
+def test_sdpa_matches_torch(shapes, causal):
+    check_op(shapes, lambda q, k, v: sdpa(q, k, v, is_causal=causal),
+             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), atol=ATOL)
 
 
-def test_sdpa_with_bool_and_float_masks_and_scale():
+def test_sdpa_bool_mask_broadcast_and_scale():
     bool_mask = np.array([[True, False, True, True], [True, True, False, True], [False, True, True, True]])
     check_op([(2, 3, 4), (2, 4, 4), (2, 4, 2), bool_mask],
-             lambda q, k, v, m: it.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
-             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3), atol=1e-5)
+             lambda q, k, v, m: sdpa(q, k, v, attn_mask=m, scale=0.3),
+             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3), atol=ATOL)
+    per_batch = np.random.default_rng(0).random((2, 1, 3, 4)) > 0.3
+    per_batch[..., 0] = True
+    check_op([(2, 2, 3, 4), (2, 2, 4, 4), (2, 2, 4, 2), per_batch],
+             lambda q, k, v, m: sdpa(q, k, v, attn_mask=m),
+             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=ATOL)
+
+
+def test_sdpa_float_mask_gets_gradient():
     float_mask = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     check_op([(2, 3, 4), (2, 4, 4), (2, 4, 2), float_mask],
-             lambda q, k, v, m: it.scaled_dot_product_attention(q, k, v, attn_mask=m),
-             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=1e-5,
-             grad_mask=[True, True, True, False])
+             lambda q, k, v, m: sdpa(q, k, v, attn_mask=m),
+             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=ATOL,
+             grad_mask=[True, True, True, True])
 
 
-def test_sdpa_shape_error():
-    with pytest.raises(ValueError, match="scaled_dot_product_attention: expected q"):
-        it.scaled_dot_product_attention(it.ones(2, 3, 4), it.ones(2, 3, 5), it.ones(2, 3, 4))
+def test_sdpa_fully_masked_rows_give_zeros_like_torch():
+    bool_mask = np.array([[True, True, False], [False, False, False]])
+    check_op([(2, 2, 4), (2, 3, 4), (2, 3, 4), bool_mask], lambda q, k, v, m: sdpa(q, k, v, attn_mask=m),
+             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=ATOL)
+    float_mask = np.where(bool_mask, 0.0, -np.inf).astype(np.float32)
+    out = sdpa(it.ones(2, 4), it.ones(3, 4), it.ones(3, 4), attn_mask=it.tensor(float_mask)).numpy()
+    np.testing.assert_array_equal(out, [[1.0] * 4, [0.0] * 4])
+
+
+def _torch_sdpa_with_keep(keep, p):
+    def fn(q, k, v):
+        weights = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+        return (weights * torch.tensor(keep) / (1 - p)) @ v
+    return fn
+
+
+def test_sdpa_dropout_uses_the_seeded_generator():
+    p, shapes = 0.4, [(2, 3, 4), (2, 5, 4), (2, 5, 3)]
+    backend.manual_seed(7)
+    keep = backend.generator_for(backend.CPU).random((2, 3, 5), dtype=np.float32) >= p
+    assert 0 < keep.sum() < keep.size
+
+    def it_fn(q, k, v):
+        it.manual_seed(7)  # the same mask on every call, so finite differences see one function
+        return sdpa(q, k, v, dropout_p=p)
+    check_op(shapes, it_fn, _torch_sdpa_with_keep(keep, p), atol=ATOL)
+
+
+def test_sdpa_retain_graph_second_backward_is_identical():
+    # backward reuses its stashed probabilities in place only when the graph is not retained
+    rng = np.random.default_rng(0)
+    q, k, v = (it.tensor(rng.standard_normal((2, 4, 3)).astype(np.float32), requires_grad=True) for _ in range(3))
+    y = sdpa(q, k, v, is_causal=True)
+    g = it.tensor(rng.standard_normal((2, 4, 3)).astype(np.float32))
+    y.backward(g, retain_graph=True)
+    first = [t.grad.numpy().copy() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    y.backward(g)
+    for t, expect in zip((q, k, v), first):
+        np.testing.assert_array_equal(t.grad.numpy(), expect)
+
+
+def test_sdpa_only_some_inputs_need_grad_and_float16():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 4, 3)).astype(np.float32) for _ in range(3))
+    tq = torch.tensor(q, requires_grad=True)
+    F.scaled_dot_product_attention(tq, torch.tensor(k), torch.tensor(v)).sum().backward()
+    iq = it.tensor(q, requires_grad=True)
+    sdpa(iq, it.tensor(k), it.tensor(v)).sum().backward()
+    np.testing.assert_allclose(iq.grad.numpy(), tq.grad.numpy(), atol=ATOL)
+    half = sdpa(*(it.tensor(a.astype(np.float16)) for a in (q, k, v)))
+    assert half.dtype == np.float16
+    np.testing.assert_allclose(half.numpy(), sdpa(it.tensor(q), it.tensor(k), it.tensor(v)).numpy(), atol=1e-2)
+
+
+def test_sdpa_errors():
+    name = "scaled_dot_product_attention"
+    with pytest.raises(ValueError, match=rf"{name}: expected q \(\.\.\., Tq, E\), k \(\.\.\., Tk, E\), v .*got q "
+                                         r"\(2, 3, 4\), k \(2, 3, 5\)"):
+        sdpa(it.ones(2, 3, 4), it.ones(2, 3, 5), it.ones(2, 3, 4))
+    with pytest.raises(ValueError, match=rf"{name}: expected batch dims of q, k, v that broadcast"):
+        sdpa(it.ones(2, 3, 4), it.ones(3, 3, 4), it.ones(3, 3, 4))
+    with pytest.raises(ValueError, match=rf"{name}: expected q, k, v of one floating dtype"):
+        sdpa(it.ones(3, 4), it.ones(3, 4, dtype=it.float64), it.ones(3, 4))
+    with pytest.raises(ValueError, match=rf"{name}: expected a bool or floating attn_mask, got attn_mask of dtype"):
+        sdpa(it.ones(3, 4), it.ones(3, 4), it.ones(3, 4), attn_mask=it.tensor([[1, 0, 1]] * 3))
+    with pytest.raises(ValueError, match=rf"{name}: expected an attn_mask broadcastable to the scores' shape "
+                                         r"\(2, 3, 5\), got attn_mask of shape \(4, 3, 5\)"):
+        sdpa(it.ones(2, 3, 4), it.ones(2, 5, 4), it.ones(2, 5, 4), attn_mask=it.ones(4, 3, 5))
+    with pytest.raises(ValueError, match=rf"{name}: expected either attn_mask or is_causal=True, got both"):
+        sdpa(it.ones(3, 4), it.ones(3, 4), it.ones(3, 4), attn_mask=it.ones(3, 3), is_causal=True)
+    with pytest.raises(ValueError, match=rf"{name}: expected dropout_p in \[0, 1\), got 1.0"):
+        sdpa(it.ones(3, 4), it.ones(3, 4), it.ones(3, 4), dropout_p=1.0)
+
+
+@pytest.mark.parametrize("shapes", [[(1, 2, 7, 3), (1, 2, 7, 3), (1, 2, 7, 2)],  # rows [0,2) [2,4) [4,6) [6,7)
+                                    [(2, 9, 2), (2, 5, 2), (2, 5, 3)],  # Tq > Tk: late blocks see every key
+                                    [(5, 2), (8, 2), (8, 2)]], ids=str)  # Tq < Tk: keys 5..7 get no gradient
+def test_sdpa_causal_query_blocks(shapes, monkeypatch):
+    # causal attention is computed in blocks of query rows over growing key prefixes from 256 rows on;
+    # shrink the block so small shapes (cheap finite differences) go through the blocked path
+    monkeypatch.setattr(attention_module, "_CAUSAL_BLOCK_ROWS", 2)
+    check_op(shapes, lambda q, k, v: sdpa(q, k, v, is_causal=True),
+             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=ATOL)
+
+    def with_dropout(q, k, v):
+        it.manual_seed(5)
+        return sdpa(q, k, v, is_causal=True, dropout_p=0.5)
+    arrays = make_inputs(shapes)
+    check_finite_differences(with_dropout, arrays, [True, True, True])
+    dropped = with_dropout(*(it.tensor(a) for a in arrays)).numpy()
+    full = sdpa(*(it.tensor(a) for a in arrays), is_causal=True).numpy()
+    assert not np.allclose(dropped, full)
+
+
+def test_sdpa_large_causal_matches_torch():
+    # T=300: the real blocked path (query rows [0, 128), [128, 256), [256, 300)), forward and gradients
+    check_op([(1, 2, 300, 8), (1, 2, 300, 8), (1, 2, 300, 8)], lambda q, k, v: sdpa(q, k, v, is_causal=True),
+             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=ATOL, fd=False)

@@ -1,18 +1,63 @@
+import numpy as np
 import pytest
 import torch
 
 import infini_train as it
 from tests.op_check import check_op
 
+F = torch.nn.functional
 
-@pytest.mark.parametrize("xshape", [(5,), (4, 5), (2, 3, 5)], ids=str)
-def test_linear_with_and_without_bias(xshape):
-    check_op([xshape, (3, 5), (3,)], it.linear, torch.nn.functional.linear, atol=1e-5)
-    check_op([xshape, (3, 5)], it.linear, torch.nn.functional.linear, atol=1e-5)
+
+@pytest.mark.parametrize("xshape", [(5,), (4, 5), (2, 3, 5), (0, 5)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_torch_and_finite_differences(xshape, bias):
+    # atol 1e-5: float32 dot products of length 5 on inputs in [-2, 2] (values up to ~20)
+    specs = [xshape, (3, 5), (3,)] if bias else [xshape, (3, 5)]
+    check_op(specs, it.linear, F.linear, atol=1e-5)
+
+
+def test_linear_larger_shapes_and_non_contiguous_x():
+    check_op([(2, 33, 48), (40, 48), (40,)], it.linear, F.linear, rtol=1e-4, atol=1e-4, fd=False)
+    # x arrives transposed (a strided view): forward reshapes it, backward must undo that
+    check_op([(5, 2, 4), (3, 5)], lambda x, w: it.linear(x.transpose(0, 2), w),
+             lambda x, w: F.linear(x.transpose(0, 2), w), atol=1e-5)
+
+
+def test_linear_skips_inputs_without_grad():
+    rng = np.random.default_rng(0)
+    x = it.tensor(rng.standard_normal((4, 5)).astype(np.float32))
+    w = it.tensor(rng.standard_normal((3, 5)).astype(np.float32), requires_grad=True)
+    b = it.tensor(rng.standard_normal(3).astype(np.float32))
+    y = it.linear(x, w, b)
+    assert y.grad_fn.saved_arrays[1] is None  # weight is only needed for x's gradient: not kept
+    y.backward(it.ones(4, 3))
+    assert x.grad is None and b.grad is None
+    np.testing.assert_allclose(w.grad.numpy(), np.ones((3, 4), np.float32) @ x.numpy(), rtol=1e-6)
+    with it.no_grad():
+        assert it.linear(x, w, b).grad_fn is None
+
+
+def test_linear_float64_keeps_dtype():
+    x, w, b = it.ones(2, 3, dtype=it.float64), it.ones(4, 3, dtype=it.float64), it.ones(4, dtype=it.float64)
+    y = it.linear(x, w, b)
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(y.numpy(), np.full((2, 4), 4.0))
 
 
 def test_linear_errors():
-    with pytest.raises(ValueError, match=r"linear: expected x \(\.\.\., 5\) and weight \(out, in\)"):
+    with pytest.raises(ValueError, match=r"linear: expected x of shape \(\.\.\., 5\) for weight \(3, 5\), "
+                                         r"got x of shape \(2, 4\)\nHINT: weight is \(out_features, in_features\)"):
         it.linear(it.ones(2, 4), it.ones(3, 5))
-    with pytest.raises(ValueError, match=r"linear: expected bias of shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"linear: expected bias of shape \(3,\) \(out_features\), got bias of "
+                                         r"shape \(4,\)"):
         it.linear(it.ones(2, 5), it.ones(3, 5), it.ones(4))
+    with pytest.raises(ValueError, match=r"linear: expected x, weight and bias of one dtype, got x float64, "
+                                         r"weight float32\nHINT: cast"):
+        it.linear(it.ones(2, 5, dtype=it.float64), it.ones(3, 5))
+    with pytest.raises(ValueError, match=r"linear: expected x, weight and bias of one dtype, .*bias float64"):
+        it.linear(it.ones(2, 5), it.ones(3, 5), it.ones(3, dtype=it.float64))
+    with pytest.raises(ValueError, match=r"linear: expected a 2-D weight \(out_features, in_features\), got weight "
+                                         r"of shape \(5,\)"):
+        it.linear(it.ones(2, 5), it.ones(5))
+    with pytest.raises(ValueError, match=r"linear: expected x of shape \(\.\.\., 5\)"):
+        it.linear(it.tensor(1.0), it.ones(3, 5))

@@ -3,23 +3,66 @@ import pytest
 import torch
 
 import infini_train as it
+from infini_train.autograd.sparse import scatter_add_rows
 from tests.op_check import check_op
 
-
-def test_embedding_with_repeated_ids():
-    ids = np.array([[0, 3, 3], [1, 0, 3]], np.int64)
-    check_op([ids, (5, 4)], it.embedding, torch.nn.functional.embedding)
+F = torch.nn.functional
 
 
-def test_embedding_padding_idx_gets_no_gradient():
-    ids = np.array([1, 2, 2, 0], np.int64)
+@pytest.mark.parametrize("ids", [np.array([[0, 3, 3], [1, 0, 3]]), np.array([4, 4, 4, 4, 4]), np.array(2),
+                                 np.zeros((2, 0), np.int64), np.array([2, 0, 1], np.int32)], ids=repr)
+def test_embedding_matches_torch_with_repeated_ids(ids):
+    check_op([ids, (5, 4)], it.embedding, F.embedding)
+
+
+@pytest.mark.parametrize("padding_idx", [2, -2, 0])
+def test_embedding_padding_idx_gets_no_gradient(padding_idx):
+    ids = np.array([[1, 2, 2, 0], [3, 2, 1, 1]], np.int64)
     # fd=False: by definition the padding row's gradient is zero, not the true derivative
-    check_op([ids, (4, 3)], lambda i, w: it.embedding(i, w, padding_idx=2),
-             lambda i, w: torch.nn.functional.embedding(i, w, padding_idx=2), fd=False)
+    check_op([ids, (4, 3)], lambda i, w: it.embedding(i, w, padding_idx=padding_idx),
+             lambda i, w: F.embedding(i, w, padding_idx=padding_idx), fd=False)
+    w = it.ones(4, 3, requires_grad=True)
+    it.embedding(it.tensor(ids), w, padding_idx=padding_idx).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy()[padding_idx], 0.0)
+    assert w.grad.numpy()[1].sum() == 9.0  # id 1 appears three times, 3 columns
+
+
+def test_embedding_gradient_with_heavily_repeated_ids_matches_torch():
+    rng = np.random.default_rng(0)
+    ids = np.minimum(rng.zipf(1.5, (4, 64)) - 1, 49)  # runs of equal ids of many lengths, up to ~100
+    check_op([ids, (50, 8)], it.embedding, F.embedding, fd=False)
+
+
+@pytest.mark.parametrize("pattern", ["unique", "all_same", "runs", "random", "empty"])
+def test_scatter_add_rows_equals_add_at(pattern):
+    rng = np.random.default_rng(1)
+    ids = {"unique": rng.permutation(20)[:13], "all_same": np.full(37, 5), "empty": np.zeros(0, np.int64),
+           "runs": np.repeat(np.arange(8), [1, 2, 3, 4, 5, 7, 8, 33]), "random": rng.integers(0, 6, 101)}[pattern]
+    rng.shuffle(ids)
+    rows = rng.standard_normal((len(ids), 3)).astype(np.float64)
+    table = rng.standard_normal((20, 3))
+    expect = table.copy()
+    np.add.at(expect, ids, rows)
+    np.testing.assert_allclose(scatter_add_rows(np, table, ids, rows), expect, rtol=1e-12, atol=1e-12)
+
+
+def test_embedding_unsigned_ids_and_no_grad_for_ids():
+    w = np.arange(12, dtype=np.float32).reshape(6, 2)
+    ids = np.array([[5, 0], [2, 2]], np.uint16)
+    out = it.embedding(it.tensor(ids), it.tensor(w))
+    np.testing.assert_array_equal(out.numpy(), w[ids])
+    assert out.grad_fn is None  # weight does not require grad
 
 
 def test_embedding_errors():
-    with pytest.raises(ValueError, match=r"embedding: expected ids in \[0, 4\), got id 4"):
+    with pytest.raises(ValueError, match=r"embedding: expected ids in \[0, 4\) \(num_embeddings=4\), got id 4\n"
+                                         r"HINT: the tokenizer's vocabulary must fit"):
         it.embedding(it.tensor([1, 4]), it.ones(4, 2))
-    with pytest.raises(ValueError, match="embedding: expected integer ids"):
+    with pytest.raises(ValueError, match=r"embedding: expected ids in \[0, 4\) \(num_embeddings=4\), got id -1"):
+        it.embedding(it.tensor([[-1, 0]]), it.ones(4, 2))
+    with pytest.raises(ValueError, match="embedding: expected integer ids, got ids of dtype float32"):
         it.embedding(it.tensor([1.0]), it.ones(4, 2))
+    with pytest.raises(ValueError, match=r"embedding: expected a 2-D weight \(num_embeddings, embedding_dim\)"):
+        it.embedding(it.tensor([1]), it.ones(4))
+    with pytest.raises(ValueError, match=r"embedding: expected padding_idx in \[-4, 4\) or None, got 4"):
+        it.embedding(it.tensor([1]), it.ones(4, 2), padding_idx=4)
