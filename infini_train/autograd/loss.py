@@ -1,61 +1,90 @@
-"""cross_entropy (fused log-softmax + NLL: the probabilities are computed once, in forward, and turned into
-the gradient in backward) and nll_loss."""
+"""cross_entropy (fused log-softmax + NLL) and nll_loss over class-index targets.
+
+Both take logits / log-probabilities (N, C), (C,) or (N, C, d1, ...) with targets (N,), () or (N, d1, ...), as
+torch does, and work on (rows, C) internally. cross_entropy computes exp(x) (shifted by the row max only where
+it would overflow) and its row sums once in forward; backward turns that stash into (softmax - onehot) * scale
+in place (unless the graph is retained), folding the division by the row sum into the per-row scale, so
+softmax is never recomputed. Per-row losses are formed and reduced in float64 (row-sized arrays only) and
+returned in the logits' dtype.
+"""
 from __future__ import annotations
 
 from .function import Op, op_error
+from .softmax import exp_and_sum, logsumexp, upcast
 
 _REDUCTIONS = ("mean", "sum", "none")
-
-
-def _rows(logits, target, op):
-    """Move the class dim last and flatten: (N, C, d...) -> (N*d..., C); validates target's shape/dtype."""
-    if target.dtype.kind not in "iu":
-        raise op_error(op, "integer class-index targets", f"targets of dtype {target.dtype}", "use .long()")
-    if logits.ndim == 1:
-        expect = ()
-    else:
-        expect = (logits.shape[0],) + logits.shape[2:]
-    if target.shape != expect:
-        raise op_error(op, f"target of shape {expect} for input of shape {logits.shape}",
-                       f"target of shape {target.shape}")
-    if logits.ndim == 1:
-        return logits.reshape(1, -1), target.reshape(1)
-    if logits.ndim > 2:
-        logits = logits.reshape(logits.shape[0], logits.shape[1], -1).transpose(0, 2, 1)
-    return logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-
-
-def _check_range(xp, target, valid, num_classes, op):
-    picked = target[valid]
-    if picked.size and (int(picked.min()) < 0 or int(picked.max()) >= num_classes):
-        bad = int(picked.min()) if int(picked.min()) < 0 else int(picked.max())
-        raise op_error(op, f"targets in [0, {num_classes}) or ignore_index", f"target {bad}",
-                       "the data's token ids must fit the model's vocab_size")
+_SHAPE_HINT = ("targets are (N,) for (N, C) inputs, () for (C,), (N, d1, ...) for (N, C, d1, ...); "
+               "for (B, T, V) logits pass logits.view(-1, V) and targets.view(-1)")
 
 
 class _ClassLoss(Op):
+    """Validation, the (N, C, d...) <-> (rows, C) layout and the reductions shared by both losses."""
+
+    op_name = ""
+
     def __init__(self, ignore_index=-100, reduction="mean"):
         if reduction not in _REDUCTIONS:
             raise op_error(self.op_name, f"reduction in {_REDUCTIONS}", repr(reduction))
-        self.ignore_index = ignore_index
+        self.ignore_index = int(ignore_index)
         self.reduction = reduction
 
-    def _reduce(self, losses, out_shape, count):
+    def _rows(self, x, target):
+        """(N, C, d...) -> (N*d..., C) and target -> (N*d...,); validates dtypes, shapes and class indices."""
+        op = self.op_name
+        if x.dtype.kind not in "fV":
+            raise op_error(op, "floating-point input", f"input of dtype {x.dtype}")
+        if not hasattr(target, "dtype") or target.dtype.kind not in "iu":
+            got = f"targets of dtype {target.dtype}" if hasattr(target, "dtype") else f"targets {type(target)}"
+            raise op_error(op, "integer class-index targets", got, "use target.long(); class probabilities "
+                           "as targets are not supported")
+        if x.ndim == 0:
+            raise op_error(op, "input of shape (C,), (N, C) or (N, C, d1, ...)", "a 0-d input")
+        expect = () if x.ndim == 1 else (x.shape[0],) + tuple(x.shape[2:])
+        if tuple(target.shape) != expect:
+            raise op_error(op, f"target of shape {expect} for input of shape {tuple(x.shape)}",
+                           f"target of shape {tuple(target.shape)}", _SHAPE_HINT)
+        num_classes = x.shape[0] if x.ndim == 1 else x.shape[1]
+        if num_classes == 0:
+            raise op_error(op, "at least one class", f"input of shape {tuple(x.shape)}")
+        if x.ndim == 1:
+            x, target = x.reshape(1, -1), target.reshape(1)
+        elif x.ndim > 2:
+            x = x.reshape(x.shape[0], num_classes, -1).transpose(0, 2, 1).reshape(-1, num_classes)
+        t = target.reshape(-1)
+        valid = t != self.ignore_index
+        out_of_range = (t < 0) | (t >= num_classes)
+        out_of_range &= valid
+        if out_of_range.any():
+            bad = int(t[out_of_range][0])
+            raise op_error(op, f"target values in [0, C) with C={num_classes} classes, or "
+                           f"ignore_index={self.ignore_index}", f"target value {bad}",
+                           "class indices (token ids) must be smaller than the number of classes (vocab_size)")
+        self.count = int(valid.sum())
+        safe_t = self.xp.where(valid, t, 0)
+        return x, safe_t, valid
+
+    def _reduce(self, losses, target_shape):
         if self.reduction == "none":
-            return losses.reshape(out_shape)
+            return losses.reshape(target_shape)
         total = losses.sum()
-        return total / count if self.reduction == "mean" else total
+        if self.reduction == "sum":
+            return total
+        return total / self.count if self.count else total * float("nan")  # all ignored: nan, like torch
 
-    def _grad_scale(self, g, n_rows):
-        """Per-row factor applied to d(loss_i): g / count for mean, g for sum, g_i for none."""
+    def _row_scale(self, g, valid):
+        """d(reduced loss) / d(loss of each row): g / count (mean), g (sum) or g per row (none); 0 if ignored."""
+        g = upcast(g)
         if self.reduction == "none":
-            return g.reshape(n_rows, 1)
-        return g / self.count if self.reduction == "mean" else g
+            g = g.reshape(-1)
+        elif self.reduction == "mean":
+            g = g / self.count if self.count else g * 0
+        return self.xp.where(valid, g, 0).astype(g.dtype, copy=False)
 
-    def _unrows(self, grad, shape):
+    def _unrows(self, grad):
+        shape = self._input_shapes[0]
         if len(shape) > 2:
             n, c = shape[0], shape[1]
-            return grad.reshape(n, -1, c).transpose(0, 2, 1).reshape(shape)
+            return self.xp.ascontiguousarray(grad.reshape(n, -1, c).transpose(0, 2, 1)).reshape(shape)
         return grad.reshape(shape)
 
 
@@ -64,32 +93,23 @@ class CrossEntropy(_ClassLoss):
 
     def forward(self, logits, target):
         xp = self.xp
-        x2, t = _rows(logits, target, "cross_entropy")
-        valid = t != self.ignore_index
-        _check_range(xp, t, valid, x2.shape[1], "cross_entropy")
-        rows = xp.arange(x2.shape[0])
-        safe_t = xp.where(valid, t, 0)
-        work = x2.astype("float32") if x2.dtype.itemsize < 4 else x2
-        row_max = work.max(axis=1, keepdims=True)
-        probs = work - row_max
-        picked = probs[rows, safe_t]  # logit - max at the target
-        xp.exp(probs, out=probs)
-        sums = probs.sum(axis=1, keepdims=True)
-        probs /= sums
-        losses = xp.log(sums[:, 0]) - picked
-        losses *= valid
-        self.count = valid.sum()
-        self.stash(probs, safe_t, valid)
-        out_shape = target.shape if logits.ndim > 1 else ()
-        return self._reduce(losses, out_shape, self.count).astype(logits.dtype, copy=False)
+        x, t, valid = self._rows(logits, target)
+        xw = upcast(x)
+        e, shift, s = exp_and_sum(xp, xw, 1)
+        # loss = logsumexp - x_target, in float64 so that two large terms (logits of 1e4) cancel exactly
+        losses = logsumexp(xp, shift, s)[:, 0] - xw[xp.arange(x.shape[0]), t]
+        losses = xp.where(valid, losses, 0.0)
+        self.stash(e, s, t, valid)
+        return xp.asarray(self._reduce(losses, target.shape)).astype(logits.dtype, copy=False)
 
     def backward(self, g):
-        probs, t, valid = self.stashed
-        grad = probs if not self.retain_graph else probs.copy()
-        rows = self.xp.arange(grad.shape[0])
-        grad[rows, t] -= 1
-        grad *= self._grad_scale(g, grad.shape[0]) * valid[:, None]
-        return self._unrows(grad, self._input_shapes[0]).astype(g.dtype, copy=False), None
+        xp = self.xp
+        e, s, t, valid = self.stashed
+        scale = self._row_scale(g, valid)
+        grad = e if not self.retain_graph else e.copy()
+        grad *= (scale / s[:, 0])[:, None]  # softmax = e / s, times the row's scale
+        grad[xp.arange(grad.shape[0]), t] -= scale
+        return self._unrows(grad).astype(g.dtype, copy=False), None
 
 
 class NLLLoss(_ClassLoss):
@@ -97,34 +117,30 @@ class NLLLoss(_ClassLoss):
 
     def forward(self, log_probs, target):
         xp = self.xp
-        x2, t = _rows(log_probs, target, "nll_loss")
-        valid = t != self.ignore_index
-        _check_range(xp, t, valid, x2.shape[1], "nll_loss")
-        safe_t = xp.where(valid, t, 0)
-        losses = -x2[xp.arange(x2.shape[0]), safe_t] * valid
-        self.count = valid.sum()
-        self.stash(safe_t, valid)
-        out_shape = target.shape if log_probs.ndim > 1 else ()
-        return self._reduce(losses, out_shape, self.count).astype(log_probs.dtype, copy=False)
+        x, t, valid = self._rows(log_probs, target)
+        picked = upcast(x[xp.arange(x.shape[0]), t])
+        losses = xp.where(valid, -picked, 0).astype(picked.dtype, copy=False)
+        self.stash(t, valid, x.shape)
+        return xp.asarray(self._reduce(losses, target.shape)).astype(log_probs.dtype, copy=False)
 
     def backward(self, g):
-        t, valid = self.stashed
-        shape = self._input_shapes[0]
-        n_rows = t.shape[0]
-        grad = self.xp.zeros((n_rows, shape[1] if len(shape) > 1 else shape[0]), g.dtype)
-        grad[self.xp.arange(n_rows), t] = -1
-        grad *= self._grad_scale(g, n_rows) * valid[:, None]
-        return self._unrows(grad, shape), None
+        xp = self.xp
+        t, valid, rows_shape = self.stashed
+        scale = self._row_scale(g, valid)
+        grad = xp.zeros(rows_shape, scale.dtype)
+        grad[xp.arange(rows_shape[0]), t] = -scale
+        return self._unrows(grad).astype(g.dtype, copy=False), None
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
-    """Cross-entropy of class-index targets: logits (N, C), (C,) or (N, C, d...). Targets equal to
-    ``ignore_index`` contribute nothing; 'mean' divides by the number of the others."""
+    """Cross-entropy of class-index targets: logits (N, C), (C,) or (N, C, d1, ...) with integer targets
+    (N,), () or (N, d1, ...). Targets equal to ``ignore_index`` contribute nothing; 'mean' divides by the
+    number of the others (nan when all are ignored, as torch); 'sum' adds; 'none' keeps target's shape."""
     return CrossEntropy(ignore_index, reduction).apply(logits, target)
 
 
 def nll_loss(log_probs, target, ignore_index=-100, reduction="mean"):
-    """Negative log-likelihood of class-index targets given log-probabilities."""
+    """Negative log-likelihood of class-index targets given log-probabilities (same layouts as cross_entropy)."""
     return NLLLoss(ignore_index, reduction).apply(log_probs, target)
 
 
