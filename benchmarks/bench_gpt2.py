@@ -31,6 +31,15 @@ CONFIGS = {
 
 
 def rss_mb():
+    """Peak resident memory of this process in MB: VmHWM (ru_maxrss would include the parent's peak, which a
+    child inherits across fork and exec on Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -91,3 +91,31 @@ def test_unused_replica_output_gets_zero_gradient():
 def test_mixing_devices_without_comm_is_a_clear_error():
     with pytest.raises(ValueError, match="expected all tensor inputs on one device"):
         it.ones(2, device="cpu:0") + it.ones(2, device="cpu:1")
+
+
+@pytest.mark.cuda
+def test_scatter_gather_broadcast_reduce_on_gpus():
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        pytest.skip("cupy or a GPU is missing")
+    if count < 2:
+        pytest.skip(f"needs 2 GPUs, found {count}")
+    gpus = ["cuda:0", "cuda:1"]
+    x = it.tensor(np.arange(12, dtype=np.float32).reshape(6, 2), device="cuda:0", requires_grad=True)
+    parts = comm.scatter(x, gpus)
+    assert [str(p.device) for p in parts] == gpus
+    w = it.tensor([2.0, 3.0], device="cuda:0", requires_grad=True)
+    replicas = comm.broadcast([w], gpus)
+    losses = [(p * r[0]).sum() for p, r in zip(parts, replicas)]
+    total = comm.gather(losses, "cuda:0").sum()
+    total.backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.tile([2.0, 3.0], (6, 1)))
+    np.testing.assert_allclose(w.grad.numpy(), np.arange(12, dtype=np.float32).reshape(6, 2).sum(0))
+    summed = comm.reduce_add_coalesced([[p.detach()] for p in parts[:1]] + [[parts[1].detach()]], "cuda:1")
+    np.testing.assert_allclose(summed[0].numpy(), data_sum(x.numpy()))
+
+
+def data_sum(a):
+    return a[:3] + a[3:]

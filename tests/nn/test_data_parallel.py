@@ -110,3 +110,29 @@ def test_replica_threads_reapply_grad_mode():
     assert seen == {"cpu": False, "cpu:1": False}
     dp(it.randn(4, 2))
     assert seen == {"cpu": True, "cpu:1": True}
+
+
+def gpu_devices(n):
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        pytest.skip("cupy or a GPU is missing")
+    if count < n:
+        pytest.skip(f"needs {n} GPUs, found {count}")
+    return [f"cuda:{i}" for i in range(n)]
+
+
+@pytest.mark.cuda
+def test_mlp_on_two_gpus_equals_plain_module():
+    devices = gpu_devices(2)
+    plain, wrapped = mlp(), mlp().to(devices[0])
+    dp = DataParallel(wrapped, devices)
+    x = np.random.default_rng(0).standard_normal((7, 5)).astype(np.float32)
+    out_a = plain(it.tensor(x))
+    out_b = dp(it.tensor(x, device=devices[0]))
+    np.testing.assert_allclose(out_b.numpy(), out_a.numpy(), rtol=1e-5, atol=1e-6)
+    (out_a ** 2).sum().backward()
+    (out_b ** 2).sum().backward()
+    for n, g in grads(plain).items():
+        np.testing.assert_allclose(grads(wrapped)[n], g, rtol=1e-4, atol=1e-6, err_msg=n)
