@@ -258,3 +258,29 @@ def set_rng_state(state):
     gen.bit_generator.state = state
     _host_generator = gen
     _cuda_generators.clear()
+
+
+# ---------------------------------------------------------------------------------------- host memory
+def tune_host_allocator(threshold=1 << 30, top_pad=256 << 20):
+    """Keep large host buffers in glibc's heap so they are reused across training steps.
+
+    By default glibc serves every allocation over 32 MB with a fresh mmap and unmaps it on free, so each
+    step page-faults its logits, embedding gradients and optimizer scratch in again (measured: GPT-2 124M
+    steps alternated 1.2 s / 1.6 s). Raising the mmap and trim thresholds removes that. Linux/glibc only;
+    returns whether it was applied. Disabled with INFINI_TRAIN_TUNE_MALLOC=0.
+    """
+    import ctypes
+    import sys
+
+    if sys.platform != "linux" or os.environ.get("INFINI_TRAIN_TUNE_MALLOC", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold) and libc.mallopt(M_TRIM_THRESHOLD, threshold)
+                and libc.mallopt(M_TOP_PAD, top_pad))
+
+
+HOST_ALLOCATOR_TUNED = tune_host_allocator()
