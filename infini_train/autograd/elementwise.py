@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..tensor import Tensor
-from .function import Op, op_error, sum_to
+from .function import Op, op_error, sum_to, ignore_fp_errors
 
 __all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh",
            "sqrt", "rsqrt", "sin", "cos", "abs", "reciprocal", "clamp", "maximum", "minimum",
@@ -115,34 +115,20 @@ class Pow(_Binary):
             if scalar_b:
                 ga = xp.zeros_like(g) if b == 0 else g * b * a ** (b - 1)
             else:
-                with _errstate(xp):
+                with ignore_fp_errors(xp):
                     ga = xp.where(b == 0, 0, g * b * a ** (b - 1)).astype(g.dtype, copy=False)
         if need_b:
             # d(a^b)/db = a^b log a, taken as 0 where a == 0 and b >= 0 (the limit), as PyTorch does
             if scalar_a:
                 gb = g * out * _log_scalar(a)
             else:
-                with _errstate(xp):
+                with ignore_fp_errors(xp):
                     gb = xp.where((a == 0) & (b >= 0), 0, g * out * xp.log(a)).astype(g.dtype, copy=False)
         return self.reduce_grads(ga, gb)
 
 
 def _log_scalar(a):
     return math.log(a) if a > 0 else (float("-inf") if a == 0 else float("nan"))
-
-
-class _errstate:
-    def __init__(self, xp):
-        self.ctx = xp.errstate(divide="ignore", invalid="ignore") if hasattr(xp, "errstate") else None
-
-    def __enter__(self):
-        if self.ctx is not None:
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
-        return False
 
 
 class Neg(Op):

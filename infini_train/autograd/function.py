@@ -43,6 +43,22 @@ def op_error(op, expected, received, hint=None) -> OpError:
     return OpError(msg)
 
 
+class ignore_fp_errors:
+    """Silence numpy's divide/invalid warnings where an op handles inf/nan itself (cupy has no errstate)."""
+
+    def __init__(self, xp):
+        self.ctx = xp.errstate(divide="ignore", invalid="ignore") if hasattr(xp, "errstate") else None
+
+    def __enter__(self):
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+        return False
+
+
 def sum_to(grad, shape):
     """Sum ``grad`` down to ``shape``: undoes numpy broadcasting in every binary op's backward."""
     if grad.shape == shape:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import builtins
 import numbers
 
-from .function import Op, op_error
+from .function import Op, op_error, ignore_fp_errors
 
 __all__ = ["sum", "mean", "max", "min", "argmax", "argmin", "var", "std"]
 
@@ -177,7 +177,7 @@ class Var(Op):
         self.axes = _axes(self.dim, a.ndim)
         centered, count = self.centered(a)
         self.dof = builtins.max(count - self.correction, 0)
-        with _errstate(self.xp):
+        with ignore_fp_errors(self.xp):
             var = (centered * centered).sum(axis=self.axes, keepdims=self.keepdim) / self.dof
         return var.astype(a.dtype, copy=False)
 
@@ -190,7 +190,7 @@ class Var(Op):
 
     def var_grad(self, a, g):
         centered, _ = self.centered(a)
-        with _errstate(self.xp):
+        with ignore_fp_errors(self.xp):
             return ((g * centered) * 2 / self.dof).astype(a.dtype, copy=False)
 
 
@@ -206,23 +206,9 @@ class Std(Var):
         xp = self.xp
         out = _keep_reduced(xp, out, self.axes, self.keepdim)
         g = _keep_reduced(xp, g, self.axes, self.keepdim)
-        with _errstate(xp):
+        with ignore_fp_errors(xp):
             g_var = xp.where(out == 0, 0, g / (2 * out))  # torch masks std == 0 to a zero gradient
         return self.var_grad(a, g_var)
-
-
-class _errstate:
-    def __init__(self, xp):
-        self.ctx = xp.errstate(divide="ignore", invalid="ignore") if hasattr(xp, "errstate") else None
-
-    def __enter__(self):
-        if self.ctx is not None:
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
-        return False
 
 
 def sum(x, dim=None, keepdim=False):  # noqa: A001 - mirrors torch.sum

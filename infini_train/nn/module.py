@@ -341,13 +341,8 @@ class Module:
         return self.to(dtype=backend.float16)
 
     def zero_grad(self, set_to_none=True):
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.array.fill(0)
+        from .utils import zero_grad
+        zero_grad(self.parameters(), set_to_none)
 
     def requires_grad_(self, flag=True):
         for p in self.parameters():

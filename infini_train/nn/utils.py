@@ -90,3 +90,14 @@ def clip_grad_value_(parameters, clip_value):
 
 
 __all__ = ["get_total_norm", "clip_grad_norm_", "clip_grads_with_norm_", "clip_grad_value_"]
+
+
+def zero_grad(parameters, set_to_none=True):
+    """Drop (or zero in place) the gradients of ``parameters``; Module and Optimizer zero_grad use this."""
+    for p in parameters:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            p.grad.array.fill(0)

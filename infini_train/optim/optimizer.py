@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import backend
 from ..autograd.grad_mode import no_grad
+from ..nn.utils import zero_grad
 from ..tensor import Tensor
 
 _EXTRA_GROUP_KEYS = {"initial_lr", "name"}  # set by schedulers / users for bookkeeping
@@ -63,14 +64,7 @@ class Optimizer:
         self.param_groups.append(group)
 
     def zero_grad(self, set_to_none=True):
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.array.fill(0)
+        zero_grad((p for g in self.param_groups for p in g["params"]), set_to_none)
 
     def step(self):
         raise NotImplementedError(f"{type(self).__name__} must implement step")
