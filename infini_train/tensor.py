@@ -36,15 +36,18 @@ class Tensor:
     def _make(cls, array, device, requires_grad=False):
         """Wrap an array without copying or checking (the fast path used by every op)."""
         t = object.__new__(cls)
-        t.array = array
-        t.device = device
-        t._requires_grad = requires_grad
-        t.grad = None
-        t.grad_fn = None
-        t._output_idx = 0
-        t._version = [0]
-        t._accumulate = None
+        t._init_slots(array, device, requires_grad)
         return t
+
+    def _init_slots(self, array, device, requires_grad=False, version=None):
+        self.array = array
+        self.device = device
+        self._requires_grad = requires_grad
+        self.grad = None
+        self.grad_fn = None
+        self._output_idx = 0
+        self._version = [0] if version is None else version
+        self._accumulate = None
 
     # ------------------------------------------------------------------------------- properties
     @property

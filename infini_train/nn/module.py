@@ -31,14 +31,7 @@ class Parameter(Tensor):
             array, dev = data, backend.device_of_array(data)
         else:
             array, dev = np.asarray(data, backend.get_default_dtype()), backend.CPU
-        self.array = array
-        self.device = dev
-        self._requires_grad = False
-        self.grad = None
-        self.grad_fn = None
-        self._output_idx = 0
-        self._version = data._version if isinstance(data, Tensor) else [0]
-        self._accumulate = None
+        self._init_slots(array, dev, version=data._version if isinstance(data, Tensor) else None)
         self.requires_grad = requires_grad
 
     def __repr__(self):
