@@ -50,10 +50,32 @@ def sgemm_peak(n=2048, repeats=3):
     return 2 * n ** 3 / best
 
 
+def gpu_sgemm_peak(n=8192, repeats=5):
+    import cupy
+    a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+    a @ a
+    best = min(_timed(lambda: a @ a) for _ in range(repeats))
+    return 2 * n ** 3 / best
+
+
 def _timed(fn):
+    _sync()
     t0 = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - t0
+
+
+DEVICE = "cpu"  # --device; "cuda" runs both frameworks on the GPU (infini_train through cupy)
+
+
+def _sync():
+    if DEVICE != "cpu":
+        import cupy
+        cupy.cuda.Device().synchronize()
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
 
 
 def build_it(spec):
@@ -62,12 +84,12 @@ def build_it(spec):
 
     cfg = GPT2Config(**{k: v for k, v in spec.items() if k not in ("B", "T")})
     it.manual_seed(0)
-    model = GPT2(cfg)
+    model = GPT2(cfg).to(DEVICE)
     opt = model.configure_optimizers(0.1, 6e-4)
     rng = np.random.default_rng(0)
     x = rng.integers(0, cfg.vocab_size, size=(spec["B"], spec["T"]))
     y = rng.integers(0, cfg.vocab_size, size=(spec["B"], spec["T"]))
-    xt, yt = it.tensor(x), it.tensor(y)
+    xt, yt = it.tensor(x, device=DEVICE), it.tensor(y, device=DEVICE)
 
     def step():
         opt.zero_grad()
@@ -87,7 +109,7 @@ def build_torch(spec, state):
     hf = GPT2LMHeadModel(HFConfig(n_embd=spec["n_embd"], n_layer=spec["n_layer"], n_head=spec["n_head"],
                                   vocab_size=spec["vocab_size"], n_positions=spec["block_size"], resid_pdrop=0.0,
                                   embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new"),
-                         ).train()
+                         ).train().to("cuda" if DEVICE != "cpu" else "cpu")
     if state is not None:
         sd = {}
         for k, v in state.items():
@@ -101,8 +123,9 @@ def build_torch(spec, state):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=False)
     rng = np.random.default_rng(0)
-    x = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])))
-    y = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])))
+    dev = "cuda" if DEVICE != "cpu" else "cpu"
+    x = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])), device=dev)
+    y = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])), device=dev)
     V = spec["vocab_size"]
 
     def step():
@@ -173,8 +196,13 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda:N (needs cupy, and a CUDA build of torch)")
     args = parser.parse_args()
-    peak = sgemm_peak()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE != "cpu":
+        args.no_memory = True  # RSS says nothing about GPU memory
+    peak = sgemm_peak() if DEVICE == "cpu" else gpu_sgemm_peak()
     print(f"sgemm peak (2048^2, numpy): {peak / 1e9:.1f} GFLOP/s")
     header = f"{'config':10s}{'it tok/s':>10s}{'torch tok/s':>13s}{'ratio':>7s}{'it MFU':>8s}{'torch MFU':>10s}"
     header += "" if args.no_memory else f"{'it MB':>8s}{'torch MB':>10s}"
