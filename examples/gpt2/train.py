@@ -50,6 +50,12 @@ def pick_device(cfg):
     return backend.CPU
 
 
+def step_seed(seed, rank, step):
+    """The seed of one step's randomness (dropout) on one rank: different per rank, and a function of the
+    step alone, so a resumed run draws exactly what the uninterrupted run drew."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
 def to_tensor(array, device):
     return it.Tensor._make(backend.to_device_array(array, device), device)
 
@@ -123,7 +129,6 @@ def main(argv=None):
         raw_model.load_state_dict(model_state)
         optimizer.load_state_dict(opt_state)
         train_loader.load_state_dict(state["data"][rank] if world == len(state["data"]) else state["data"][0])
-        backend.set_rng_state(state["rng"])
         start_step = state["step"]
         print0(f"resumed from {resume_path} at step {start_step}")
 
@@ -147,7 +152,8 @@ def main(argv=None):
         if rank == 0:
             path = ckpt.save_checkpoint(cfg.out_dir, step, raw_model.state_dict(), optimizer.state_dict(), {
                 "config": cfg.to_dict(), "model_config": raw_model.config.to_dict(), "tokenizer": tok_name,
-                "rng": backend.get_rng_state(), "data": data_states}, keep_last=t.keep_last)
+                "rng": {"seed": cfg.seed, "per_step": "SeedSequence([seed, rank, step])"},
+                "data": data_states}, keep_last=t.keep_last)
             print0(f"saved checkpoint {path}")
         dist.barrier()
 
@@ -168,6 +174,7 @@ def main(argv=None):
             print(f"--- sample at step {step} ---\n{text}\n---", flush=True)
 
         t0 = time.perf_counter()
+        it.manual_seed(step_seed(cfg.seed, rank, step))
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for micro in range(grad_accum):

@@ -104,3 +104,14 @@ def test_bad_config_fails_before_any_work(tmp_path):
     assert proc.returncode != 0
     assert "train.learning_rat: unknown key (did you mean 'train.learning_rate'?)" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_step_seed_differs_per_rank_and_step_and_repeats_exactly():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_script", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    seeds = {(r, s): train.step_seed(1337, r, s) for r in range(2) for s in range(3)}
+    assert len(set(seeds.values())) == 6  # dropout masks differ across ranks and steps
+    assert train.step_seed(1337, 1, 2) == seeds[(1, 2)]  # a resumed run redraws the same masks
