@@ -331,6 +331,12 @@ class Op(Function):
     _arrays = True
 
 
+def _alias(t, Tensor):
+    out = Tensor._make(t.array, t.device)
+    out._version = t._version
+    return out
+
+
 def _apply(fn, inputs, Tensor):
     # ---- device check (comm functions move data between devices and skip it)
     dev = None
@@ -382,7 +388,8 @@ def _apply(fn, inputs, Tensor):
             odev = dev if out_devs is None else (out_devs if isinstance(out_devs, Device) else out_devs[i])
             outs.append(Tensor._make(a, odev))
     else:
-        outs = list(raws)
+        # a forward that hands back one of its inputs gets a fresh alias, so recording never rewires the input
+        outs = [o if not any(o is t for t in inputs) else _alias(o, Tensor) for o in raws]
 
     if record:
         edges = []

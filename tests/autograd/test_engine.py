@@ -280,3 +280,19 @@ def test_backward_runs_in_a_worker_thread():
     t.join()
     assert not errors
     np.testing.assert_allclose(x.grad.numpy(), [6.0])
+
+
+class PassThrough(Function):
+    def forward(self, x):
+        return x
+
+    def backward(self, g):
+        return g * 2
+
+
+def test_custom_function_returning_its_input_does_not_rewire_the_input():
+    x = it.tensor([1.0, 2.0], requires_grad=True)
+    y = PassThrough().apply(x)
+    assert y is not x and x.is_leaf and x.grad_fn is None
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 2.0])
