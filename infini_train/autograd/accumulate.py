@@ -55,6 +55,8 @@ class AccumulateGrad(Function):
         from ..tensor import Tensor
 
         t = self.tensor
+        if not isinstance(grad, self.xp.ndarray):
+            grad = self.xp.asarray(grad)  # a numpy scalar from 0-d arithmetic: in-place adds need an array
         if grad.shape != t.array.shape:
             raise RuntimeError(f"AccumulateGrad: gradient of shape {tuple(grad.shape)} for a leaf of shape {t.shape}")
         handed = pass_state.handed

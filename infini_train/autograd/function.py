@@ -253,8 +253,11 @@ class Function:
             if fn is None:
                 continue
             g = result[k]
-            if g is not None and g.shape != shapes[k]:
-                g = self._fix_grad_shape(g, k)
+            if g is not None:
+                if g.__class__ is not _ndarray and self.xp is np:
+                    g = np.asarray(g)  # numpy turns 0-d results into scalars, which later in-place adds reject
+                if g.shape != shapes[k]:
+                    g = self._fix_grad_shape(g, k)
             out.append((fn, g, i))
         return out
 

@@ -296,3 +296,12 @@ def test_custom_function_returning_its_input_does_not_rewire_the_input():
     assert y is not x and x.is_leaf and x.grad_fn is None
     y.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [2.0, 2.0])
+
+
+def test_zero_dim_leaf_accumulates_over_two_backward_calls():
+    x = it.tensor(2.0, requires_grad=True)
+    (x * x).backward()
+    (x * x).backward()  # numpy returns scalars for 0-d products; accumulation must still work in place
+    assert x.grad.item() == 8.0
+    x.grad.zero_()
+    assert x.grad.item() == 0.0
