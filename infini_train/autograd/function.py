@@ -228,16 +228,17 @@ class Function:
                     shape, dtype = self._output_meta[i]
                     grads[i] = self.xp.zeros(shape, dtype)
         self.retain_graph = retain_graph
-        with self.device.context() if self.device is not None and self.device.type == "cuda" else _NULL:
-            prev = _state.enabled
-            _state.enabled = False
-            try:
-                if self._arrays:
-                    result = self.backward(*grads)
-                else:
-                    result = self._tensor_backward(grads)
-            finally:
-                _state.enabled = prev
+        prev = _state.enabled
+        _state.enabled = False
+        try:
+            dev = self.device
+            if dev is not None and dev.type == "cuda":
+                with dev.context():
+                    result = self.backward(*grads) if self._arrays else self._tensor_backward(grads)
+            else:
+                result = self.backward(*grads) if self._arrays else self._tensor_backward(grads)
+        finally:
+            _state.enabled = prev
         if not retain_graph:
             self._release()
         if not isinstance(result, tuple):
@@ -313,17 +314,6 @@ class Function:
         return f"<{self.name}>"
 
 
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL = _Null()
-
-
 class Op(Function):
     """A built-in kernel: forward(*arrays) -> array | tuple of arrays; backward(*grad arrays) -> arrays.
 
@@ -361,14 +351,14 @@ def _apply(fn, inputs, Tensor):
     grad_on = _state.enabled
     if not grad_on or not fn.differentiable:
         record = False
-    ctx = dev.context() if dev.type == "cuda" else _NULL
     _state.enabled = False
     try:
-        with ctx:
-            if fn._arrays:
-                raw = fn.forward(*[t.array if isinstance(t, Tensor) else t for t in inputs])
-            else:
-                raw = fn.forward(*inputs)
+        args = [t.array if isinstance(t, Tensor) else t for t in inputs] if fn._arrays else inputs
+        if dev.type == "cuda":
+            with dev.context():
+                raw = fn.forward(*args)
+        else:
+            raw = fn.forward(*args)
     except (ValueError, TypeError, IndexError) as exc:
         if isinstance(exc, OpError) or "HINT" in str(exc):
             raise
@@ -378,8 +368,13 @@ def _apply(fn, inputs, Tensor):
         _state.enabled = grad_on
 
     multi = isinstance(raw, tuple)
-    raws = raw if multi else (raw,)
-    if fn._arrays:
+    if not multi and fn._arrays and fn.output_devices is None and raw is not None:
+        # the common case, one array out on the inputs' device: skip the general loop below
+        if xp is np and raw.__class__ is not _ndarray:
+            raw = np.asarray(raw)
+        outs = [Tensor._make(raw, dev)]
+    elif fn._arrays:
+        raws = raw if multi else (raw,)
         outs = []
         out_devs = fn.output_devices
         for i, a in enumerate(raws):
@@ -392,7 +387,7 @@ def _apply(fn, inputs, Tensor):
             outs.append(Tensor._make(a, odev))
     else:
         # a forward that hands back one of its inputs gets a fresh alias, so recording never rewires the input
-        outs = [o if not any(o is t for t in inputs) else _alias(o, Tensor) for o in raws]
+        outs = [o if not any(o is t for t in inputs) else _alias(o, Tensor) for o in (raw if multi else (raw,))]
 
     if record:
         edges = []
