@@ -71,16 +71,14 @@ def test_resuming_needs_initial_lr():
 
 
 def llmc_get_lr(it, learning_rate, warmup_iters, num_iterations, learning_rate_decay_frac):
-    """llm.c train_gpt2.py's get_lr, verbatim apart from the arguments."""
-    min_lr = learning_rate * learning_rate_decay_frac
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / warmup_iters
-    if it > num_iterations:
-        return min_lr
-    decay_ratio = (it - warmup_iters) / (num_iterations - warmup_iters)
-    assert 0 <= decay_ratio <= 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
-    return min_lr + coeff * (learning_rate - min_lr)
+    """The schedule llm.c's GPT-2 training uses, written out as a piecewise function of the iteration:
+    (it + 1) / warmup of the peak during warmup, then half a cosine from the peak down to the floor
+    peak * decay_frac over the remaining iterations, and the floor afterwards."""
+    floor = learning_rate * learning_rate_decay_frac
+    warm = it < warmup_iters
+    progress = min(max((it - warmup_iters) / max(num_iterations - warmup_iters, 1), 0.0), 1.0)
+    decayed = floor + (learning_rate - floor) * (1 + math.cos(math.pi * progress)) / 2
+    return learning_rate * (it + 1) / warmup_iters if warm else decayed
 
 
 @pytest.mark.parametrize("warmup,n,frac", [(10, 100, 0.0), (10, 100, 0.1), (0, 50, 0.0), (700, 18865, 0.0)])
