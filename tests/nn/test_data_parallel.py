@@ -16,6 +16,19 @@ def grads(model):
     return {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
 
+def step_and_compare_grads(plain, wrapped, loss_a, loss_b, opt_a, opt_b, rtol, atol):
+    """Backward both losses, require equal parameter gradients, then take one optimizer step on each."""
+    opt_a.zero_grad()
+    opt_b.zero_grad()
+    loss_a.backward()
+    loss_b.backward()
+    ga, gb = grads(plain), grads(wrapped)
+    for n in ga:
+        np.testing.assert_allclose(gb[n], ga[n], rtol=rtol, atol=atol, err_msg=n)
+    opt_a.step()
+    opt_b.step()
+
+
 @pytest.mark.parametrize("devices", [["cpu:0", "cpu:1"], ["cpu:0", "cpu:1", "cpu:2"]])
 @pytest.mark.parametrize("batch", [6, 7])  # 7 is not divisible by the device count
 def test_mlp_outputs_loss_and_grads_equal_plain_module_over_steps(devices, batch):
@@ -31,15 +44,7 @@ def test_mlp_outputs_loss_and_grads_equal_plain_module_over_steps(devices, batch
         np.testing.assert_allclose(out_b.numpy(), out_a.numpy(), rtol=1e-6, atol=1e-7)
         loss_a, loss_b = (out_a ** 2).sum(), (out_b ** 2).sum()
         np.testing.assert_allclose(loss_b.item(), loss_a.item(), rtol=1e-6)
-        opt_a.zero_grad()
-        opt_b.zero_grad()
-        loss_a.backward()
-        loss_b.backward()
-        ga, gb = grads(plain), grads(wrapped)
-        for n in ga:
-            np.testing.assert_allclose(gb[n], ga[n], rtol=1e-6, atol=1e-6, err_msg=n)
-        opt_a.step()
-        opt_b.step()
+        step_and_compare_grads(plain, wrapped, loss_a, loss_b, opt_a, opt_b, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("ndev", [2, 3])
@@ -60,15 +65,7 @@ def test_tiny_gpt2_loss_and_grads_equal_plain_module(ndev):
         assert losses.shape == (ndev,)
         loss_b = losses.mean()
         np.testing.assert_allclose(loss_b.item(), loss_a.item(), rtol=1e-6)
-        opt_a.zero_grad()
-        opt_b.zero_grad()
-        loss_a.backward()
-        loss_b.backward()
-        ga, gb = grads(plain), grads(wrapped)
-        for n in ga:
-            np.testing.assert_allclose(gb[n], ga[n], rtol=1e-5, atol=1e-7, err_msg=n)
-        opt_a.step()
-        opt_b.step()
+        step_and_compare_grads(plain, wrapped, loss_a, loss_b, opt_a, opt_b, rtol=1e-5, atol=1e-7)
 
 
 def test_no_grad_forward_builds_no_graph():
