@@ -8,6 +8,8 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train.backend import CPU
 
+from collective_inputs import inputs  # beside this script
+
 world_group = dist.init_process_group("mpi", timeout=60)
 rank, world = dist.get_rank(), dist.get_world_size()
 assert world >= 2 and world_group.backend == "mpi" and dist.get_backend() == "mpi", (world, world_group)
@@ -22,19 +24,6 @@ def check(cond, what):
     if not cond:
         raise AssertionError(f"rank {rank}: {what}")
     checks += 1
-
-
-def inputs(r, shape, dtype, op="sum"):
-    """Rank r's input: small integers for integer dtypes, values near 1 for PRODUCT (no overflow)."""
-    rng = np.random.default_rng(1000 + r)
-    dtype = np.dtype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(1 if op == "product" else -5, 4 if op == "product" else 6, shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.random(shape) < 0.5
-    if op == "product":
-        return rng.uniform(0.5, 1.5, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def reference(arrays, op):

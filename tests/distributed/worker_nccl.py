@@ -12,6 +12,8 @@ from infini_train import distributed as dist
 from infini_train.backend import CPU, Device
 from infini_train.distributed.nccl_backend import BLOCKING_WAIT_ENV
 
+from collective_inputs import inputs  # beside this script
+
 world_group = dist.init_process_group("nccl", timeout=120)
 rank, world = dist.get_rank(), dist.get_world_size()
 assert world_group.backend == "nccl", world_group
@@ -25,18 +27,6 @@ def check(cond, what):
     if not cond:
         raise AssertionError(f"rank {rank}: {what}")
     checks += 1
-
-
-def inputs(r, shape, dtype, op="sum"):
-    rng = np.random.default_rng(1000 + r)
-    dtype = np.dtype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(1 if op == "product" else -5, 4 if op == "product" else 6, shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.random(shape) < 0.5
-    if op == "product":
-        return rng.uniform(0.5, 1.5, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def reference(arrays, op):
