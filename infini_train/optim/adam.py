@@ -27,7 +27,9 @@ class Adam(Optimizer):
                                       decoupled_weight_decay=decoupled_weight_decay))
 
     @no_grad()
-    def step(self):
+    def step(self, closure=None):
+        """One update; ``closure`` (optional) recomputes the loss and gradients first, and its result is returned."""
+        loss = self._evaluate_closure(closure)
         for group in self.param_groups:
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
             b1, b2 = float(group["betas"][0]), float(group["betas"][1])
@@ -83,6 +85,7 @@ class Adam(Optimizer):
                     scratch *= step_size
                     param -= scratch
                 p._version[0] += 1
+        return loss
 
 
 def _lerp_(xp, start, end, weight, scratch):

@@ -1,14 +1,33 @@
-"""Learning-rate schedules. Construction applies the lr for iteration 0; each ``step()`` advances one
-iteration and writes every group's lr. Schedules are computed in closed form from each group's
-``initial_lr`` (torch's values for a single scheduler per optimizer)."""
+"""Learning-rate schedules, torch.optim.lr_scheduler's API. Construction applies the lr for iteration 0; each
+``step()`` advances one iteration and writes every group's lr. Schedules are computed in closed form from each
+group's ``initial_lr`` (torch's values for a single scheduler per optimizer, or one at a time in a
+``SequentialLR``); ``step(epoch)`` jumps to ``epoch``, as torch's deprecated form does."""
 from __future__ import annotations
 
 import bisect
 import math
 
 
+def _check_optimizer(name, optimizer):
+    if not hasattr(optimizer, "param_groups"):
+        raise TypeError(f"{name}: expected an Optimizer, got {type(optimizer).__name__}\nHINT: pass the optimizer "
+                        "whose learning rates to schedule, e.g. optim.SGD(model.parameters(), lr=0.1)")
+
+
+def _per_group(scheduler, arg, optimizer, value):
+    """``value`` for each param group: a list/tuple with one entry per group, or one value for all."""
+    n = len(optimizer.param_groups)
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{scheduler}: {arg} must have the same length as optimizer.param_groups; {arg} has "
+                             f"{len(value)} values, param_groups has {n}\nHINT: give one value, or one per group")
+        return list(value)
+    return [value] * n
+
+
 class LRScheduler:
     def __init__(self, optimizer, last_epoch=-1):
+        _check_optimizer(type(self).__name__, optimizer)
         self.optimizer = optimizer
         for i, g in enumerate(optimizer.param_groups):
             if last_epoch == -1:
@@ -19,15 +38,25 @@ class LRScheduler:
                                "last_epoch=-1 and load_state_dict on the scheduler")
         self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
         self.last_epoch = last_epoch
+        self._initial_step()
+
+    def _initial_step(self):
+        """The step construction takes (SequentialLR repeats it for the scheduler that runs first)."""
         self.step()
 
     def get_lr(self):
         """The lr of every param group at iteration ``last_epoch``."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_lr")
 
-    def step(self):
-        self.last_epoch += 1
-        lrs = self.get_lr()
+    def step(self, epoch=None):
+        """Advance one iteration, or (deprecated in torch, kept for its callers) jump to iteration ``epoch``."""
+        self._update_lr(epoch)
+
+    def _update_lr(self, epoch=None):
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
+        self._apply(self.get_lr())
+
+    def _apply(self, lrs):
         if self.optimizer is not None:
             for g, lr in zip(self.optimizer.param_groups, lrs):
                 g["lr"] = lr
@@ -42,6 +71,7 @@ class LRScheduler:
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
 
     def load_state_dict(self, state):
+        """Restore the state and write its last lrs into the optimizer's groups."""
         self.__dict__.update(state)
         if self.optimizer is not None:
             for g, lr in zip(self.optimizer.param_groups, self._last_lr):
@@ -108,15 +138,26 @@ class ConstantLR(LRScheduler):
 
 
 class LinearLR(LRScheduler):
-    """The factor on initial_lr moves linearly from start_factor to end_factor over ``total_iters``."""
+    """The factor on initial_lr moves linearly from start_factor to end_factor over ``total_iters``.
+
+    As in torch, ``total_iters <= 0`` keeps the factor at start_factor."""
 
     def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5, last_epoch=-1):
+        if start_factor > 1.0 or start_factor <= 0:
+            raise ValueError(f"LinearLR: start_factor (the multiplicative factor at iteration 0) must be in (0, 1], "
+                             f"got {start_factor}\nHINT: a warmup from 10% of the lr is start_factor=0.1")
+        if end_factor > 1.0 or end_factor < 0:
+            raise ValueError(f"LinearLR: end_factor (the multiplicative factor after total_iters) must be in [0, 1], "
+                             f"got {end_factor}\nHINT: end_factor=1.0 ends at each group's initial lr")
         self.start_factor, self.end_factor, self.total_iters = start_factor, end_factor, total_iters
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
-        t = min(self.last_epoch, self.total_iters)
-        f = self.start_factor + (self.end_factor - self.start_factor) * t / self.total_iters
+        if self.total_iters <= 0:  # torch's recursive form never leaves iteration 0's factor
+            f = self.start_factor
+        else:
+            t = min(self.last_epoch, self.total_iters)
+            f = self.start_factor + (self.end_factor - self.start_factor) * t / self.total_iters
         return [base * f for base in self.base_lrs]
 
 
@@ -131,6 +172,246 @@ class CosineAnnealingLR(LRScheduler):
         t = self.last_epoch
         return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
                 for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """SGDR: lr = eta_min + (initial_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2, where T_cur counts the
+    iterations since the last restart and the period T_i starts at T_0 and grows by T_mult at each restart.
+
+    ``step(epoch)`` takes a fractional epoch (e.g. ``epoch + batch / batches_per_epoch``), as torch does."""
+
+    def __init__(self, optimizer, T_0, T_mult=1, eta_min=0.0, last_epoch=-1):
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"CosineAnnealingWarmRestarts: expected a positive integer T_0, got {T_0!r}\n"
+                             "HINT: T_0 is the number of iterations until the first restart")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"CosineAnnealingWarmRestarts: expected an integer T_mult >= 1, got {T_mult!r}\n"
+                             "HINT: T_mult=1 keeps the period, 2 doubles it after every restart")
+        if not isinstance(eta_min, (float, int)):
+            raise ValueError(f"CosineAnnealingWarmRestarts: expected a float or int eta_min, got {eta_min!r} of "
+                             f"type {type(eta_min).__name__}")
+        self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base in self.base_lrs]
+
+    def step(self, epoch=None):
+        """Advance one iteration, or jump to ``epoch`` (int or float >= 0) and find its restart period."""
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur = self.T_cur % self.T_i
+                self.T_i = self.T_i * self.T_mult
+        else:
+            if epoch < 0:
+                raise ValueError(f"CosineAnnealingWarmRestarts.step: expected a non-negative epoch, got {epoch}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:  # restarts so far: the n with T_0 * (T_mult**n - 1) / (T_mult - 1) <= epoch
+                    n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+                    self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+                    self.T_i = self.T_0 * self.T_mult ** n
+            else:
+                self.T_i = self.T_0
+                self.T_cur = epoch
+        self.last_epoch = math.floor(epoch)
+        self._apply(self.get_lr())
+
+
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy: the lr anneals from max_lr / div_factor up to max_lr over the first ``pct_start`` of
+    ``total_steps``, then down to initial_lr / final_div_factor (with ``three_phase``: back to the initial lr
+    first, symmetric to the rise, then down to the minimum). With ``cycle_momentum`` the momentum (SGD's
+    ``momentum``, Adam's ``betas[0]``) moves inversely between max_momentum and base_momentum.
+
+    The per-group bounds live in the param groups (``initial_lr``, ``max_lr``, ``min_lr``, ``max_momentum``,
+    ``base_momentum``), as torch keeps them, so the optimizer's state_dict carries them.
+    """
+
+    def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
+                 anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85, max_momentum=0.95,
+                 div_factor=25.0, final_div_factor=1e4, three_phase=False, last_epoch=-1):
+        _check_optimizer("OneCycleLR", optimizer)
+        self.optimizer = optimizer
+        self.total_steps = _one_cycle_total_steps(total_steps, epochs, steps_per_epoch)
+        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
+            raise ValueError(f"OneCycleLR: expected a float pct_start between 0 and 1, got {pct_start!r}\n"
+                             "HINT: pct_start is the fraction of the cycle spent raising the lr, e.g. 0.3")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"OneCycleLR: anneal_strategy must be one of 'cos' or 'linear', got {anneal_strategy!r}")
+        self._anneal_func_type = anneal_strategy
+        self._schedule_phases = _one_cycle_phases(self.total_steps, pct_start, three_phase)
+        max_lrs = _per_group("OneCycleLR", "max_lr", optimizer, max_lr)
+        if last_epoch == -1:
+            for group, peak in zip(optimizer.param_groups, max_lrs):
+                group["initial_lr"] = peak / div_factor
+                group["max_lr"] = peak
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            defaults = getattr(optimizer, "defaults", {})
+            if "momentum" not in defaults and "betas" not in defaults:
+                raise ValueError(f"OneCycleLR: cycle_momentum needs an optimizer with momentum or betas, got "
+                                 f"{type(optimizer).__name__}\nHINT: pass cycle_momentum=False")
+            self.use_beta1 = "betas" in defaults
+            max_moms = _per_group("OneCycleLR", "max_momentum", optimizer, max_momentum)
+            base_moms = _per_group("OneCycleLR", "base_momentum", optimizer, base_momentum)
+            if last_epoch == -1:
+                for group, top, low in zip(optimizer.param_groups, max_moms, base_moms):
+                    self._set_momentum(group, top)
+                    group["max_momentum"], group["base_momentum"] = top, low
+        super().__init__(optimizer, last_epoch)
+
+    def _anneal(self, start, end, pct):
+        if self._anneal_func_type == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def _set_momentum(self, group, momentum):
+        if self.use_beta1:
+            group["betas"] = (momentum, *group["betas"][1:])
+        else:
+            group["momentum"] = momentum
+
+    def _lr_and_momentum(self, group, step_num):
+        start_step = 0.0
+        for i, phase in enumerate(self._schedule_phases):
+            end_step = phase["end_step"]
+            if step_num <= end_step or i == len(self._schedule_phases) - 1:
+                pct = (step_num - start_step) / (end_step - start_step)
+                lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
+                if not self.cycle_momentum:
+                    return lr, None
+                return lr, self._anneal(group[phase["start_momentum"]], group[phase["end_momentum"]], pct)
+            start_step = end_step
+
+    def get_lr(self):
+        """The lrs at ``last_epoch``; with cycle_momentum, also writes each group's momentum (as torch does)."""
+        step_num = self.last_epoch
+        if step_num > self.total_steps:
+            raise ValueError(f"OneCycleLR: tried to step {step_num} times; the specified number of total steps is "
+                             f"{self.total_steps}\nHINT: total_steps (or epochs * steps_per_epoch) must cover every "
+                             "scheduler.step() of the run")
+        lrs = []
+        for group in self.optimizer.param_groups:
+            lr, momentum = self._lr_and_momentum(group, step_num)
+            lrs.append(lr)
+            if self.cycle_momentum:
+                self._set_momentum(group, momentum)
+        return lrs
+
+    def load_state_dict(self, state):
+        """Restore the state, then the lrs and momenta of the restored iteration into the optimizer's groups."""
+        super().load_state_dict(state)
+        if self.cycle_momentum and self.last_epoch <= self.total_steps:
+            for group in self.optimizer.param_groups:
+                self._set_momentum(group, self._lr_and_momentum(group, self.last_epoch)[1])
+
+
+def _one_cycle_total_steps(total_steps, epochs, steps_per_epoch):
+    if total_steps is not None:
+        if not isinstance(total_steps, int) or total_steps <= 0:
+            raise ValueError(f"OneCycleLR: expected a positive integer total_steps, got {total_steps!r}")
+        return total_steps
+    if epochs is not None and steps_per_epoch is not None:
+        if not isinstance(epochs, int) or epochs <= 0:
+            raise ValueError(f"OneCycleLR: expected a positive integer epochs, got {epochs!r}")
+        if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
+            raise ValueError(f"OneCycleLR: expected a positive integer steps_per_epoch, got {steps_per_epoch!r}")
+        return epochs * steps_per_epoch
+    raise ValueError("OneCycleLR: you must define either total_steps OR (epochs AND steps_per_epoch)\n"
+                     "HINT: OneCycleLR(opt, max_lr, total_steps=1000) or (..., epochs=10, steps_per_epoch=100)")
+
+
+def _one_cycle_phases(total_steps, pct_start, three_phase):
+    """torch's phase table: each phase ends at ``end_step`` and names the group keys it anneals between."""
+    def phase(end_step, lrs, momenta):
+        return {"end_step": end_step, "start_lr": lrs[0], "end_lr": lrs[1], "start_momentum": momenta[0],
+                "end_momentum": momenta[1]}
+
+    rise = float(pct_start * total_steps) - 1
+    if three_phase:
+        return [phase(rise, ("initial_lr", "max_lr"), ("max_momentum", "base_momentum")),
+                phase(float(2 * pct_start * total_steps) - 2, ("max_lr", "initial_lr"),
+                      ("base_momentum", "max_momentum")),
+                phase(total_steps - 1, ("initial_lr", "min_lr"), ("max_momentum", "max_momentum"))]
+    return [phase(rise, ("initial_lr", "max_lr"), ("max_momentum", "base_momentum")),
+            phase(total_steps - 1, ("max_lr", "min_lr"), ("base_momentum", "max_momentum"))]
+
+
+class SequentialLR(LRScheduler):
+    """Runs ``schedulers[i]`` from ``milestones[i - 1]`` on; at a milestone the next scheduler starts over from
+    its iteration 0 (torch's semantics). All schedulers must drive ``optimizer``."""
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
+        schedulers, milestones = list(schedulers), list(milestones)
+        if not schedulers:
+            raise ValueError("SequentialLR: expects at least one scheduler, got none")
+        for i, s in enumerate(schedulers):
+            if not hasattr(s, "optimizer"):
+                raise TypeError(f"SequentialLR: schedulers[{i}] should have `optimizer` as its attribute, got "
+                                f"{type(s).__name__}\nHINT: pass scheduler objects, e.g. [LinearLR(opt), "
+                                "CosineAnnealingLR(opt, T_max)]")
+            if s.optimizer is not optimizer:
+                raise ValueError(f"SequentialLR: expects all schedulers to belong to the same optimizer, but "
+                                 f"schedulers[{i}] ({type(s).__name__}) drives a different one\nHINT: build every "
+                                 "scheduler on the optimizer given to SequentialLR")
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(f"SequentialLR: expects one milestone fewer than schedulers, got {len(schedulers)} "
+                             f"schedulers and {len(milestones)} milestones\nHINT: milestones[i] is the iteration "
+                             "at which schedulers[i + 1] takes over")
+        self._schedulers, self._milestones = schedulers, milestones
+        self.optimizer = optimizer
+        self.last_epoch = last_epoch + 1
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"]
+        _undo_initial_steps(self)  # each scheduler's construction already took its first step
+        first = schedulers[bisect.bisect_right(milestones, 0)]
+        first._initial_step()
+        self._last_lr = first.get_last_lr()
+
+    def step(self):
+        """Advance one iteration: the active scheduler steps, or the next one starts at a milestone."""
+        self.last_epoch += 1
+        idx = bisect.bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
+            scheduler._update_lr(0)
+        else:
+            scheduler.step()
+        self._last_lr = scheduler.get_last_lr()
+
+    def state_dict(self):
+        """This scheduler's counters and milestones, and each wrapped scheduler's state_dict."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state):
+        state = dict(state)
+        inner = state.pop("_schedulers")
+        self.__dict__.update(state)
+        active = bisect.bisect_right(self._milestones, self.last_epoch)
+        # the active scheduler loads last, so its lrs (and momenta) are the ones left in the groups
+        for i in sorted(range(len(inner)), key=lambda i: i == active):
+            self._schedulers[i].load_state_dict(inner[i])
+        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
+            g["lr"] = lr
+
+
+def _undo_initial_steps(scheduler):
+    for s in getattr(scheduler, "_schedulers", ()):
+        if hasattr(s, "_schedulers"):
+            _undo_initial_steps(s)
+        elif hasattr(s, "last_epoch"):
+            s.last_epoch -= 1
 
 
 def cosine_with_warmup(it, max_lr, warmup_iters, num_iterations, final_lr_frac=0.0):
@@ -182,4 +463,5 @@ class CosineWithWarmup(LRScheduler):
 
 
 __all__ = ["LRScheduler", "LambdaLR", "StepLR", "MultiStepLR", "ExponentialLR", "ConstantLR", "LinearLR",
-           "CosineAnnealingLR", "CosineWithWarmup", "cosine_with_warmup"]
+           "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "OneCycleLR", "SequentialLR", "CosineWithWarmup",
+           "cosine_with_warmup"]

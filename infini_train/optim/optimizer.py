@@ -15,11 +15,12 @@ import copy
 import numpy as np
 
 from .. import backend
-from ..autograd.grad_mode import no_grad
+from ..autograd.grad_mode import enable_grad, no_grad
 from ..nn.utils import zero_grad
 from ..tensor import Tensor
 
-_EXTRA_GROUP_KEYS = {"initial_lr", "name"}  # set by schedulers / users for bookkeeping
+# set by schedulers (OneCycleLR keeps its bounds in the groups, as torch does) / users for bookkeeping
+_EXTRA_GROUP_KEYS = {"initial_lr", "name", "max_lr", "min_lr", "max_momentum", "base_momentum"}
 CPU_CHUNK = 1 << 16  # elements per piece on CPU devices (5 float32 arrays x 256 kB: fits in L2 cache)
 
 
@@ -66,8 +67,23 @@ class Optimizer:
     def zero_grad(self, set_to_none=True):
         zero_grad((p for g in self.param_groups for p in g["params"]), set_to_none)
 
-    def step(self):
+    def step(self, closure=None):
+        """One update of every parameter with a gradient; ``closure`` (optional) re-evaluates the loss first and
+        its result is returned (None without one)."""
         raise NotImplementedError(f"{type(self).__name__} must implement step")
+
+    @staticmethod
+    def _evaluate_closure(closure):
+        """torch's ``step(closure)`` contract: call the closure with grad enabled (steps run under no_grad, and
+        the closure must record a graph to backward through) and hand back its result."""
+        if closure is None:
+            return None
+        if not callable(closure):
+            raise TypeError(f"step: closure must be a callable that recomputes the loss, got "
+                            f"{type(closure).__name__}\nHINT: def closure(): opt.zero_grad(); loss = f(); "
+                            "loss.backward(); return loss")
+        with enable_grad():
+            return closure()
 
     def _workspace(self, param, rows, length):
         """A (rows, length) scratch array on the parameter's device and dtype, kept across steps."""

@@ -26,7 +26,9 @@ class SGD(Optimizer):
                                       nesterov=nesterov, maximize=maximize))
 
     @no_grad()
-    def step(self):
+    def step(self, closure=None):
+        """One update; ``closure`` (optional) recomputes the loss and gradients first, and its result is returned."""
+        loss = self._evaluate_closure(closure)
         for group in self.param_groups:
             options = dict(lr=float(group["lr"]), mom=float(group["momentum"]), damp=float(group["dampening"]),
                            wd=float(group["weight_decay"]), nesterov=group["nesterov"], maximize=group["maximize"])
@@ -47,6 +49,7 @@ class SGD(Optimizer):
                 for pieces in self._pieces(p, arrays, rows):
                     _sgd_update(xp, pieces, first=first, **options)
                 p._version[0] += 1
+        return loss
 
 
 def _sgd_update(xp, pieces, lr, mom, damp, wd, nesterov, maximize, first):

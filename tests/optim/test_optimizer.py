@@ -134,3 +134,45 @@ def test_optimizer_errors():
     sd["state"][0]["exp_avg"] = np.zeros((2, 2), np.float32)
     with pytest.raises(ValueError, match="exp_avg"):
         optim.Adam(params()).load_state_dict(sd)
+
+
+@pytest.mark.parametrize("cls,tcls,kw", [(optim.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+                                         (optim.Adam, torch.optim.Adam, dict(lr=0.01, weight_decay=0.1)),
+                                         (optim.AdamW, torch.optim.AdamW, dict(lr=0.01, betas=(0.8, 0.9)))],
+                         ids=["SGD", "Adam", "AdamW"])
+def test_step_with_closure_matches_torch(cls, tcls, kw):
+    """step(closure): the closure runs with grad enabled before the update, and step returns its loss."""
+    arrays = make_arrays()
+    ps = [it.nn.Parameter(it.tensor(a)) for a in arrays]
+    tps = [torch.nn.Parameter(torch.tensor(a)) for a in arrays]
+    opt, topt = cls(ps, **kw), tcls(tps, foreach=False, **kw)
+    x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    calls = []
+
+    def closure():
+        calls.append(it.is_grad_enabled())
+        opt.zero_grad()
+        value = loss(ps, it.tensor(x))
+        value.backward()
+        return value
+
+    def tclosure():
+        topt.zero_grad()
+        value = loss(tps, torch.tensor(x))
+        value.backward()
+        return value
+
+    losses, tlosses = [], []
+    with it.no_grad():  # step enables grad for the closure whatever the caller's mode
+        for _ in range(6):
+            losses.append(opt.step(closure).item())
+            tlosses.append(topt.step(tclosure).item())
+        assert not it.is_grad_enabled()  # and restores the caller's mode
+    assert calls == [True] * 6
+    np.testing.assert_allclose(losses, tlosses, rtol=1e-5)
+    assert losses[-1] < losses[0]
+    for p, tp in zip(ps, tps):
+        np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert opt.step() is None  # without a closure, as torch
+    with pytest.raises(TypeError, match="closure must be a callable"):
+        opt.step(3.0)
