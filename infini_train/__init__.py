@@ -41,6 +41,7 @@ from .creation import (
 )
 from . import autograd
 from . import distributed, nn, optim  # it.distributed, it.nn, it.optim as in the contract
+from .serialization import load, save
 from .functional import *  # noqa: F401,F403  (it.cat, it.matmul, it.exp, ...)
 
 bool = bool_  # noqa: A001 - it.bool, as in the contract

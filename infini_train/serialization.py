@@ -1,0 +1,369 @@
+"""``infini_train.save(obj, f)`` / ``infini_train.load(f, map_location=None)``: torch.save's role, never pickle.
+
+The file is a plain safetensors file. Every distinct array is one safetensors tensor under a generated key
+("0", "1", ...); ``__metadata__`` holds ``format`` ("infini_train"), ``version`` and ``structure``, a JSON tree
+describing the object, in which these nodes stand for what JSON cannot say itself:
+
+    {"float": "inf" | "-inf" | "nan"}                 a non-finite float
+    {"list": [...]}  {"tuple": [...]}                 sequences
+    {"dict": [[key, value], ...], "ordered": bool}    dicts: str or int keys, in order (OrderedDict if ordered)
+    {"tensor": n, "storage": key, "dtype": "bfloat16", "shape": [...], "requires_grad": bool,
+     "device": "cuda:0", "parameter": bool}           the n-th distinct Tensor object
+    {"tensor": n}                                     the same Tensor object again
+
+None, bools, ints, finite floats and strings are themselves. Tensors that share one array are stored once and
+come back sharing one array; the same Tensor object comes back as one object. Other shared containers come
+back as copies.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from collections import OrderedDict
+
+import numpy as np
+
+from . import backend
+from safetensors.numpy import save as _to_bytes, save_file as _save_file
+
+from .nn.module import Module, Parameter
+from .tensor import Tensor
+
+FORMAT = "infini_train"
+VERSION = "1"
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the header size
+
+# numpy dtype name -> safetensors dtype code
+_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+          "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32", "uint16": "U16",
+          "uint8": "U8", "bool": "BOOL"}
+_SUPPORTED = "dicts (str or int keys), lists, tuples, None, bool, int, float, str and Tensors"
+_REWRITE = "HINT: the file was cut short, altered or not written by it.save; write it again"
+_TORCH_FILE = ("is a zip/pickle file (torch.save's format), not one written by infini_train.save; infini_train "
+               "never unpickles\nHINT: in torch, save tensors with safetensors.torch.save_file(state_dict, path) "
+               "and read that with safetensors.numpy.load_file")
+
+
+def _dtype(name):
+    return backend.bfloat16 if name == "bfloat16" else np.dtype(name)
+
+
+# ------------------------------------------------------------------------------------------------ save
+class _Flattener:
+    """Walks an object into (arrays by key, JSON structure); ``where`` names the current position for errors."""
+
+    def __init__(self):
+        self.arrays = {}
+        self.storage_keys = {}  # id(array) -> key
+        self.tensor_ids = {}  # id(Tensor) -> n
+        self.open_containers = set()
+
+    def node(self, obj, where):
+        if obj is None or isinstance(obj, bool):
+            return obj
+        if isinstance(obj, str):
+            return str(obj)
+        if isinstance(obj, int):
+            return int(obj)
+        if isinstance(obj, float):
+            return float(obj) if math.isfinite(obj) else {"float": repr(float(obj))}
+        if isinstance(obj, Tensor):
+            return self.tensor(obj, where)
+        if type(obj) in (dict, OrderedDict, list, tuple):
+            if id(obj) in self.open_containers:
+                raise ValueError(f"save: {where} contains itself\nHINT: save an object without reference cycles")
+            self.open_containers.add(id(obj))
+            try:
+                return self.container(obj, where)
+            finally:
+                self.open_containers.discard(id(obj))
+        raise TypeError(f"save: cannot save {where} of type {type(obj).__qualname__}; infini_train.save holds "
+                        f"{_SUPPORTED}\nHINT: {_hint_for(obj)}")
+
+    def container(self, obj, where):
+        if isinstance(obj, dict):
+            pairs = []
+            for k, v in obj.items():
+                if not isinstance(k, (str, int)):
+                    raise TypeError(f"save: {where} has a key {k!r} of type {type(k).__qualname__}; dict keys must be "
+                                    "str or int\nHINT: turn the keys into strings, e.g. {str(k): v for k, v in "
+                                    "d.items()}")
+                key = str(k) if isinstance(k, str) else k if isinstance(k, bool) else int(k)
+                pairs.append([key, self.node(v, f"{where}[{k!r}]")])
+            return {"dict": pairs, "ordered": type(obj) is OrderedDict}
+        items = [self.node(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return {"tuple" if type(obj) is tuple else "list": items}
+
+    def tensor(self, t, where):
+        n = self.tensor_ids.get(id(t))
+        if n is not None:
+            return {"tensor": n}
+        array = t.array
+        if array.dtype.name not in _CODES:
+            raise TypeError(f"save: {where} is a Tensor of dtype {array.dtype}, which the file format cannot hold "
+                            f"(expected one of {sorted(_CODES)})\nHINT: convert it first, e.g. t.to(it.float32)")
+        key = self.storage_keys.get(id(array))
+        if key is None:
+            key = str(len(self.arrays))
+            host = backend.to_device_array(array, backend.CPU)
+            self.arrays[key] = host if host.flags.c_contiguous else host.copy(order="C")  # keeps 0-d arrays 0-d
+            self.storage_keys[id(array)] = key
+        n = self.tensor_ids[id(t)] = len(self.tensor_ids)
+        return {"tensor": n, "storage": key, "dtype": array.dtype.name, "shape": list(array.shape),
+                "requires_grad": bool(t.requires_grad), "device": str(t.device), "parameter": isinstance(t, Parameter)}
+
+
+def _hint_for(obj):
+    if hasattr(obj, "state_dict"):
+        owner = "model" if isinstance(obj, Module) else "optimizer" if hasattr(obj, "param_groups") else "scheduler"
+        return (f"save its state instead: it.save({{'{owner}': {owner}.state_dict()}}, f), then restore it with "
+                f"{owner}.load_state_dict(it.load(f)['{owner}'])")
+    if isinstance(obj, np.ndarray):
+        return "wrap arrays as Tensors: it.tensor(array)"
+    if isinstance(obj, np.generic):
+        return "save the Python number: value.item()"
+    return "convert it to those types first (a dict of its fields, or its state_dict())"
+
+
+def save(obj, f):
+    """Write ``obj`` (any nesting of dicts, lists, tuples, None, bool, int, float, str and Tensors) to ``f``, a
+    path or a binary file object, as one safetensors file. A path is written atomically: into a temporary file
+    in the same directory, flushed and fsynced, then renamed over the destination."""
+    is_path = isinstance(f, (str, os.PathLike))
+    if not is_path and not hasattr(f, "write"):
+        raise TypeError(f"save: f must be a path (str or os.PathLike) or a binary file object, got "
+                        f"{type(f).__name__}\nHINT: it.save(obj, 'checkpoint.safetensors')")
+    flat = _Flattener()
+    structure = flat.node(obj, "obj")
+    metadata = {"format": FORMAT, "version": VERSION,
+                "structure": json.dumps(structure, allow_nan=False, ensure_ascii=False, separators=(",", ":"))}
+    if is_path:  # safetensors writes the temporary file itself (no second copy of the data in memory)
+        _write_atomically(os.fspath(f), lambda tmp: _save_file(flat.arrays, tmp, metadata=metadata))
+    else:
+        f.write(_to_bytes(flat.arrays, metadata=metadata))
+
+
+def _write_atomically(path, write):
+    """``write(tmp)`` fills a fresh file beside ``path``; it is fsynced, then renamed over ``path``. On any failure
+    (an interrupt included) the temporary file is removed and ``path`` is left as it was."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # reserve the name; umask applies
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable; not every platform can open a directory
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------ load
+class _FileFormatError(ValueError):
+    pass
+
+
+def load(f, map_location=None):
+    """Read an object written by ``save`` from a path or a binary file object.
+
+    ``map_location=None`` puts every tensor back on the device it was saved from; a device (``"cpu"``,
+    ``"cuda:1"``, an ``it.Device``) puts them all there."""
+    target = None
+    if map_location is not None:
+        if not isinstance(map_location, (str, backend.Device)):
+            raise TypeError(f"load: map_location must be None, a device string or an it.Device, got "
+                            f"{type(map_location).__name__}\nHINT: map_location='cpu'")
+        target = backend.Device.parse(map_location)
+    if isinstance(f, (str, os.PathLike)):
+        name = os.fspath(f)
+        with open(name, "rb") as fh:
+            return _read(fh, name, target)
+    if hasattr(f, "read"):
+        return _read(f, getattr(f, "name", f"<{type(f).__name__}>"), target)
+    raise TypeError(f"load: f must be a path (str or os.PathLike) or a binary file object, got {type(f).__name__}")
+
+
+def _read(fh, name, target):
+    try:
+        header, length = _read_header(fh)
+        structure, entries = _parse_header(header)
+        storages = _read_arrays(fh, entries, 8 + length)
+    except _FileFormatError as exc:
+        raise ValueError(f"load: {name} {exc}") from None
+    try:
+        return _Builder(storages, target, name).node(structure)
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ValueError(f"load: {name} has a corrupted structure description ({type(exc).__name__}: {exc})\n"
+                         f"{_REWRITE}") from None
+
+
+def _read_header(fh):
+    head = fh.read(8)
+    if len(head) < 8:
+        raise _FileFormatError(f"is not a safetensors file written by infini_train.save: only {len(head)} bytes\n"
+                               "HINT: the file is empty or was cut short; write it again")
+    length = int.from_bytes(head, "little")
+    # a zip (torch.save) or pickle (legacy torch.save) start reads as a huge or unparsable header
+    torch_like = head[:4] == b"PK\x03\x04" or (head[0] == 0x80 and 2 <= head[1] <= 5)
+    if length > _MAX_HEADER:
+        raise _FileFormatError(_TORCH_FILE if torch_like else f"is not a safetensors file: its first 8 bytes give a "
+                               f"header of {length} bytes\nHINT: it.load reads files written by it.save")
+    raw = fh.read(length)
+    if len(raw) < length:
+        raise _FileFormatError(_TORCH_FILE if torch_like else f"is truncated: its header needs {length} bytes, the "
+                               f"file holds {len(raw)}\nHINT: the write was interrupted or the copy is incomplete; "
+                               "write it again")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise _FileFormatError(_TORCH_FILE if torch_like else "is not a safetensors file: its header is not JSON\n"
+                               "HINT: it.load reads files written by it.save") from None
+    if not isinstance(header, dict):
+        raise _FileFormatError("is not a safetensors file: its header is not a JSON object\n"
+                               "HINT: it.load reads files written by it.save")
+    return header, length
+
+
+def _parse_header(header):
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "structure" not in meta:
+        raise _FileFormatError("is a safetensors file without infini_train.save's metadata (no "
+                               f"__metadata__['format'] == {FORMAT!r}), so it describes no object\nHINT: read plain "
+                               "safetensors with safetensors.numpy.load_file, or GPT2.from_pretrained for weights")
+    if meta.get("version") != VERSION:
+        raise _FileFormatError(f"was written in version {meta.get('version')!r} of the format; this reader knows "
+                               f"version {VERSION!r}\nHINT: load it with the infini_train release that wrote it")
+    try:
+        structure = json.loads(meta["structure"])
+    except (TypeError, json.JSONDecodeError):
+        raise _FileFormatError(f"has a corrupted structure description in its metadata\n{_REWRITE}") from None
+    codes = {code: name for name, code in _CODES.items()}
+    entries = {}
+    for key, spec in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype = _dtype(codes[spec["dtype"]])
+            shape = tuple(int(d) for d in spec["shape"])
+            begin, end = (int(x) for x in spec["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise _FileFormatError(f"has a malformed header entry for tensor {key!r}: {spec!r}\n{_REWRITE}") from None
+        if min(shape, default=0) < 0 or end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
+            raise _FileFormatError(f"has inconsistent sizes for tensor {key!r}: shape {list(shape)} of {dtype} "
+                                   f"in bytes [{begin}, {end})\n{_REWRITE}")
+        entries[key] = (dtype, shape, begin)
+    return structure, entries
+
+
+def _read_arrays(fh, entries, data_start):
+    """Each tensor read straight into its own (aligned, writable) array."""
+    arrays = {}
+    position = data_start
+    seekable = getattr(fh, "seekable", lambda: False)()
+    for key, (dtype, shape, begin) in sorted(entries.items(), key=lambda item: item[1][2]):
+        array = np.empty(shape, dtype)
+        if array.nbytes:
+            if seekable:
+                fh.seek(data_start + begin)
+            elif data_start + begin > position:
+                fh.read(data_start + begin - position)
+            _read_exactly(fh, array.reshape(-1).view(np.uint8))
+            position = data_start + begin + array.nbytes
+        arrays[key] = array
+    return arrays
+
+
+def _read_exactly(fh, out):
+    view, done = memoryview(out), 0
+    while done < len(view):
+        if hasattr(fh, "readinto"):
+            n = fh.readinto(view[done:])
+        else:
+            chunk = fh.read(len(view) - done)
+            n = len(chunk)
+            view[done:done + n] = chunk
+        if not n:
+            raise _FileFormatError(f"is truncated: a tensor needs {len(view)} bytes, the file ends after {done}\n"
+                                   f"{_REWRITE}")
+        done += n
+
+
+class _Builder:
+    """Rebuilds the object from its structure; tensors go to their saved device or to ``target``."""
+
+    def __init__(self, storages, target, name):
+        self.storages, self.target, self.name = storages, target, name
+        self.tensors = {}
+        self.on_device = {}  # (storage key, device) -> array, so shared arrays stay shared
+
+    def node(self, node):
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        if isinstance(node, dict):
+            if "float" in node:
+                return float(node["float"])
+            if "list" in node:
+                return [self.node(v) for v in node["list"]]
+            if "tuple" in node:
+                return tuple(self.node(v) for v in node["tuple"])
+            if "dict" in node:
+                out = OrderedDict() if node.get("ordered") else {}
+                for k, v in node["dict"]:
+                    out[k] = self.node(v)
+                return out
+            if "tensor" in node:
+                return self.tensor(node)
+        raise ValueError(f"load: {self.name} has a corrupted structure description: unexpected node {node!r}\n"
+                         f"{_REWRITE}")
+
+    def tensor(self, node):
+        n = node["tensor"]
+        if "storage" not in node:
+            return self.tensors[n]
+        key = node["storage"]
+        host = self.storages.get(key)
+        if host is None or host.dtype.name != node["dtype"] or list(host.shape) != node["shape"]:
+            raise ValueError(f"load: {self.name} has a corrupted structure description: tensor {n} does not match "
+                             f"stored array {key!r}\n{_REWRITE}")
+        device = self.target or backend.Device.parse(node["device"])
+        if device.type == "cuda" and (device, key) not in self.on_device:
+            _check_cuda(device, self.name)
+        array = self.on_device.get((key, device))
+        if array is None:
+            with device.context():
+                array = self.on_device[(key, device)] = backend.to_device_array(host, device)
+        t = Tensor._make(array, device, requires_grad=bool(node["requires_grad"]))
+        if node.get("parameter"):
+            t = Parameter(t, requires_grad=bool(node["requires_grad"]))
+        self.tensors[n] = t
+        return t
+
+
+def _check_cuda(device, name):
+    count = backend.device_count("cuda")
+    if device.index >= count:
+        raise RuntimeError(f"load: {name} holds tensors saved on {device}, but this machine has "
+                           f"{count} CUDA device(s)\nHINT: pass map_location='cpu' (or another device) to load them "
+                           "there")
+
+
+__all__ = ["save", "load"]
