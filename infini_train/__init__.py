@@ -1,6 +1,7 @@
 """infini_train: a distributed deep-learning training runtime on NumPy (CPU) and CuPy (GPU)."""
 from . import backend
-from .autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .autograd.grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
+                                  set_grad_enabled)
 from .backend import (
     Device,
     bfloat16,
@@ -39,7 +40,7 @@ from .creation import (
     zeros,
     zeros_like,
 )
-from . import autograd
+from . import autograd, return_types
 from . import distributed, nn, optim  # it.distributed, it.nn, it.optim as in the contract
 from .serialization import load, save
 from .functional import *  # noqa: F401,F403  (it.cat, it.matmul, it.exp, ...)

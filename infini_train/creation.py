@@ -19,7 +19,13 @@ def as_array(data, dtype, dev, copy=True):
     else:
         arr = data
         if not hasattr(arr, "dtype") or np.isscalar(arr) and not hasattr(arr, "shape"):
-            arr = np.asarray(arr)
+            try:
+                arr = np.asarray(arr)
+            except ValueError as exc:
+                raise ValueError(
+                    f"tensor: expected a number or a rectangular nested sequence of numbers, got a ragged sequence "
+                    f"(sub-sequences of different lengths: {_ragged_example(data)})\n"
+                    "HINT: pad the rows to one length, or build one tensor per row") from exc
             if dtype is None and arr.dtype == np.float64:
                 dtype = backend.get_default_dtype()  # Python floats become the default dtype
             if arr.dtype.kind not in "biufcV":
@@ -32,6 +38,26 @@ def as_array(data, dtype, dev, copy=True):
     if copy:
         return xp.array(arr, copy=True)
     return arr
+
+
+def _ragged_example(data):
+    """The first two places, level by level, whose lengths differ: 'data[0] has 2 items, data[1] has 1 items'."""
+    def length(x):
+        return len(x) if isinstance(x, (list, tuple)) else None
+
+    def describe(path, n):
+        return f"{path} has " + ("no length" if n is None else f"{n} items")
+
+    level = [("data", data)]
+    while level:
+        first_path, first_len = level[0][0], length(level[0][1])
+        for path, x in level[1:]:
+            if length(x) != first_len:
+                return f"{describe(first_path, first_len)}, {describe(path, length(x))}"
+        if first_len is None:
+            return "mixed numbers and sequences"
+        level = [(f"{path}[{i}]", item) for path, x in level for i, item in enumerate(x)]
+    return "mixed numbers and sequences"
 
 
 def tensor(data, dtype=None, device=None, requires_grad=False):

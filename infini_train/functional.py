@@ -10,6 +10,7 @@ from .autograd import (
     dropout,
     elementwise,
     linear,
+    logic,
     loss,
     matmul,
     misc,
@@ -21,7 +22,7 @@ from .autograd import (
     transform,
 )
 
-FAMILIES = (elementwise, activations, matmul, linear, outer, softmax, normalization, loss, reduction,
+FAMILIES = (elementwise, logic, activations, matmul, linear, outer, softmax, normalization, loss, reduction,
             transform, misc, sparse, dropout, attention, conversion)
 
 __all__ = []

@@ -13,7 +13,7 @@ from .autograd.grad_mode import _state
 
 class Tensor:
     __slots__ = ("array", "device", "_requires_grad", "grad", "grad_fn", "_output_idx", "_version",
-                 "_accumulate", "__weakref__")
+                 "_accumulate", "_view", "__weakref__")
     __array_priority__ = 1000
     __array_ufunc__ = None  # numpy defers to our reflected operators: np.float32(2) * t -> t.__rmul__
 
@@ -29,6 +29,7 @@ class Tensor:
         self._output_idx = 0
         self._version = [0]
         self._accumulate = None
+        self._view = None
         if requires_grad:
             self.requires_grad = True
 
@@ -48,6 +49,7 @@ class Tensor:
         self._output_idx = 0
         self._version = [0] if version is None else version
         self._accumulate = None
+        self._view = None  # a ViewInfo when this tensor is a differentiable view of another (see views.py)
 
     # ------------------------------------------------------------------------------- properties
     @property
@@ -123,8 +125,11 @@ class Tensor:
         return self._version[0]
 
     # -------------------------------------------------------------------------------- autograd
-    def backward(self, gradient=None, retain_graph=False):
-        engine.backward((self,), None if gradient is None else (gradient,), retain_graph=retain_graph)
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Accumulate the gradient of this tensor into the leaves' ``.grad`` (only those in ``inputs`` when
+        given). ``create_graph=True`` records the backward itself, for higher-order gradients."""
+        engine.backward((self,), None if gradient is None else (gradient,), retain_graph=retain_graph,
+                        create_graph=create_graph, inputs=inputs)
 
     def _accumulate_node(self):
         node = self._accumulate
@@ -135,6 +140,9 @@ class Tensor:
 
     def register_hook(self, hook):
         """``hook(grad) -> None | new grad`` runs when this tensor's gradient is computed."""
+        if self._view is not None and self._view.version != self._version[0] and _state.enabled:
+            from .autograd.views import refresh_view
+            refresh_view(self)
         if not self._requires_grad:
             raise RuntimeError("register_hook: cannot register a hook on a tensor that does not require grad")
         if self.grad_fn is not None:
@@ -184,9 +192,13 @@ class Tensor:
     def tolist(self):
         return self.numpy().tolist()
 
-    def to(self, *args, dtype=None, device=None):
+    def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+        """A tensor with the given dtype and/or device (``t.to(other)`` takes other's): itself when nothing
+        changes (unless copy=True), else a differentiable cast/move."""
         for a in args:
-            if isinstance(a, (str, backend.Device)) and (not isinstance(a, str) or a.split(":")[0] in ("cpu", "cuda")):
+            if isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            elif isinstance(a, backend.Device) or (isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda")):
                 device = a
             else:
                 dtype = a
@@ -195,7 +207,31 @@ class Tensor:
             out = conversion.cast(out, backend.as_dtype(dtype))
         if device is not None and backend.Device.parse(device) is not self.device:
             out = conversion.to_device(out, backend.Device.parse(device))
+        if copy and out is self:
+            out = conversion.clone(self)
         return out
+
+    def type_as(self, other):
+        return self.to(other.dtype)
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        return Tensor(data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+        return creation.zeros(*size, dtype=dtype or self.dtype, device=device or self.device,
+                              requires_grad=requires_grad)
+
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+        return creation.ones(*size, dtype=dtype or self.dtype, device=device or self.device,
+                             requires_grad=requires_grad)
+
+    def new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+        return creation.empty(*size, dtype=dtype or self.dtype, device=device or self.device,
+                              requires_grad=requires_grad)
+
+    def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+        return creation.full(size, fill_value, dtype=dtype or self.dtype, device=device or self.device,
+                             requires_grad=requires_grad)
 
     def cpu(self):
         return self.to(device=backend.CPU)
@@ -228,155 +264,111 @@ class Tensor:
         return transform.contiguous(self)
 
     # -------------------------------------------------------------------------------- in-place
-    def _inplace(self, op):
-        if _state.enabled and self._requires_grad:
-            kind = "a leaf tensor" if self.grad_fn is None else "a tensor"
-            raise RuntimeError(
-                f"{op}: {kind} that requires grad is being modified in place while grad mode is on.\n"
-                "HINT: wrap the update in `with infini_train.no_grad():` (as optimizers do), or use the "
-                "out-of-place op")
-        self._version[0] += 1
-        return self.device.xp if self.device.xp is not None else self.device.array_module()
+    # Recorded as torch does when grad is needed (history rebased, views write through to their base);
+    # otherwise run directly on the memory. See autograd/inplace.py.
+    def add_(self, other, alpha=1): return inplace.run(self, Add(), (_scaled(other, alpha),), "add_", "add")
+    def sub_(self, other, alpha=1): return inplace.run(self, Sub(), (_scaled(other, alpha),), "sub_", "subtract")
+    def mul_(self, other): return inplace.run(self, Mul(), (other,), "mul_", "multiply")
+    def pow_(self, exponent): return inplace.run(self, Pow(), (exponent,), "pow_", "power")
+    def floor_divide_(self, other): return inplace.run(self, elementwise.FloorDivide(), (other,), "floor_divide_")
+    def remainder_(self, other): return inplace.run(self, elementwise.Remainder(), (other,), "remainder_")
+    def neg_(self): return inplace.run(self, elementwise.Neg(), (), "neg_", "negative")
+    def exp_(self): return inplace.run(self, elementwise.Exp(), (), "exp_", _float_ufunc(self, "exp"))
+    def log_(self): return inplace.run(self, elementwise.Log(), (), "log_", _float_ufunc(self, "log"))
+    def sqrt_(self): return inplace.run(self, elementwise.Sqrt(), (), "sqrt_", _float_ufunc(self, "sqrt"))
+    def tanh_(self): return inplace.run(self, elementwise.Tanh(), (), "tanh_", _float_ufunc(self, "tanh"))
+    def sin_(self): return inplace.run(self, elementwise.Sin(), (), "sin_", _float_ufunc(self, "sin"))
+    def cos_(self): return inplace.run(self, elementwise.Cos(), (), "cos_", _float_ufunc(self, "cos"))
+    def abs_(self): return inplace.run(self, elementwise.Abs(), (), "abs_", "absolute")
+    def rsqrt_(self): return inplace.run(self, elementwise.Rsqrt(), (), "rsqrt_")
+    def reciprocal_(self): return inplace.run(self, elementwise.Reciprocal(), (), "reciprocal_")
+    def sigmoid_(self): return inplace.run(self, activations.Sigmoid(), (), "sigmoid_")
+    def relu_(self): return inplace.run(self, activations.ReLU(), (), "relu_")
+    def clamp_(self, min=None, max=None): return inplace.run(self, elementwise.Clamp(), (min, max), "clamp_")
+    clip_ = clamp_
+    def masked_fill_(self, mask, value): return inplace.run(self, transform.MaskedFill(), (mask, value), "masked_fill_")
+    def bitwise_and_(self, other): return inplace.run(self, logic.BitwiseAnd(), (other,), "bitwise_and_")
+    def bitwise_or_(self, other): return inplace.run(self, logic.BitwiseOr(), (other,), "bitwise_or_")
+    def bitwise_xor_(self, other): return inplace.run(self, logic.BitwiseXor(), (other,), "bitwise_xor_")
+    def bitwise_left_shift_(self, other): return inplace.run(self, logic.LeftShift(), (other,), "lshift_")
+    def bitwise_right_shift_(self, other): return inplace.run(self, logic.RightShift(), (other,), "rshift_")
 
-    def _other_array(self, other):
-        return other.array if isinstance(other, Tensor) else other
+    def div_(self, other, rounding_mode=None):
+        fn = elementwise.division(rounding_mode)
+        return inplace.run(self, fn, (other,), "div_", "divide" if rounding_mode is None else None)
 
-    def zero_(self):
-        self._inplace("zero_")
-        self.array.fill(0)
-        return self
+    def copy_(self, src, non_blocking=False):
+        return inplace.copy(self, src)
 
     def fill_(self, value):
-        self._inplace("fill_")
-        self.array.fill(value)
-        return self
+        if isinstance(value, Tensor) and value.ndim != 0:
+            raise RuntimeError(f"fill_: only supports a 0-dimension value tensor, got one of shape {value.shape}\n"
+                               "HINT: use copy_ to write a whole tensor")
+        return inplace.copy(self, value)
 
-    def add_(self, other, alpha=1):
-        xp = self._inplace("add_")
-        o = self._other_array(other)
-        xp.add(self.array, o if alpha == 1 else o * alpha, out=self.array, casting="unsafe")
-        return self
-
-    def sub_(self, other, alpha=1):
-        xp = self._inplace("sub_")
-        o = self._other_array(other)
-        xp.subtract(self.array, o if alpha == 1 else o * alpha, out=self.array, casting="unsafe")
-        return self
-
-    def mul_(self, other):
-        xp = self._inplace("mul_")
-        xp.multiply(self.array, self._other_array(other), out=self.array, casting="unsafe")
-        return self
-
-    def div_(self, other):
-        xp = self._inplace("div_")
-        xp.divide(self.array, self._other_array(other), out=self.array, casting="unsafe")
-        return self
-
-    def clamp_(self, min=None, max=None):
-        xp = self._inplace("clamp_")
-        xp.clip(self.array, min, max, out=self.array)
-        return self
-
-    def copy_(self, src):
-        xp = self._inplace("copy_")
-        arr = src.array if isinstance(src, Tensor) else src
-        if isinstance(src, Tensor) and src.device is not self.device:
-            arr = backend.to_device_array(arr, self.device)
-        try:
-            xp.copyto(self.array, arr, casting="unsafe")
-        except ValueError as exc:
-            raise ValueError(f"copy_: source of shape {tuple(getattr(arr, 'shape', ()))} does not broadcast to "
-                             f"the destination's shape {self.shape}") from exc
-        return self
+    def zero_(self):
+        return inplace.copy(self, 0)
 
     def uniform_(self, low=0.0, high=1.0):
-        xp = self._inplace("uniform_")
-        gen = backend.generator_for(self.device)
-        xp.copyto(self.array, gen.uniform(low, high, self.shape), casting="unsafe")
-        return self
+        return inplace.copy(self, backend.generator_for(self.device).uniform(low, high, self.shape))
 
     def normal_(self, mean=0.0, std=1.0):
-        xp = self._inplace("normal_")
-        gen = backend.generator_for(self.device)
-        xp.copyto(self.array, gen.standard_normal(self.shape) * std + mean, casting="unsafe")
-        return self
+        return inplace.copy(self, backend.generator_for(self.device).standard_normal(self.shape) * std + mean)
 
     def __setitem__(self, index, value):
-        self._inplace("__setitem__")
-        if isinstance(index, Tensor):
-            index = index.array
-        elif isinstance(index, tuple):
-            index = tuple(i.array if isinstance(i, Tensor) else i for i in index)
-        value = value.array if isinstance(value, Tensor) else value
-        self.array[index] = value
+        inplace.setitem(self, index, value)
+
+    __iadd__ = add_
+    __isub__ = sub_
+    __imul__ = mul_
+    __itruediv__ = div_
+    __ifloordiv__ = floor_divide_
+    __imod__ = remainder_
+    __ipow__ = pow_
+    __iand__ = bitwise_and_
+    __ior__ = bitwise_or_
+    __ixor__ = bitwise_xor_
+    __ilshift__ = bitwise_left_shift_
+    __irshift__ = bitwise_right_shift_
 
     # ------------------------------------------------------------------------------- operators
-    def __add__(self, other):
-        return elementwise.add(self, other)
-
-    def __radd__(self, other):
-        return elementwise.add(other, self)
-
-    def __sub__(self, other):
-        return elementwise.sub(self, other)
-
-    def __rsub__(self, other):
-        return elementwise.sub(other, self)
-
-    def __mul__(self, other):
-        return elementwise.mul(self, other)
-
-    def __rmul__(self, other):
-        return elementwise.mul(other, self)
-
-    def __truediv__(self, other):
-        return elementwise.div(self, other)
-
-    def __rtruediv__(self, other):
-        return elementwise.div(other, self)
-
-    def __neg__(self):
-        return elementwise.neg(self)
-
-    def __pow__(self, exponent):
-        return elementwise.pow(self, exponent)
-
-    def __rpow__(self, base):
-        return elementwise.pow(base, self)
-
-    def __matmul__(self, other):
-        return matmul.matmul(self, other)
-
-    def __rmatmul__(self, other):
-        return matmul.matmul(other, self)
-
-    def __eq__(self, other):
-        return elementwise.eq(self, other)
-
-    def __ne__(self, other):
-        return elementwise.ne(self, other)
-
-    def __lt__(self, other):
-        return elementwise.lt(self, other)
-
-    def __le__(self, other):
-        return elementwise.le(self, other)
-
-    def __gt__(self, other):
-        return elementwise.gt(self, other)
-
-    def __ge__(self, other):
-        return elementwise.ge(self, other)
-
-    def __and__(self, other):
-        return elementwise.logical_and(self, other)
-
-    def __or__(self, other):
-        return elementwise.logical_or(self, other)
-
-    def __invert__(self):
-        return elementwise.logical_not(self)
+    def __add__(self, other): return elementwise.add(self, other)
+    def __radd__(self, other): return elementwise.add(other, self)
+    def __sub__(self, other): return elementwise.sub(self, other)
+    def __rsub__(self, other): return elementwise.sub(other, self)
+    def __mul__(self, other): return elementwise.mul(self, other)
+    def __rmul__(self, other): return elementwise.mul(other, self)
+    def __truediv__(self, other): return elementwise.div(self, other)
+    def __rtruediv__(self, other): return elementwise.div(other, self)
+    def __floordiv__(self, other): return elementwise.floor_divide(self, other)
+    def __rfloordiv__(self, other): return elementwise.floor_divide(other, self)
+    def __mod__(self, other): return elementwise.remainder(self, other)
+    def __rmod__(self, other): return elementwise.remainder(other, self)
+    def __pow__(self, exponent): return elementwise.pow(self, exponent)
+    def __rpow__(self, base): return elementwise.pow(base, self)
+    def __matmul__(self, other): return matmul.matmul(self, other)
+    def __rmatmul__(self, other): return matmul.matmul(other, self)
+    def __neg__(self): return elementwise.neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return elementwise.abs(self)
+    def __eq__(self, other): return logic.eq(self, other)
+    def __ne__(self, other): return logic.ne(self, other)
+    def __lt__(self, other): return logic.lt(self, other)
+    def __le__(self, other): return logic.le(self, other)
+    def __gt__(self, other): return logic.gt(self, other)
+    def __ge__(self, other): return logic.ge(self, other)
+    # bitwise on integers, logical on bool (as torch); floats are refused
+    def __and__(self, other): return logic.bitwise_and(self, other)
+    def __rand__(self, other): return logic.bitwise_and(other, self)
+    def __or__(self, other): return logic.bitwise_or(self, other)
+    def __ror__(self, other): return logic.bitwise_or(other, self)
+    def __xor__(self, other): return logic.bitwise_xor(self, other)
+    def __rxor__(self, other): return logic.bitwise_xor(other, self)
+    def __lshift__(self, other): return logic.bitwise_left_shift(self, other)
+    def __rlshift__(self, other): return logic.bitwise_left_shift(other, self)
+    def __rshift__(self, other): return logic.bitwise_right_shift(self, other)
+    def __rrshift__(self, other): return logic.bitwise_right_shift(other, self)
+    def __invert__(self): return logic.bitwise_not(self)
 
     __hash__ = object.__hash__
 
@@ -425,96 +417,80 @@ class Tensor:
         return "tensor(" + ", ".join([body] + extras) + ")"
 
     # ------------------------------------------------------------------------------ math methods
-    def exp(self):
-        return elementwise.exp(self)
-
-    def log(self):
-        return elementwise.log(self)
-
-    def sqrt(self):
-        return elementwise.sqrt(self)
-
-    def rsqrt(self):
-        return elementwise.rsqrt(self)
-
-    def tanh(self):
-        return elementwise.tanh(self)
-
-    def sin(self):
-        return elementwise.sin(self)
-
-    def cos(self):
-        return elementwise.cos(self)
-
-    def abs(self):
-        return elementwise.abs(self)
-
-    def pow(self, exponent):
-        return elementwise.pow(self, exponent)
-
-    def reciprocal(self):
-        return elementwise.reciprocal(self)
-
-    def clamp(self, min=None, max=None):
-        return elementwise.clamp(self, min, max)
-
+    def add(self, other, alpha=1): return elementwise.add(self, _scaled(other, alpha))
+    def sub(self, other, alpha=1): return elementwise.sub(self, _scaled(other, alpha))
+    def mul(self, other): return elementwise.mul(self, other)
+    def div(self, other, rounding_mode=None): return elementwise.div(self, other, rounding_mode=rounding_mode)
+    def floor_divide(self, other): return elementwise.floor_divide(self, other)
+    def remainder(self, other): return elementwise.remainder(self, other)
+    def exp(self): return elementwise.exp(self)
+    def log(self): return elementwise.log(self)
+    def sqrt(self): return elementwise.sqrt(self)
+    def rsqrt(self): return elementwise.rsqrt(self)
+    def tanh(self): return elementwise.tanh(self)
+    def sin(self): return elementwise.sin(self)
+    def cos(self): return elementwise.cos(self)
+    def abs(self): return elementwise.abs(self)
+    def neg(self): return elementwise.neg(self)
+    def square(self): return elementwise.mul(self, self)
+    def pow(self, exponent): return elementwise.pow(self, exponent)
+    def reciprocal(self): return elementwise.reciprocal(self)
+    def clamp(self, min=None, max=None): return elementwise.clamp(self, min, max)
     clip = clamp
-
-    def maximum(self, other):
-        return elementwise.maximum(self, other)
-
-    def minimum(self, other):
-        return elementwise.minimum(self, other)
-
-    def sigmoid(self):
-        return activations.sigmoid(self)
-
-    def relu(self):
-        return activations.relu(self)
-
-    def softmax(self, dim=-1):
-        return softmax.softmax(self, dim)
-
-    def log_softmax(self, dim=-1):
-        return softmax.log_softmax(self, dim)
+    def maximum(self, other): return elementwise.maximum(self, other)
+    def minimum(self, other): return elementwise.minimum(self, other)
+    def isfinite(self): return logic.isfinite(self)
+    def isnan(self): return logic.isnan(self)
+    def isinf(self): return logic.isinf(self)
+    def logical_and(self, other): return logic.logical_and(self, other)
+    def logical_or(self, other): return logic.logical_or(self, other)
+    def logical_xor(self, other): return logic.logical_xor(self, other)
+    def logical_not(self): return logic.logical_not(self)
+    def bitwise_and(self, other): return logic.bitwise_and(self, other)
+    def bitwise_or(self, other): return logic.bitwise_or(self, other)
+    def bitwise_xor(self, other): return logic.bitwise_xor(self, other)
+    def bitwise_not(self): return logic.bitwise_not(self)
+    def matmul(self, other): return matmul.matmul(self, other)
+    def sigmoid(self): return activations.sigmoid(self)
+    def relu(self): return activations.relu(self)
+    def softmax(self, dim=-1): return softmax.softmax(self, dim)
+    def log_softmax(self, dim=-1): return softmax.log_softmax(self, dim)
 
     # ---------------------------------------------------------------------------- reductions
-    def sum(self, dim=None, keepdim=False):
-        return reduction.sum(self, dim, keepdim)
-
-    def mean(self, dim=None, keepdim=False):
-        return reduction.mean(self, dim, keepdim)
-
-    def max(self, dim=None, keepdim=False):
-        return reduction.max(self, dim, keepdim)
-
-    def min(self, dim=None, keepdim=False):
-        return reduction.min(self, dim, keepdim)
-
-    def var(self, dim=None, keepdim=False, correction=1):
-        return reduction.var(self, dim, keepdim, correction)
-
-    def std(self, dim=None, keepdim=False, correction=1):
-        return reduction.std(self, dim, keepdim, correction)
-
-    def argmax(self, dim=None, keepdim=False):
-        return reduction.argmax(self, dim, keepdim)
-
-    def argmin(self, dim=None, keepdim=False):
-        return reduction.argmin(self, dim, keepdim)
+    def sum(self, dim=None, keepdim=False, dtype=None): return reduction.sum(self, dim, keepdim, dtype=dtype)
+    def mean(self, dim=None, keepdim=False, dtype=None): return reduction.mean(self, dim, keepdim, dtype=dtype)
+    def max(self, dim=None, keepdim=False): return reduction.max(self, dim, keepdim)
+    def min(self, dim=None, keepdim=False): return reduction.min(self, dim, keepdim)
+    def amax(self, dim=(), keepdim=False): return reduction.amax(self, dim, keepdim)
+    def amin(self, dim=(), keepdim=False): return reduction.amin(self, dim, keepdim)
+    def var(self, dim=None, keepdim=False, correction=1): return reduction.var(self, dim, keepdim, correction)
+    def std(self, dim=None, keepdim=False, correction=1): return reduction.std(self, dim, keepdim, correction)
+    def argmax(self, dim=None, keepdim=False): return reduction.argmax(self, dim, keepdim)
+    def argmin(self, dim=None, keepdim=False): return reduction.argmin(self, dim, keepdim)
+    def all(self, dim=None, keepdim=False): return reduction.all(self, dim, keepdim)
+    def any(self, dim=None, keepdim=False): return reduction.any(self, dim, keepdim)
 
     # ---------------------------------------------------------------------------- shape methods
-    def reshape(self, *shape):
-        return transform.reshape(self, _shape_arg(shape))
-
-    def view(self, *shape):
-        return transform.reshape(self, _shape_arg(shape))
-
-    def transpose(self, dim0, dim1):
-        return transform.transpose(self, dim0, dim1)
-
-    def permute(self, *dims):
-        return transform.permute(self, _shape_arg(dims))
+    def reshape(self, *shape): return transform.reshape(self, _shape_arg(shape))
+    def view(self, *shape): return transform.view(self, _shape_arg(shape))
+    def view_as(self, other): return transform.view(self, other.shape)
+    def reshape_as(self, other): return transform.reshape(self, other.shape)
+    def transpose(self, dim0, dim1): return transform.transpose(self, dim0, dim1)
+    def permute(self, *dims): return transform.permute(self, _shape_arg(dims))
+    def unsqueeze(self, dim): return transform.unsqueeze(self, dim)
+    def squeeze(self, dim=None): return transform.squeeze(self, dim)
+    def expand(self, *shape): return transform.expand(self, _shape_arg(shape))
+    def expand_as(self, other): return transform.expand(self, other.shape)
+    def repeat(self, *sizes): return transform.repeat(self, _shape_arg(sizes))
+    def flatten(self, start_dim=0, end_dim=-1): return transform.flatten(self, start_dim, end_dim)
+    def repeat_interleave(self, repeats, dim=None): return transform.repeat_interleave(self, repeats, dim)
+    def masked_fill(self, mask, value): return transform.masked_fill(self, mask, value)
+    def tril(self, diagonal=0): return transform.tril(self, diagonal)
+    def triu(self, diagonal=0): return transform.triu(self, diagonal)
+    def split(self, split_size_or_sections, dim=0): return misc.split(self, split_size_or_sections, dim)
+    def chunk(self, chunks, dim=0): return misc.chunk(self, chunks, dim)
+    def gather(self, dim, index): return misc.gather(self, dim, index)
+    def index_select(self, dim, index): return misc.index_select(self, dim, index)
 
     def t(self):
         if self.ndim > 2:
@@ -525,38 +501,18 @@ class Tensor:
     def T(self):
         return transform.permute(self, tuple(range(self.ndim - 1, -1, -1)))
 
-    def unsqueeze(self, dim):
-        return transform.unsqueeze(self, dim)
+    @property
+    def mT(self):
+        return transform.transpose(self, -2, -1)
 
-    def squeeze(self, dim=None):
-        return transform.squeeze(self, dim)
 
-    def expand(self, *shape):
-        return transform.expand(self, _shape_arg(shape))
+def _scaled(other, alpha):
+    return other if alpha == 1 else other * alpha
 
-    def flatten(self, start_dim=0, end_dim=-1):
-        return transform.flatten(self, start_dim, end_dim)
 
-    def repeat_interleave(self, repeats, dim=None):
-        return transform.repeat_interleave(self, repeats, dim)
-
-    def masked_fill(self, mask, value):
-        return transform.masked_fill(self, mask, value)
-
-    def tril(self, diagonal=0):
-        return transform.tril(self, diagonal)
-
-    def triu(self, diagonal=0):
-        return transform.triu(self, diagonal)
-
-    def split(self, split_size_or_sections, dim=0):
-        return misc.split(self, split_size_or_sections, dim)
-
-    def chunk(self, chunks, dim=0):
-        return misc.chunk(self, chunks, dim)
-
-    def gather(self, dim, index):
-        return misc.gather(self, dim, index)
+def _float_ufunc(t, name):
+    """The ufunc for an in-place float op, or None for integer tensors (the op's own dtype error then applies)."""
+    return name if backend.is_floating(t.array.dtype) else None
 
 
 def _shape_arg(shape):
@@ -567,13 +523,17 @@ def _shape_arg(shape):
 
 
 # Bound after the class exists: the op families import Tensor from this module.
+from . import creation  # noqa: E402
 from .autograd import (  # noqa: E402
     activations,
     conversion,
     elementwise,
+    inplace,
+    logic,
     matmul,
     misc,
     reduction,
     softmax,
     transform,
 )
+from .autograd.elementwise import Add, Mul, Pow, Sub  # noqa: E402

@@ -1,10 +1,12 @@
 """Autograd: Function nodes, the backward engine, grad mode, AccumulateGrad and the op families."""
 from .accumulate import AccumulateGrad, AllReducePostAccumulateHook, PostAccumulateGradHook
-from .engine import backward
+from .engine import backward, grad
 from .function import Function, Op, OpError, RemovableHandle, sum_to
-from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
+                        set_grad_enabled)
 
 __all__ = [
-    "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "Function", "Op",
-    "OpError", "RemovableHandle", "sum_to", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled",
+    "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "grad", "Function", "Op",
+    "OpError", "RemovableHandle", "sum_to", "enable_grad", "inference_mode", "is_grad_enabled",
+    "is_inference_mode_enabled", "no_grad", "set_grad_enabled",
 ]

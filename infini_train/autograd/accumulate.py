@@ -75,17 +75,29 @@ class AccumulateGrad(Function):
             t.grad._version[0] += 1
         return None
 
-    def _run_backward(self, retain_graph):
+    def _run_backward(self, retain_graph, create_graph=False):
         grads = self.grad_outputs
         self.grad_outputs = None
         if grads is None or grads[0] is None:
             return ()
         if self._pre_hooks:
-            grads = self._run_tensor_hooks(grads)
-        self.backward(grads[0])
+            grads = self._run_tensor_hooks(grads, create_graph)
+        if create_graph:
+            self._accumulate_graph(grads[0])
+        else:
+            self.backward(grads[0])
         for hook in self._post_hooks:
             hook(self.tensor)
         return ()
+
+    def _accumulate_graph(self, grad):
+        """create_graph=True: ``.grad`` keeps the gradient's history, accumulated out of place (as torch)."""
+        t = self.tensor
+        if self.learning_rate != 1.0:
+            grad = grad * self.learning_rate
+        if grad.dtype != t.dtype:
+            grad = grad.to(t.dtype)
+        t.grad = grad if t.grad is None else t.grad + grad
 
     def __repr__(self):
         return f"<AccumulateGrad shape={self.tensor.shape}>"

@@ -1,8 +1,8 @@
-"""Conversions: dtype casts, device moves and clones, each differentiable."""
+"""Conversions: dtype casts, device moves, clones and copies, each differentiable."""
 from __future__ import annotations
 
 from .. import backend
-from .function import Op
+from .function import Op, op_error, sum_to
 
 __all__ = ["cast", "to_device", "clone"]
 
@@ -44,6 +44,37 @@ class Clone(Op):
 
     def backward(self, g):
         return g
+
+
+class Copy(Op):
+    """The value of ``dst.copy_(src)``: ``src`` (any device) broadcast to dst's shape and cast to its dtype.
+    The old value of dst gets no gradient; src gets the gradient summed back to its shape, on its device."""
+
+    cross_device = True
+
+    def __init__(self, device):
+        self.output_devices = device
+
+    def forward(self, dst, src):
+        src_device = getattr(src, "device", None)
+        if src_device is not None and not isinstance(src, self.xp.ndarray):
+            src = backend.to_device_array(src, self.output_devices)
+        out = self.xp.empty_like(dst)
+        try:
+            self.xp.copyto(out, src, casting="unsafe")
+        except ValueError as exc:
+            raise op_error("copy_", f"a source broadcastable to the destination's shape {dst.shape}",
+                           f"a source of shape {getattr(src, 'shape', ())}",
+                           "copy_ writes every element of the destination; reshape or index the source") from exc
+        return out
+
+    def setup_context(self, inputs, output):
+        self.source = getattr(inputs[1], "device", None)
+
+    def backward(self, g):
+        if not self.needs_input_grad[1]:
+            return None, None
+        return None, backend.to_device_array(sum_to(g, self._input_shapes[1]), self.source)
 
 
 def cast(x, dtype):

@@ -1,17 +1,21 @@
-"""Elementwise ops: arithmetic with broadcasting and scalars, unary math, comparisons and logic.
+"""Elementwise arithmetic with broadcasting and scalars, and unary math.
 
-Binary ops accept a Tensor or a Python scalar on either side; ``sum_to`` undoes broadcasting in backward.
+Binary ops accept a Tensor or a Python/NumPy scalar on either side and promote dtypes as torch does
+(promotion.py); ``sum_to`` undoes broadcasting in backward. Each op's ``backward_graph`` (double backward,
+create_graph=True) is either its backward itself, when that is written with operators only (it then runs on
+connected tensors), or a tensor version beside it.
 """
 from __future__ import annotations
 
 import math
 
+from .. import backend
+from ..promotion import category, promote_operands
 from ..tensor import Tensor
-from .function import Op, op_error, sum_to, ignore_fp_errors
+from .function import Op, ignore_fp_errors, op_error, sum_to
 
-__all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh",
-           "sqrt", "rsqrt", "sin", "cos", "abs", "reciprocal", "clamp", "maximum", "minimum",
-           "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "where"]
+__all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "neg", "exp", "log",
+           "tanh", "sqrt", "rsqrt", "sin", "cos", "abs", "reciprocal", "clamp", "maximum", "minimum", "where"]
 
 
 # Backward passes route gradients with ``g * mask`` rather than ``xp.where(mask, g, 0)``: on CPU, numpy's where
@@ -19,8 +23,17 @@ __all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh",
 # is inf/nan at a masked-out position.
 
 
+def _constant(like, array):
+    """A mask or other array as a gradient-free factor beside ``like`` (a Tensor under create_graph)."""
+    return Tensor._make(array, like.device) if isinstance(like, Tensor) else array
+
+
+def _raw(x):
+    return x.array if isinstance(x, Tensor) else x
+
+
 class _Binary(Op):
-    """Saves its tensor operands (scalars are kept as constants); ``operands()`` returns both as arrays."""
+    """Saves its tensor operands (scalars are kept as constants); ``operands()`` returns both."""
 
     def setup_context(self, inputs, output):
         self.save_for_backward(*[x if isinstance(x, Tensor) else None for x in inputs])
@@ -31,62 +44,61 @@ class _Binary(Op):
         return tuple(s if s is not None else c for s, c in zip(saved, self.consts))
 
     def reduce_grads(self, ga, gb):
-        sa, sb = self._input_shapes
-        need_a, need_b = self.needs_input_grad
+        sa, sb = self._input_shapes[:2]
+        need_a, need_b = self.needs_input_grad[:2]
         return (sum_to(ga, sa) if need_a else None), (sum_to(gb, sb) if need_b else None)
 
 
-def _fix_dtype(out, *operands):
-    # an integer tensor combined with a Python float gives float64 in numpy; keep the float32 default
-    if out.dtype.kind == "f" and out.dtype.itemsize == 8:
-        if all(_dtype_of(x) != "float64" for x in operands):
-            return out.astype("float32")
-    return out
-
-
 def _as_float(a):
-    # float-valued math on integer/bool input gives float32, as in torch (numpy would give float64)
-    return a.astype("float32") if a.dtype.kind in "biu" else a
-
-
-def _dtype_of(x):
-    dtype = getattr(x, "dtype", None)
-    return None if dtype is None else dtype.name
+    # float-valued math on integer/bool input gives the default float dtype, as in torch
+    return a.astype(backend.get_default_dtype()) if a.dtype.kind in "biu" else a
 
 
 class Add(Op):
     def forward(self, a, b):
-        return _fix_dtype(a + b, a, b)
+        (a, b), _ = promote_operands(a, b)
+        return a + b
 
     def backward(self, g):
         sa, sb = self._input_shapes
         need_a, need_b = self.needs_input_grad
         return (sum_to(g, sa) if need_a else None), (sum_to(g, sb) if need_b else None)
 
+    backward_graph = backward
+
 
 class Sub(Op):
     def forward(self, a, b):
-        return _fix_dtype(a - b, a, b)
+        (a, b), _ = promote_operands(a, b)
+        return a - b
 
     def backward(self, g):
         sa, sb = self._input_shapes
         need_a, need_b = self.needs_input_grad
         return (sum_to(g, sa) if need_a else None), (sum_to(-g, sb) if need_b else None)
 
+    backward_graph = backward
+
 
 class Mul(_Binary):
     def forward(self, a, b):
-        return _fix_dtype(a * b, a, b)
+        (a, b), _ = promote_operands(a, b)
+        return a * b
 
     def backward(self, g):
         a, b = self.operands()
         need_a, need_b = self.needs_input_grad
         return self.reduce_grads(g * b if need_a else None, g * a if need_b else None)
 
+    backward_graph = backward
+
 
 class Div(_Binary):
     def forward(self, a, b):
-        return _fix_dtype(a / b, a, b)
+        (a, b), dtype = promote_operands(a, b)
+        if category(dtype) < 2:  # true division of integers gives the default float dtype
+            a, b = _as_float(a) if hasattr(a, "dtype") else a, _as_float(b) if hasattr(b, "dtype") else b
+        return a / b
 
     def backward(self, g):
         a, b = self.operands()
@@ -95,12 +107,67 @@ class Div(_Binary):
         gb = -g * a / (b * b) if need_b else None
         return self.reduce_grads(ga, gb)
 
+    backward_graph = backward
+
+
+class RoundedDiv(Op):
+    """Division rounded toward zero ("trunc") or down ("floor"); its gradient is zero, as in torch."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def forward(self, a, b):
+        (a, b), dtype = promote_operands(a, b)
+        xp = self.xp
+        if category(dtype) >= 2:
+            return xp.floor(a / b) if self.mode == "floor" else xp.trunc(a / b)
+        quotient = xp.floor_divide(a, b)
+        if self.mode == "trunc":  # floor rounds negative inexact quotients down one more than trunc does
+            quotient = quotient + ((xp.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
+        return quotient.astype(dtype, copy=False)
+
+    def backward(self, g):
+        sa, sb = self._input_shapes
+        need_a, need_b = self.needs_input_grad
+        return (self.xp.zeros(sa, g.dtype) if need_a else None), (self.xp.zeros(sb, g.dtype) if need_b else None)
+
+
+class FloorDivide(Op):
+    """``a // b`` (torch.floor_divide); differentiating it is an error, as in torch."""
+
+    def forward(self, a, b):
+        (a, b), _ = promote_operands(a, b)
+        return self.xp.floor_divide(a, b)
+
+    def backward(self, g):
+        raise RuntimeError("floor_divide: the derivative of floor_divide (//) is not implemented, as in torch.\n"
+                           "HINT: use div(a, b, rounding_mode='floor'), whose gradient is zero, or detach() first")
+
+
+class Remainder(_Binary):
+    """Python's modulo (the result takes the divisor's sign), as torch.remainder and ``%``."""
+
+    def forward(self, a, b):
+        (a, b), _ = promote_operands(a, b)
+        return self.xp.remainder(a, b)
+
+    def backward(self, g):
+        a, b = self.operands()
+        need_a, need_b = self.needs_input_grad
+        gb = None
+        if need_b:
+            gb = -g * _constant(g, self.xp.floor_divide(_raw(a), _raw(b)))
+        return self.reduce_grads(g if need_a else None, gb)
+
+    backward_graph = backward
+
 
 class Pow(_Binary):
     """a ** b with a scalar exponent, a scalar base, or two tensors."""
 
     def forward(self, a, b):
-        out = _fix_dtype(a ** b, a, b)
+        (a, b), _ = promote_operands(a, b)
+        out = a ** b
         self.stash(out)
         return out
 
@@ -126,6 +193,26 @@ class Pow(_Binary):
                     gb = xp.where((a == 0) & (b >= 0), 0, g * out * xp.log(a)).astype(g.dtype, copy=False)
         return self.reduce_grads(ga, gb)
 
+    def backward_graph(self, g):
+        a, b = self.operands()
+        need_a, need_b = self.needs_input_grad
+        ga = gb = None
+        scalar_a, scalar_b = not isinstance(a, Tensor), not isinstance(b, Tensor)
+        if need_a:
+            if scalar_b:
+                ga = g * 0 if b == 0 else g * b * a ** (b - 1)
+            else:
+                ga = g * b * a ** (b - 1) * _constant(g, b.array != 0)
+        if need_b:
+            out = a ** b
+            if scalar_a:
+                gb = g * out * _log_scalar(a)
+            else:
+                with ignore_fp_errors(self.xp):
+                    keep = ~((a.array == 0) & (_raw(b) >= 0))
+                    gb = g * out * log(where(_constant(g, keep), a, 1))
+        return self.reduce_grads(ga, gb)
+
 
 def _log_scalar(a):
     return math.log(a) if a > 0 else (float("-inf") if a == 0 else float("nan"))
@@ -138,113 +225,122 @@ class Neg(Op):
     def backward(self, g):
         return -g
 
+    backward_graph = backward
 
-class Exp(Op):
-    def forward(self, a):
-        return self.xp.exp(_as_float(a))
 
+class _SavesOutput(Op):
     def setup_context(self, inputs, output):
         self.save_for_backward(output)
+
+
+class _SavesInput(Op):
+    def setup_context(self, inputs, output):
+        self.save_for_backward(inputs[0])
+
+
+class Exp(_SavesOutput):
+    def forward(self, a):
+        return self.xp.exp(_as_float(a))
 
     def backward(self, g):
         (out,) = self.saved_arrays
         return g * out
 
+    backward_graph = backward
 
-class Log(Op):
+
+class Log(_SavesInput):
     def forward(self, a):
         return self.xp.log(_as_float(a))
-
-    def setup_context(self, inputs, output):
-        self.save_for_backward(inputs[0])
 
     def backward(self, g):
         (a,) = self.saved_arrays
         return g / a
 
+    backward_graph = backward
 
-class Tanh(Op):
+
+class Tanh(_SavesOutput):
     def forward(self, a):
         return self.xp.tanh(_as_float(a))
-
-    def setup_context(self, inputs, output):
-        self.save_for_backward(output)
 
     def backward(self, g):
         (out,) = self.saved_arrays
         return g * (1 - out * out)
 
+    backward_graph = backward
 
-class Sqrt(Op):
+
+class Sqrt(_SavesOutput):
     def forward(self, a):
         return self.xp.sqrt(_as_float(a))
-
-    def setup_context(self, inputs, output):
-        self.save_for_backward(output)
 
     def backward(self, g):
         (out,) = self.saved_arrays
         return g / (2 * out)
 
+    backward_graph = backward
 
-class Rsqrt(Op):
+
+class Rsqrt(_SavesOutput):
     def forward(self, a):
         return 1 / self.xp.sqrt(_as_float(a))
-
-    def setup_context(self, inputs, output):
-        self.save_for_backward(output)
 
     def backward(self, g):
         (out,) = self.saved_arrays
         return g * (-0.5 * out * out * out)
 
+    backward_graph = backward
 
-class Sin(Op):
+
+class Sin(_SavesInput):
     def forward(self, a):
         return self.xp.sin(_as_float(a))
-
-    def setup_context(self, inputs, output):
-        self.save_for_backward(inputs[0])
 
     def backward(self, g):
         (a,) = self.saved_arrays
         return g * self.xp.cos(a)
 
+    def backward_graph(self, g):
+        (a,) = self.saved_tensors
+        return g * cos(a)
 
-class Cos(Op):
+
+class Cos(_SavesInput):
     def forward(self, a):
         return self.xp.cos(_as_float(a))
-
-    def setup_context(self, inputs, output):
-        self.save_for_backward(inputs[0])
 
     def backward(self, g):
         (a,) = self.saved_arrays
         return -(g * self.xp.sin(a))
 
+    def backward_graph(self, g):
+        (a,) = self.saved_tensors
+        return -(g * sin(a))
 
-class Abs(Op):
+
+class Abs(_SavesInput):
     def forward(self, a):
         return self.xp.abs(a)
 
-    def setup_context(self, inputs, output):
-        self.save_for_backward(inputs[0])
-
     def backward(self, g):
         (a,) = self.saved_arrays
-        return g * self.xp.sign(a)  # 0 at a == 0, as torch
+        return g * self.xp.sign(_raw(a))  # 0 at a == 0, as torch
+
+    def backward_graph(self, g):
+        (a,) = self.saved_tensors
+        return g * _constant(g, self.xp.sign(a.array))
 
 
-class Reciprocal(Op):
+class Reciprocal(_SavesOutput):
     def forward(self, a):
         return 1 / _as_float(a)
-
-    def setup_context(self, inputs, output):
-        self.save_for_backward(output)
 
     def backward(self, g):
         (out,) = self.saved_arrays
         return -(g * out * out)
+
+    backward_graph = backward
 
 
 class Clamp(_Binary):
@@ -255,15 +351,16 @@ class Clamp(_Binary):
         if lo is None and hi is None:
             raise op_error("Clamp", "at least one of min and max", "min=None and max=None",
                            "pass min=..., max=... or both")
+        (x, lo, hi), _ = promote_operands(x, lo, hi)
         out = x
         if lo is not None:
             out = self.xp.maximum(out, lo)
         if hi is not None:
             out = self.xp.minimum(out, hi)  # min > max gives max everywhere, as torch
-        return _fix_dtype(out, x, lo, hi)
+        return out
 
     def backward(self, g):
-        x, lo, hi = self.operands()
+        x, lo, hi = (_raw(v) for v in self.operands())
         need_x, need_lo, need_hi = self.needs_input_grad
         shapes = self._input_shapes
         gx = glo = ghi = None
@@ -274,87 +371,48 @@ class Clamp(_Binary):
                 inside = x >= lo
             else:
                 inside = (x >= lo) & (x <= hi)
-            gx = sum_to(g * inside, shapes[0])
+            gx = sum_to(g * _constant(g, inside), shapes[0])
         if need_lo:
             picked = x < lo if hi is None else (x < lo) & (lo < hi)
-            glo = sum_to(g * picked, shapes[1])
+            glo = sum_to(g * _constant(g, picked), shapes[1])
         if need_hi:
             picked = x > hi if lo is None else (x > hi) | (hi < lo)
-            ghi = sum_to(g * picked, shapes[2])
+            ghi = sum_to(g * _constant(g, picked), shapes[2])
         return gx, glo, ghi
+
+    backward_graph = backward
 
 
 def _share_ties(xp, g, a, b, a_loses, b_loses, needs):
     # torch's maximum/minimum backward: the winner gets the gradient, ties split it half/half
-    share = xp.where(a == b, g * 0.5, g)  # ties are rare: a predictable branch, unlike the masks below
-    return (share * ~a_loses if needs[0] else None), (share * ~b_loses if needs[1] else None)
+    tie = _constant(g, xp.where(a == b, 0.5, 1.0).astype(g.dtype))  # ties are rare: a predictable branch
+    share = g * tie
+    return (share * _constant(g, ~a_loses) if needs[0] else None), (share * _constant(g, ~b_loses) if needs[1]
+                                                                       else None)
 
 
 class Maximum(_Binary):
     def forward(self, a, b):
-        return _fix_dtype(self.xp.maximum(a, b), a, b)
+        (a, b), _ = promote_operands(a, b)
+        return self.xp.maximum(a, b)
 
     def backward(self, g):
-        a, b = self.operands()
+        a, b = (_raw(v) for v in self.operands())
         return self.reduce_grads(*_share_ties(self.xp, g, a, b, a < b, a > b, self.needs_input_grad))
+
+    backward_graph = backward
 
 
 class Minimum(_Binary):
     def forward(self, a, b):
-        return _fix_dtype(self.xp.minimum(a, b), a, b)
+        (a, b), _ = promote_operands(a, b)
+        return self.xp.minimum(a, b)
 
     def backward(self, g):
-        a, b = self.operands()
+        a, b = (_raw(v) for v in self.operands())
         return self.reduce_grads(*_share_ties(self.xp, g, a, b, a > b, a < b, self.needs_input_grad))
 
-
-class _Predicate(Op):
-    """Comparisons and logic: a bool result that never carries a gradient."""
-
-    differentiable = False
-    ufunc = None
-
-    def forward(self, a, b):
-        return getattr(self.xp, self.ufunc)(a, b)
-
-
-class Eq(_Predicate):
-    ufunc = "equal"
-
-
-class Ne(_Predicate):
-    ufunc = "not_equal"
-
-
-class Lt(_Predicate):
-    ufunc = "less"
-
-
-class Le(_Predicate):
-    ufunc = "less_equal"
-
-
-class Gt(_Predicate):
-    ufunc = "greater"
-
-
-class Ge(_Predicate):
-    ufunc = "greater_equal"
-
-
-class LogicalAnd(_Predicate):
-    ufunc = "logical_and"
-
-
-class LogicalOr(_Predicate):
-    ufunc = "logical_or"
-
-
-class LogicalNot(Op):
-    differentiable = False
-
-    def forward(self, a):
-        return self.xp.logical_not(a)
+    backward_graph = backward
 
 
 class Where(Op):
@@ -364,18 +422,23 @@ class Where(Op):
         if cond.dtype != bool:
             raise op_error("Where", "a bool condition tensor", f"a condition of dtype {cond.dtype}",
                            "build the condition with a comparison (x > 0) or convert it with .bool()")
-        return _fix_dtype(self.xp.where(cond, a, b), a, b)
+        (a, b), dtype = promote_operands(a, b)
+        out = self.xp.where(cond, a, b)
+        return out if out.dtype == dtype else out.astype(dtype)  # two Python scalars: numpy says float64
 
     def setup_context(self, inputs, output):
         self.save_for_backward(inputs[0])
 
     def backward(self, g):
         (cond,) = self.saved_arrays
+        cond = _raw(cond)
         _, need_a, need_b = self.needs_input_grad
         _, shape_a, shape_b = self._input_shapes
-        ga = sum_to(g * cond, shape_a) if need_a else None
-        gb = sum_to(g * ~cond, shape_b) if need_b else None
+        ga = sum_to(g * _constant(g, cond), shape_a) if need_a else None
+        gb = sum_to(g * _constant(g, ~cond), shape_b) if need_b else None
         return None, ga, gb
+
+    backward_graph = backward
 
 
 def add(a, b):
@@ -393,9 +456,32 @@ def mul(a, b):
     return Mul().apply(a, b)
 
 
-def div(a, b):
-    """a / b with broadcasting (true division)."""
-    return Div().apply(a, b)
+def division(rounding_mode=None):
+    """The division op for ``rounding_mode`` None (true division), "trunc" or "floor"."""
+    if rounding_mode is None:
+        return Div()
+    if rounding_mode not in ("trunc", "floor"):
+        raise op_error("div", "rounding_mode None, 'trunc' or 'floor'", repr(rounding_mode))
+    return RoundedDiv(rounding_mode)
+
+
+def div(a, b, rounding_mode=None):
+    """a / b with broadcasting: true division, or rounded with rounding_mode="trunc" | "floor" (whose
+    gradient is zero, as in torch). Integer inputs give the default float dtype for true division."""
+    return division(rounding_mode).apply(a, b)
+
+
+true_divide = div
+
+
+def floor_divide(a, b):
+    """a // b, rounded down (torch.floor_divide); not differentiable."""
+    return FloorDivide().apply(a, b)
+
+
+def remainder(a, b):
+    """a % b with the sign of b (Python's and torch's remainder)."""
+    return Remainder().apply(a, b)
 
 
 def pow(a, b):  # noqa: A001 - mirrors the operator's name
@@ -461,51 +547,6 @@ def maximum(a, b):
 def minimum(a, b):
     """Elementwise minimum with broadcasting; on ties both sides get half the gradient (as torch)."""
     return Minimum().apply(a, b)
-
-
-def eq(a, b):
-    """a == b elementwise (bool tensor); either side may be a Python scalar."""
-    return Eq().apply(a, b)
-
-
-def ne(a, b):
-    """a != b elementwise (bool tensor)."""
-    return Ne().apply(a, b)
-
-
-def lt(a, b):
-    """a < b elementwise (bool tensor)."""
-    return Lt().apply(a, b)
-
-
-def le(a, b):
-    """a <= b elementwise (bool tensor)."""
-    return Le().apply(a, b)
-
-
-def gt(a, b):
-    """a > b elementwise (bool tensor)."""
-    return Gt().apply(a, b)
-
-
-def ge(a, b):
-    """a >= b elementwise (bool tensor)."""
-    return Ge().apply(a, b)
-
-
-def logical_and(a, b):
-    """Elementwise AND of the truth values (bool tensor); also ``a & b``."""
-    return LogicalAnd().apply(a, b)
-
-
-def logical_or(a, b):
-    """Elementwise OR of the truth values (bool tensor); also ``a | b``."""
-    return LogicalOr().apply(a, b)
-
-
-def logical_not(a):
-    """Elementwise NOT of the truth values (bool tensor); also ``~a``."""
-    return LogicalNot().apply(a)
 
 
 def where(cond, a, b):

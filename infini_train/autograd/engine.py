@@ -5,10 +5,17 @@
 2. Deliver gradients with ``backward_partial``. A node runs its backward only when all its edges have
    arrived, so it runs exactly once per pass and after all its consumers; what it returns is pushed on a
    work stack. A chain of 100,000 ops is 100,000 loop iterations, not 100,000 stack frames.
+
+``grad()`` (and ``backward(inputs=...)``) run only the nodes from which a requested input is reachable, and
+``grad()`` hands back the gradients reaching its inputs instead of accumulating into ``.grad``. With
+``create_graph=True`` gradients travel as Tensors and every backward step is itself recorded, so the result
+can be differentiated again (double backward).
 """
 from __future__ import annotations
 
 import threading
+
+from .grad_mode import _state
 
 
 class _PassState(threading.local):
@@ -46,53 +53,178 @@ def _count_dependencies(root_fns):
             nxt.increase_dependencies_number()
 
 
-def backward(tensors, grad_tensors=None, retain_graph=False):
-    """Accumulate gradients of ``tensors`` (seeded with ``grad_tensors``) into the leaves' ``.grad``."""
+def _leading_to(root_fns, targets):
+    """Ids of the nodes that must run for gradients to reach the nodes in ``targets`` (ids): those with an
+    edge into a target or into another such node. A target runs only if it leads to another target."""
+    runners = set()
+    done = set()
+    for root in root_fns:
+        stack = [(root, iter(root.next_functions))]
+        while stack:
+            fn, edges = stack[-1]
+            for nxt, _ in edges:
+                if nxt is not None and id(nxt) not in done:
+                    stack.append((nxt, iter(nxt.next_functions)))
+                    break
+            else:
+                stack.pop()
+                done.add(id(fn))
+                if any(nxt is not None and (id(nxt) in runners or id(nxt) in targets) for nxt, _ in fn.next_functions):
+                    runners.add(id(fn))
+    return runners
+
+
+def _graph_node(t):
+    """The node receiving ``t``'s gradient and the output index: its grad_fn, or a leaf's AccumulateGrad."""
+    if t.grad_fn is not None:
+        return t.grad_fn, t._output_idx
+    return t._accumulate_node(), 0
+
+
+def _roots(tensors, grad_tensors, create_graph, op):
     from ..tensor import Tensor
 
     if isinstance(tensors, Tensor):
         tensors = (tensors,)
+    tensors = tuple(tensors)
     if grad_tensors is None or isinstance(grad_tensors, Tensor):
         grad_tensors = (grad_tensors,) * len(tensors) if grad_tensors is None else (grad_tensors,)
+    grad_tensors = tuple(grad_tensors)
     if len(grad_tensors) != len(tensors):
-        raise ValueError(f"backward: got {len(tensors)} tensors but {len(grad_tensors)} gradients")
-
+        raise ValueError(f"{op}: got {len(tensors)} tensors but {len(grad_tensors)} gradients")
     roots = []
     external = set()
     for t, g in zip(tensors, grad_tensors):
+        if t._view is not None and t._view.version != t._version[0] and _state.enabled:
+            from .views import refresh_view
+            refresh_view(t)
         if not t.requires_grad:
             raise RuntimeError(
-                "backward: the tensor does not require grad and has no grad_fn.\n"
+                f"{op}: the tensor does not require grad and has no grad_fn.\n"
                 "HINT: was it computed under no_grad(), or from tensors without requires_grad=True?")
         if g is None:
             if t.array.size != 1:
                 raise RuntimeError(
-                    f"backward: grad can be implicitly created only for scalar outputs, got shape {t.shape}.\n"
+                    f"{op}: grad can be implicitly created only for scalar outputs, got shape {t.shape}.\n"
                     "HINT: call .sum() or .mean() first, or pass gradient= of the same shape")
-            garr = t.device.xp.ones_like(t.array) if t.device.xp is not None else t.array * 0 + 1
+            g = Tensor._make(t.device.array_module().ones_like(t.array), t.device)
         else:
-            garr = g.array if isinstance(g, Tensor) else t.device.array_module().asarray(g)
-            if garr.shape != t.array.shape:
-                raise ValueError(f"backward: gradient has shape {tuple(garr.shape)}, expected {t.shape}")
-            external.add(id(garr))
-        fn = t.grad_fn if t.grad_fn is not None else t._accumulate_node()
-        roots.append((fn, garr, t._output_idx if t.grad_fn is not None else 0))
+            if not isinstance(g, Tensor):
+                g = Tensor._make(t.device.array_module().asarray(g), t.device)
+            if g.shape != t.shape:
+                raise ValueError(f"{op}: gradient has shape {tuple(g.shape)}, expected {t.shape}")
+            external.add(id(g.array))
+        node, idx = _graph_node(t)
+        roots.append((node, g if create_graph else g.array, idx))
+    return roots, external
 
-    _count_dependencies([fn for fn, _, _ in roots])
-    for fn, _, _ in roots:
+
+def _run(roots, external, retain_graph, create_graph, needed=None, captures=None):
+    """Deliver the seed gradients through the graph. ``needed``: ids of the nodes allowed to run (None: all).
+    ``captures``: {(id(node), output_index): slot}; the gradient arriving there is stored in the slot."""
+    root_fns = [fn for fn, _, _ in roots]
+    _count_dependencies(root_fns)
+    for fn in root_fns:
         fn.increase_dependencies_number()
-
+    captured = {}
     outer = pass_state.handed, pass_state.callbacks
     pass_state.handed, pass_state.callbacks = external, []
+    grad_mode = _state.enabled
+    _state.enabled = create_graph
     try:
         work = list(reversed(roots))
         while work:
             fn, grad, idx = work.pop()
-            more = fn.backward_partial(grad, idx, retain_graph)
+            if needed is None:
+                more = fn.backward_partial(grad, idx, retain_graph, create_graph)
+            else:
+                if not fn._collect(grad, idx, create_graph):
+                    continue
+                if captures:
+                    for i, g in enumerate(fn.grad_outputs or ()):
+                        slot = captures.get((id(fn), i))
+                        if slot is not None and g is not None:
+                            captured[slot] = g
+                if id(fn) not in needed:
+                    fn.grad_outputs = None
+                    continue
+                more = fn._run_backward(retain_graph, create_graph)
             if more:
                 work.extend(more)
         callbacks = pass_state.callbacks
         while callbacks:
             callbacks.pop(0)()
     finally:
+        _state.enabled = grad_mode
         pass_state.handed, pass_state.callbacks = outer
+    return captured
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate gradients of ``tensors`` (seeded with ``grad_tensors``) into the leaves' ``.grad``.
+
+    ``inputs``: accumulate only into these leaves (and run only what leads to them). ``create_graph``: record
+    the backward so the gradients can be differentiated again; ``retain_graph`` defaults to it."""
+    if retain_graph is None:
+        retain_graph = create_graph
+    roots, external = _roots(tensors, grad_tensors, create_graph, "backward")
+    needed = None
+    if inputs is not None:
+        from ..tensor import Tensor
+        inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+        if not inputs:
+            raise RuntimeError("backward: inputs was given but is empty.\nHINT: pass None to accumulate into "
+                               "every leaf")
+        targets = []
+        for t in inputs:
+            if not t.requires_grad:
+                raise RuntimeError("backward: every tensor in inputs must require grad")
+            targets.append(_graph_node(t)[0])
+        target_ids = {id(n) for n in targets}
+        needed = _leading_to([fn for fn, _, _ in roots], target_ids) | target_ids  # the leaves accumulate
+    _run(roots, external, retain_graph, create_graph, needed)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None,
+         materialize_grads=False):
+    """The gradients of ``outputs`` with respect to ``inputs`` (torch.autograd.grad), as a tuple; no ``.grad``
+    is touched. An input that ``outputs`` does not depend on gives None with ``allow_unused=True`` (zeros with
+    ``materialize_grads=True``) and an error otherwise. ``create_graph=True`` returns gradients that are
+    themselves differentiable (gradient penalties, Hessian-vector products)."""
+    from ..tensor import Tensor
+
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    if materialize_grads and not allow_unused:
+        raise ValueError("grad: materialize_grads=True needs allow_unused to be True (or left as None)")
+    if retain_graph is None:
+        retain_graph = create_graph
+    single = isinstance(inputs, Tensor)
+    inputs = (inputs,) if single else tuple(inputs)
+    if not inputs:
+        raise RuntimeError("grad: inputs is empty.\nHINT: pass the tensors to differentiate with respect to")
+    captures = {}
+    for k, t in enumerate(inputs):
+        if not isinstance(t, Tensor) or not t.requires_grad:
+            raise RuntimeError(f"grad: input {k} does not require grad.\nHINT: create it with requires_grad=True "
+                               "or call .requires_grad_() on it")
+        node, idx = _graph_node(t)
+        captures.setdefault((id(node), idx), []).append(k)
+    roots, external = _roots(outputs, grad_outputs, create_graph, "grad")
+    slots = {key: tuple(ks) for key, ks in captures.items()}
+    needed = _leading_to([fn for fn, _, _ in roots], {key[0] for key in slots})
+    captured = _run(roots, external, retain_graph, create_graph, needed, slots)
+    result = [None] * len(inputs)
+    for ks, g in captured.items():
+        for k in ks:
+            result[k] = g if isinstance(g, Tensor) else Tensor._make(g, inputs[k].device)
+    for k, g in enumerate(result):
+        if g is None:
+            if not allow_unused:
+                raise RuntimeError(
+                    f"grad: input {k} was not used in the graph of the outputs.\n"
+                    "HINT: pass allow_unused=True to get None for it (or materialize_grads=True for zeros)")
+            if materialize_grads:
+                result[k] = Tensor._make(inputs[k].device.array_module().zeros_like(inputs[k].array),
+                                         inputs[k].device)
+    return tuple(result)

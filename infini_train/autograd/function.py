@@ -60,9 +60,12 @@ class ignore_fp_errors:
 
 
 def sum_to(grad, shape):
-    """Sum ``grad`` down to ``shape``: undoes numpy broadcasting in every binary op's backward."""
+    """Sum ``grad`` down to ``shape``: undoes numpy broadcasting in every binary op's backward. ``grad`` may be
+    an array, or a Tensor during a create_graph backward (then the sum is recorded)."""
     if grad.shape == shape:
         return grad
+    if grad.__class__ is _TENSOR[0]:
+        return _sum_to_tensor(grad, shape)
     ndim = len(shape)
     lead = grad.ndim - ndim
     axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and grad.shape[i + lead] != 1)
@@ -71,6 +74,14 @@ def sum_to(grad, shape):
     if lead:
         grad = grad.reshape(shape)
     return grad
+
+
+def _sum_to_tensor(grad, shape):
+    lead = grad.ndim - len(shape)
+    dims = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and grad.shape[i + lead] != 1)
+    if dims:
+        grad = grad.sum(dim=dims, keepdim=True)
+    return grad.reshape(shape) if lead else grad
 
 
 def _describe(inputs):
@@ -111,8 +122,12 @@ class Function:
     _num_outputs = 1
     _output_meta = None
     _input_shapes = ()
+    _input_dtypes = ()
     _pre_hooks = None
+    _create_graph = False  # True while backward runs with create_graph (saved tensors come back connected)
     retain_graph = False  # True while backward runs on a graph that will be reused (stashes must survive)
+
+    backward_graph = None  # Op: backward on Tensors, recorded, for create_graph=True (double backward)
 
     # ------------------------------------------------------------------------------------ contract
     def forward(self, *inputs):
@@ -130,16 +145,27 @@ class Function:
 
     # --------------------------------------------------------------------------------- saving
     def save_for_backward(self, *tensors):
-        """Save tensors (or None) for backward. Stored as arrays plus version, so no reference cycles."""
+        """Save tensors (or None) for backward. Stored as arrays plus version, so no reference cycles; a tensor
+        that requires grad also keeps where its gradient goes (its producer, or this node for an output), so
+        that a backward run with create_graph=True can rebuild it connected to the graph."""
         saved = []
         versions = []
         for t in tensors:
             if t is None:
                 saved.append(None)
                 versions.append(None)
-            else:
-                saved.append((t.array, t.device, t._version))
-                versions.append(t._version[0])
+                continue
+            ref = None
+            if t._requires_grad:
+                producer = t.grad_fn
+                if producer is self:
+                    ref = t._output_idx  # an output of this node: an int, never a reference to self
+                elif producer is not None:
+                    ref = (producer, t._output_idx)
+                else:
+                    ref = (t._accumulate_node(), -1)
+            saved.append((t.array, t.device, t._version, ref))
+            versions.append(t._version[0])
         self._saved = saved
         self._saved_versions = versions
 
@@ -166,16 +192,49 @@ class Function:
 
     @property
     def saved_tensors(self):
+        """The saved tensors; during a create_graph backward they are connected to the graph (differentiable)."""
         make = _tensor_class()._make
-        return tuple(None if e is None else make(e[0], e[1]) for e in self._check_saved())
+        entries = self._check_saved()
+        if not self._create_graph:
+            return tuple(None if e is None else make(e[0], e[1]) for e in entries)
+        return tuple(None if e is None else self._connected(e, make) for e in entries)
+
+    def _connected(self, entry, make):
+        array, device, version, ref = entry
+        t = make(array, device)
+        t._version = version
+        if ref is not None:
+            t._requires_grad = True
+            if isinstance(ref, int):
+                t.grad_fn, t._output_idx = self, ref
+            elif ref[1] < 0:
+                t._accumulate = ref[0]  # a leaf: ops on t send gradients to the leaf's AccumulateGrad
+            else:
+                t.grad_fn, t._output_idx = ref
+        return t
 
     @property
     def saved_arrays(self):
+        """The saved arrays; during a create_graph backward, the connected tensors instead (an op's backward
+        written with operators and ``sum_to`` then serves as its double backward too)."""
+        if self._create_graph:
+            return self.saved_tensors
         return tuple(None if e is None else e[0] for e in self._check_saved())
 
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):
         return _apply(self, inputs, _TENSOR[0] or _tensor_class())
+
+    def link_views(self, base, outputs, grad_mode):
+        """Mark the outputs of a view op as views of ``base``: shared memory, version counter and history."""
+        out = outputs[0]
+        if out is not None:
+            out._version = base._version
+            out._view = ViewInfo(base, self, base._version[0], grad_mode)
+
+    def view_of(self, array):
+        """A view op rebuilds its output from an array laid out like its input (see ViewInfo)."""
+        raise NotImplementedError(f"{self.name} is not a view op")
 
     # --------------------------------------------------------------------------------- backward
     def increase_dependencies_number(self):
@@ -187,14 +246,20 @@ class Function:
         self.grad_outputs_reached = 0
         self.grad_outputs = [None] * self._num_outputs
 
-    def backward_partial(self, grad_output, idx, retain_graph=False):
+    def backward_partial(self, grad_output, idx, retain_graph=False, create_graph=False):
         """Collect the gradient of output ``idx``. When every edge has arrived, run backward.
 
-        ``grad_output`` is an array (or Tensor, or None when the consumer had no gradient for it).
-        Returns the list of ``(next_function, grad, input_index)`` the engine must deliver next.
+        ``grad_output`` is an array (a Tensor under create_graph, or None when the consumer had no gradient
+        for it). Returns the list of ``(next_function, grad, input_index)`` the engine must deliver next.
         """
+        if not self._collect(grad_output, idx, create_graph):
+            return ()
+        return self._run_backward(retain_graph, create_graph)
+
+    def _collect(self, grad_output, idx, create_graph=False):
+        """Add one incoming gradient; True once every edge counted for this pass has arrived."""
         if grad_output is not None:
-            if hasattr(grad_output, "grad_fn"):
+            if not create_graph and hasattr(grad_output, "grad_fn"):
                 grad_output = grad_output.array
             grads = self.grad_outputs
             if grads is None:
@@ -208,11 +273,9 @@ class Function:
             else:
                 grads[idx] = prev + grad_output
         self.dependencies_reached += 1
-        if self.dependencies_reached < self.dependencies_number:
-            return ()
-        return self._run_backward(retain_graph)
+        return self.dependencies_reached >= self.dependencies_number
 
-    def _run_backward(self, retain_graph):
+    def _run_backward(self, retain_graph, create_graph=False):
         grads = self.grad_outputs
         self.grad_outputs = None
         if grads is None or self.grad_outputs_reached == 0:
@@ -221,22 +284,24 @@ class Function:
                 self._release()
             return [(fn, None, i) for fn, i in self.next_functions if fn is not None]
         if self._pre_hooks:
-            grads = self._run_tensor_hooks(grads)
+            grads = self._run_tensor_hooks(grads, create_graph)
         if self._num_outputs > 1:
             for i, g in enumerate(grads):
                 if g is None:
                     shape, dtype = self._output_meta[i]
                     grads[i] = self.xp.zeros(shape, dtype)
+                    if create_graph:
+                        grads[i] = _tensor_class()._make(grads[i], self.device)
         self.retain_graph = retain_graph
         prev = _state.enabled
-        _state.enabled = False
+        _state.enabled = create_graph
         try:
             dev = self.device
             if dev is not None and dev.type == "cuda":
                 with dev.context():
-                    result = self.backward(*grads) if self._arrays else self._tensor_backward(grads)
+                    result = self._dispatch_backward(grads, create_graph)
             else:
-                result = self.backward(*grads) if self._arrays else self._tensor_backward(grads)
+                result = self._dispatch_backward(grads, create_graph)
         finally:
             _state.enabled = prev
         if not retain_graph:
@@ -249,18 +314,55 @@ class Function:
                 f"{self.name}.backward returned {len(result)} gradients, expected {len(nexts)} "
                 "(one per forward input; use None for inputs without a gradient)")
         out = []
-        shapes = self._input_shapes
+        shapes, dtypes = self._input_shapes, self._input_dtypes
         for k, (fn, i) in enumerate(nexts):
             if fn is None:
                 continue
             g = result[k]
             if g is not None:
-                if g.__class__ is not _ndarray and self.xp is np:
-                    g = np.asarray(g)  # numpy turns 0-d results into scalars, which later in-place adds reject
-                if g.shape != shapes[k]:
-                    g = self._fix_grad_shape(g, k)
+                if create_graph:
+                    g = self._fix_graph_grad(g, k)
+                else:
+                    if g.__class__ is not _ndarray and self.xp is np:
+                        g = np.asarray(g)  # numpy turns 0-d results into scalars, which later in-place adds reject
+                    if g.shape != shapes[k]:
+                        g = self._fix_grad_shape(g, k)
+                    if g.dtype != dtypes[k]:
+                        g = g.astype(dtypes[k])  # a gradient has its input's dtype, whatever the op computed in
             out.append((fn, g, i))
         return out
+
+    def _dispatch_backward(self, grads, create_graph):
+        if not create_graph:
+            return self.backward(*grads) if self._arrays else self._tensor_backward(grads)
+        Tensor = _tensor_class()
+        grads = [g if isinstance(g, Tensor) else Tensor._make(g, self.device) for g in grads]
+        if self._arrays and self.backward_graph is None:
+            raise RuntimeError(
+                f"{self.name}: backward with create_graph=True (double backward) is not supported by this op.\n"
+                "HINT: double backward covers elementwise math, matmul/linear, reductions, activations, softmax "
+                "and the shape/indexing ops; write this step as a custom Function whose backward uses tensor ops")
+        self._create_graph = True
+        try:
+            if self._arrays:
+                return self.backward_graph(*grads)
+            return self.backward(*grads)
+        finally:
+            self._create_graph = False
+
+    def _fix_graph_grad(self, g, k):
+        Tensor = _tensor_class()
+        if not isinstance(g, Tensor):
+            g = Tensor._make(g, self.device)
+        shape, dtype = self._input_shapes[k], self._input_dtypes[k]
+        if g.shape != shape:
+            if g.numel() != int(np.prod(shape)):
+                raise RuntimeError(f"{self.name}.backward returned a gradient of shape {tuple(g.shape)} for input "
+                                   f"{k}, expected shape {shape}")
+            g = g.reshape(shape)
+        if g.dtype != dtype:
+            g = g.to(dtype)
+        return g
 
     def _tensor_backward(self, grads):
         Tensor = _tensor_class()
@@ -278,15 +380,16 @@ class Function:
             f"{self.name}.backward returned a gradient of shape {tuple(g.shape)} for input {k}, "
             f"expected shape {shape}")
 
-    def _run_tensor_hooks(self, grads):
+    def _run_tensor_hooks(self, grads, create_graph=False):
         Tensor = _tensor_class()
         for idx, hooks in self._pre_hooks.items():
             if grads[idx] is None:
                 continue
             for hook in hooks:
-                new = hook(Tensor._make(grads[idx], self.device))
+                g = grads[idx]
+                new = hook(g if create_graph and isinstance(g, Tensor) else Tensor._make(g, self.device))
                 if new is not None:
-                    grads[idx] = new.array
+                    grads[idx] = new if create_graph else new.array
         return grads
 
     def stash(self, *arrays):
@@ -334,6 +437,7 @@ def _apply(fn, inputs, Tensor):
     # ---- device check (comm functions move data between devices and skip it)
     dev = None
     record = False
+    grad_on = _state.enabled
     for t in inputs:
         if isinstance(t, Tensor):
             if dev is None:
@@ -342,13 +446,15 @@ def _apply(fn, inputs, Tensor):
                 raise op_error(
                     fn.name, "all tensor inputs on one device", f"inputs on {dev} and {t.device}",
                     "move them with .to(device) first (DataParallel/Scatter do this for you)")
+            view = t._view
+            if view is not None and view.version != t._version[0] and grad_on:
+                _refresh_view(t)  # its base changed in place since its history was recorded
             if t._requires_grad:
                 record = True
     if dev is None:
         dev = CPU
     fn.device = dev
     xp = fn.xp = dev.xp if dev.xp is not None else dev.array_module()
-    grad_on = _state.enabled
     if not grad_on or not fn.differentiable:
         record = False
     _state.enabled = False
@@ -393,9 +499,12 @@ def _apply(fn, inputs, Tensor):
         edges = []
         needs = []
         shapes = []
+        dtypes = []
         for t in inputs:
             if isinstance(t, Tensor):
-                shapes.append(t.array.shape)
+                arr = t.array
+                shapes.append(arr.shape)
+                dtypes.append(arr.dtype)
                 if t._requires_grad:
                     gf = t.grad_fn
                     edges.append((gf, t._output_idx) if gf is not None else (t._accumulate_node(), 0))
@@ -403,11 +512,13 @@ def _apply(fn, inputs, Tensor):
                     continue
             else:
                 shapes.append(None)
+                dtypes.append(None)
             edges.append((None, 0))
             needs.append(False)
         fn.next_functions = tuple(edges)
         fn.needs_input_grad = tuple(needs)
         fn._input_shapes = tuple(shapes)
+        fn._input_dtypes = tuple(dtypes)
         fn._num_outputs = len(outs)
         if len(outs) > 1:
             fn._output_meta = [(o.array.shape, o.array.dtype) if o is not None else ((), np.float32) for o in outs]
@@ -417,9 +528,29 @@ def _apply(fn, inputs, Tensor):
                 o.grad_fn = fn
                 o._output_idx = i
         fn.setup_context(inputs, tuple(outs) if multi else outs[0])
-    if fn.is_view and outs[0] is not None and isinstance(inputs[0], Tensor):
-        outs[0]._version = inputs[0]._version
+    if fn.is_view and isinstance(inputs[0], Tensor):
+        fn.link_views(inputs[0], outs, grad_on)
     return tuple(outs) if multi else outs[0]
+
+
+def _refresh_view(t):
+    from .views import refresh_view
+    refresh_view(t)
+
+
+class ViewInfo:
+    """How a view tensor aliases its ``parent``: ``maker.view_of(array)`` rebuilds the view from any array laid
+    out like the parent's. ``version`` is the shared version counter's value when the view's history was last
+    recorded: once the memory changes in place elsewhere (base or a sibling view), the view's grad_fn is
+    regenerated from the base's new history before use. Views made under no_grad are never regenerated."""
+
+    __slots__ = ("parent", "maker", "version", "grad_mode")
+
+    def __init__(self, parent, maker, version, grad_mode):
+        self.parent = parent
+        self.maker = maker
+        self.version = version
+        self.grad_mode = grad_mode
 
 
 class RemovableHandle:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numbers
 
+from .. import backend
+from ..promotion import promote_types
 from ..tensor import Tensor
-from .function import Op, op_error
+from .function import Op, ViewInfo, op_error, sum_to
 
 __all__ = ["split", "chunk", "cat", "concat", "stack", "gather", "index_select"]
 
@@ -67,6 +69,30 @@ class Split(Op):
     def backward(self, *grads):
         return self.xp.concatenate(grads, axis=self.dim)
 
+    def backward_graph(self, *grads):
+        return cat(grads, self.dim)
+
+    def link_views(self, base, outputs, grad_mode):
+        start = 0
+        for piece in outputs:
+            stop = start + piece.shape[self.dim]
+            region = (slice(None),) * self.dim + (slice(start, stop), Ellipsis)
+            piece._version = base._version
+            piece._view = ViewInfo(base, _Region(region), base._version[0], grad_mode)
+            start = stop
+
+
+class _Region:
+    """Rebuilds a view given by a basic index (a split piece) from its base."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+    def view_of(self, array):
+        return array[self.index]
+
 
 class Cat(Op):
     def __init__(self, dim):
@@ -80,6 +106,9 @@ class Cat(Op):
         bounds = [sum(self.sizes[:i]) for i in range(1, len(self.sizes))]
         return tuple(self.xp.split(g, bounds, axis=self.dim))
 
+    def backward_graph(self, g):
+        return split(g, self.sizes, self.dim)
+
 
 class Stack(Op):
     def __init__(self, dim):
@@ -90,6 +119,9 @@ class Stack(Op):
 
     def backward(self, g):
         return tuple(self.xp.moveaxis(g, self.dim, 0))
+
+    def backward_graph(self, g):
+        return tuple(piece.squeeze(self.dim) for piece in split(g, 1, self.dim))
 
 
 def _check_joinable(op, tensors, dim):
@@ -104,9 +136,6 @@ def _check_joinable(op, tensors, dim):
         if t.device is not first.device:
             raise op_error(op, "tensors on one device", f"tensor 0 on {first.device}, tensor {i} on {t.device}",
                            "move them with .to(device) first")
-        if t.dtype != first.dtype:
-            raise op_error(op, "tensors of one dtype", f"tensor 0 is {first.dtype}, tensor {i} is {t.dtype}",
-                           "cast with .to(dtype) first")
     if op == "stack":
         for i, t in enumerate(tensors):
             if t.shape != first.shape:
@@ -130,9 +159,77 @@ def _items(index):
     return index if isinstance(index, tuple) else (index,)
 
 
-def _is_basic(index):
+def is_basic(index):
+    """Ints, slices, None and Ellipsis only: numpy (and torch) return a view."""
     return all(i is None or i is Ellipsis or isinstance(i, slice) or
                (isinstance(i, numbers.Integral) and not isinstance(i, bool)) for i in _items(index))
+
+
+def host_index(t, index):
+    """Index tensors of ``index`` as raw arrays on ``t``'s device; a uint8 index is a mask, as in torch.
+    An index tensor on another device is refused, except a host index for a GPU tensor (torch allows it)."""
+    items = _items(index)
+    out = []
+    for item in items:
+        if isinstance(item, Tensor):
+            if item.device is not t.device and not (item.device is backend.CPU and t.device.type == "cuda"):
+                raise op_error("index", f"index tensors on the indexed tensor's device ({t.device})",
+                               f"an index tensor on {item.device}", "move the index with .to(device) first")
+            item = backend.to_device_array(item.array, t.device)
+        if getattr(item, "dtype", None) == backend.uint8:
+            item = item.astype(bool)
+        out.append(item)
+    return tuple(out) if isinstance(index, tuple) else out[0]
+
+
+def _as_index_array(xp, i):
+    foreign = hasattr(i, "dtype") and not isinstance(i, (xp.ndarray, numbers.Integral))  # numpy on a GPU
+    if foreign or isinstance(i, (list, tuple)):
+        i = xp.asarray(i)
+        if i.size == 0 and i.dtype.kind == "f":  # x[[]] selects nothing; asarray([]) says float64
+            i = i.astype("int64")
+    return i
+
+
+def normalize_index(xp, index, shape, op="getitem", view=False):
+    """Check every index against its dim; bool masks become their nonzero() integer arrays (numpy defines
+    mask indexing that way), so backward only meets integers and cupy bounds-checks nothing. A view index
+    gets a trailing Ellipsis, which keeps x[0, 1] a 0-d view instead of a numpy scalar."""
+    items = [_as_index_array(xp, i) for i in _items(index)]
+    used = sum(_dims_used(i) for i in items)
+    if used > len(shape):
+        raise op_error(op, f"at most {len(shape)} indices for shape {shape}", f"{used} indices")
+    out, dim = [], 0
+    for item in items:
+        if item is None or _is_scalar_bool(item):  # x[True] adds a dim of size 1 and uses none
+            out.append(item)
+            continue
+        if item is Ellipsis:
+            dim += len(shape) - used
+        elif isinstance(item, slice):
+            dim += 1
+        elif _is_mask(item):
+            if item.shape != shape[dim:dim + item.ndim]:
+                raise op_error(op, f"a bool mask of shape {shape[dim:dim + item.ndim]} (dims {dim}..)",
+                               f"a mask of shape {item.shape}")
+            out.extend(item.nonzero())
+            dim += item.ndim
+            continue
+        elif hasattr(item, "dtype"):
+            if item.dtype.kind not in "iu":
+                raise op_error(op, "integer or bool index arrays", f"an index of dtype {item.dtype}",
+                               "convert with .long()")
+            _check_range("getitem", item, shape[dim], dim)
+            dim += 1
+        else:
+            if not -shape[dim] <= item < shape[dim]:
+                raise op_error(op, f"indices in [{-shape[dim]}, {shape[dim]}) for dim {dim} of size "
+                               f"{shape[dim]}", f"index {item}", "check the index against the tensor's shape")
+            dim += 1
+        out.append(item)
+    if view and not any(i is Ellipsis for i in out):
+        out.append(Ellipsis)
+    return tuple(out)
 
 
 class GetItem(Op):
@@ -141,68 +238,77 @@ class GetItem(Op):
 
     def __init__(self, index):
         self.index = index
-        self.is_view = _is_basic(index)
+        self.is_view = is_basic(index)
 
     def forward(self, x):
-        self.index = index = self._normalize(_items(self.index), x.shape)
+        self.index = index = normalize_index(self.xp, self.index, x.shape, "getitem", self.is_view)
         return x[index]
 
-    def _normalize(self, items, shape):
-        """Check every index against its dim; bool masks become their nonzero() integer arrays (numpy
-        defines mask indexing that way), so backward only meets integers and cupy bounds-checks nothing."""
-        items = [self._as_array(i) for i in items]
-        used = sum(_dims_used(i) for i in items)
-        if used > len(shape):
-            raise op_error("getitem", f"at most {len(shape)} indices for shape {shape}", f"{used} indices")
-        out, dim = [], 0
-        for item in items:
-            if item is None or _is_scalar_bool(item):  # x[True] adds a dim of size 1 and uses none
-                out.append(item)
-                continue
-            if item is Ellipsis:
-                dim += len(shape) - used
-            elif isinstance(item, slice):
-                dim += 1
-            elif _is_mask(item):
-                if item.shape != shape[dim:dim + item.ndim]:
-                    raise op_error("getitem", f"a bool mask of shape {shape[dim:dim + item.ndim]} (dims {dim}..)",
-                                   f"a mask of shape {item.shape}")
-                out.extend(item.nonzero())
-                dim += item.ndim
-                continue
-            elif hasattr(item, "dtype"):
-                if item.dtype.kind not in "iu":
-                    raise op_error("getitem", "integer or bool index arrays", f"an index of dtype {item.dtype}",
-                                   "convert with .long()")
-                _check_range("getitem", item, shape[dim], dim)
-                dim += 1
-            else:
-                if not -shape[dim] <= item < shape[dim]:
-                    raise op_error("getitem", f"indices in [{-shape[dim]}, {shape[dim]}) for dim {dim} of size "
-                                   f"{shape[dim]}", f"index {item}", "check the index against the tensor's shape")
-                dim += 1
-            out.append(item)
-        if self.is_view and not any(i is Ellipsis for i in out):
-            out.append(Ellipsis)  # keeps x[0, 1] a 0-d view instead of a numpy scalar
-        return tuple(out)
-
-    def _as_array(self, i):
-        if isinstance(i, Tensor):
-            i = i.array
-        foreign = hasattr(i, "dtype") and not isinstance(i, (self.xp.ndarray, numbers.Integral))  # numpy on a GPU
-        if foreign or isinstance(i, (list, tuple)):
-            i = self.xp.asarray(i)
-            if i.size == 0 and i.dtype.kind == "f":  # x[[]] selects nothing; asarray([]) says float64
-                i = i.astype("int64")
-        return i
+    def view_of(self, array):
+        return array[self.index]
 
     def backward(self, g):
-        grad = self.xp.zeros(self._input_shapes[0], g.dtype)
-        if self.is_view:
-            grad[self.index] = g
-        else:
-            index_add(self.xp, grad, self.index, g)
-        return grad
+        return _scatter_back(self.xp, g, self.index, self._input_shapes[0], not self.is_view)
+
+    def backward_graph(self, g):
+        return ScatterBack(self.index, self._input_shapes[0], not self.is_view).apply(g)
+
+
+def _scatter_back(xp, g, index, shape, accumulate):
+    grad = xp.zeros(shape, g.dtype)
+    if accumulate:
+        index_add(xp, grad, index, g)
+    else:
+        grad[index] = g
+    return grad
+
+
+class ScatterBack(Op):
+    """The backward of ``x[index]`` as a recorded op (double backward): zeros with ``g`` placed (or summed, for
+    advanced indices) at ``index``; its own gradient reads ``index`` back."""
+
+    def __init__(self, index, shape, accumulate):
+        self.index = index
+        self.shape = shape
+        self.accumulate = accumulate
+
+    def forward(self, g):
+        return _scatter_back(self.xp, g, self.index, self.shape, self.accumulate)
+
+    def backward(self, gg):
+        return gg[self.index]
+
+    def backward_graph(self, gg):
+        return GetItem(self.index).apply(gg)
+
+
+class IndexPut(Op):
+    """``x`` with ``x[index] = value`` (torch's index_put); ``value`` broadcasts to the selected shape.
+    ``index`` is already normalized (normalize_index). The value's gradient is the incoming gradient at every
+    selected position, repeated positions included, as torch's."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def forward(self, x, value):
+        out = x.copy()
+        try:
+            out[self.index] = value
+        except ValueError as exc:
+            raise op_error("__setitem__", f"a value broadcastable to the indexed shape {out[self.index].shape}",
+                           f"a value of shape {getattr(value, 'shape', ())}",
+                           "the value must broadcast to the selected elements' shape") from exc
+        return out
+
+    def backward(self, g):
+        need_x, need_value = self.needs_input_grad
+        grad_x = grad_value = None
+        if need_x:
+            grad_x = g.copy()
+            grad_x[self.index] = 0
+        if need_value:
+            grad_value = sum_to(g[self.index], self._input_shapes[1])
+        return grad_x, grad_value
 
 
 def _is_mask(i):
@@ -298,24 +404,34 @@ def chunk(x, chunks, dim=0):
     return split(x, -(-n // chunks), dim)
 
 
+def _promoted(tensors):
+    """The tensors cast to their common dtype (torch's promotion; each gradient comes back in its own dtype)."""
+    dtype = None
+    for t in tensors:
+        dtype = promote_types(dtype, t.dtype)
+    return tuple(t if t.dtype == dtype else t.to(dtype) for t in tensors)
+
+
 def cat(tensors, dim=0):
-    """Concatenate tensors (same dtype and device, equal shapes except in ``dim``) along ``dim``."""
+    """Concatenate tensors (one device, equal shapes except in ``dim``) along ``dim``; dtypes promote."""
     tensors = tuple(tensors)
-    return Cat(_check_joinable("cat", tensors, dim)).apply(*tensors)
+    dim = _check_joinable("cat", tensors, dim)
+    return Cat(dim).apply(*_promoted(tensors))
 
 
 concat = cat
 
 
 def stack(tensors, dim=0):
-    """Stack equal-shaped tensors along a new dimension ``dim``."""
+    """Stack equal-shaped tensors along a new dimension ``dim``; dtypes promote."""
     tensors = tuple(tensors)
-    return Stack(_check_joinable("stack", tensors, dim)).apply(*tensors)
+    dim = _check_joinable("stack", tensors, dim)
+    return Stack(dim).apply(*_promoted(tensors))
 
 
 def getitem(x, index):
     """``x[index]`` (Tensor.__getitem__): numpy indexing semantics, basic indexing returns a view."""
-    return GetItem(index).apply(x)
+    return GetItem(host_index(x, index)).apply(x)
 
 
 def gather(x, dim, index):

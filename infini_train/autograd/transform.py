@@ -1,16 +1,22 @@
-"""Shape transforms: reshape/view, transpose, permute, expand, (un)squeeze, flatten, tril/triu,
-masked_fill, repeat_interleave, contiguous."""
+"""Shape transforms: reshape/view, transpose, permute, expand, (un)squeeze, flatten, repeat, tril/triu,
+masked_fill, repeat_interleave, contiguous.
+
+View ops alias their input and can rebuild themselves from any array laid out like it (``view_of``; see
+views.py). ``view`` is a view or an error, as in torch; ``reshape`` and ``flatten`` are views when the strides
+allow (torch's computeStride rule) and real copies otherwise, so a copy never shares the input's version.
+"""
 from __future__ import annotations
 
 import numbers
 
 import numpy as np
 
+from ..tensor import Tensor
 from .function import Op, op_error, sum_to
 from .misc import index_add
 
 __all__ = ["reshape", "view", "transpose", "permute", "expand", "squeeze", "unsqueeze", "flatten", "tril", "triu",
-           "masked_fill", "repeat_interleave", "contiguous"]
+           "masked_fill", "repeat_interleave", "contiguous", "repeat"]
 
 
 def _dim(op, dim, ndim):
@@ -22,6 +28,63 @@ def _dim(op, dim, ndim):
     return int(dim) % bound
 
 
+def view_strides(shape, strides, new_shape):
+    """Strides that let ``new_shape`` view memory laid out as (shape, strides), or None (torch's computeStride)."""
+    if not shape:
+        return (0,) * len(new_shape)
+    if 0 in shape:
+        return tuple(0 for _ in new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = strides[-1]
+    tensor_numel = view_numel = 1
+    for tensor_d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[tensor_d]
+        if tensor_d == 0 or (shape[tensor_d - 1] != 1 and strides[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = strides[tensor_d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new_strides) if view_d == -1 else None
+
+
+def reshape_view(xp, a, shape):
+    """``a`` seen with ``shape`` without copying, or None when its strides do not allow it."""
+    if a.flags.c_contiguous:
+        return a.reshape(shape)
+    strides = view_strides(a.shape, a.strides, shape)
+    if strides is None:
+        return None
+    return xp.lib.stride_tricks.as_strided(a, shape, strides)
+
+
+def _infer_shape(op, shape, size):
+    """``shape`` with its -1 (at most one) resolved; an error when it does not hold ``size`` elements."""
+    known = 1
+    unknown = [i for i, n in enumerate(shape) if n == -1]
+    for n in shape:
+        if n != -1:
+            if n < 0:
+                raise op_error(op, "sizes >= 0 (or one -1)", f"shape {shape}")
+            known *= n
+    if len(unknown) > 1:
+        raise op_error(op, "at most one -1 in the shape", f"shape {shape}")
+    if unknown:
+        if known == 0 or size % known:
+            raise op_error(op, f"a shape holding the input's {size} elements", f"shape {shape}",
+                           "the -1 dim must divide the remaining elements evenly")
+        shape = tuple(size // known if n == -1 else n for n in shape)
+    elif known != size:
+        raise op_error(op, f"a shape holding the input's {size} elements", f"shape {shape} ({known} elements)",
+                       "the product of the sizes must equal the number of elements")
+    return shape
+
+
 class _Reshaping(Op):
     """Same elements in a new shape: backward reshapes the gradient back to the input's shape."""
 
@@ -30,13 +93,32 @@ class _Reshaping(Op):
     def backward(self, g):
         return g.reshape(self._input_shapes[0])
 
+    backward_graph = backward
+
+    def view_of(self, array):
+        return reshape_view(self.xp, array, self.out_shape)
+
 
 class Reshape(_Reshaping):
-    def __init__(self, shape):
+    """reshape (``strict`` False: a view when possible, else a copy) or view (``strict``: a view or an error)."""
+
+    def __init__(self, shape, strict=False):
         self.shape = shape
+        self.strict = strict
 
     def forward(self, a):
-        return a.reshape(self.shape)
+        op = "view" if self.strict else "reshape"
+        shape = self.out_shape = _infer_shape(op, self.shape, a.size)
+        out = reshape_view(self.xp, a, shape)
+        if out is not None:
+            return out
+        if self.strict:
+            raise op_error("view", f"a shape compatible with the input's strides (input shape {a.shape}, strides "
+                           f"{tuple(st // a.itemsize for st in a.strides)})", f"shape {shape}",
+                           "view size is not compatible with input tensor's size and stride (at least one dimension "
+                           "spans across two contiguous subspaces). Use .reshape(...) instead.")
+        self.is_view = False
+        return self.xp.ascontiguousarray(a).reshape(shape)
 
 
 class Squeeze(_Reshaping):
@@ -50,7 +132,12 @@ class Squeeze(_Reshaping):
             dims = self.dim if isinstance(self.dim, (tuple, list)) else (self.dim,)
             # like torch, naming a dim whose size is not 1 leaves it in place
             drop = {d for d in (_dim("squeeze", d, a.ndim) for d in dims) if a.ndim and a.shape[d] == 1}
-        return a.reshape(tuple(n for i, n in enumerate(a.shape) if i not in drop))
+        self.drop = tuple(sorted(drop))
+        self.out_shape = tuple(n for i, n in enumerate(a.shape) if i not in drop)
+        return self.xp.squeeze(a, axis=self.drop) if self.drop else a.view()
+
+    def view_of(self, array):
+        return self.xp.squeeze(array, axis=self.drop) if self.drop else array.view()
 
 
 class Unsqueeze(_Reshaping):
@@ -58,8 +145,12 @@ class Unsqueeze(_Reshaping):
         self.dim = dim
 
     def forward(self, a):
-        dim = _dim("unsqueeze", self.dim, a.ndim + 1)
-        return a.reshape(a.shape[:dim] + (1,) + a.shape[dim:])
+        self.axis = _dim("unsqueeze", self.dim, a.ndim + 1)
+        self.out_shape = a.shape[:self.axis] + (1,) + a.shape[self.axis:]
+        return self.xp.expand_dims(a, self.axis)
+
+    def view_of(self, array):
+        return self.xp.expand_dims(array, self.axis)
 
 
 class Flatten(_Reshaping):
@@ -71,6 +162,7 @@ class Flatten(_Reshaping):
         if a.ndim == 0:
             _dim("flatten", self.start_dim, 0)
             _dim("flatten", self.end_dim, 0)
+            self.out_shape = (1,)
             return a.reshape(1)
         start, end = _dim("flatten", self.start_dim, a.ndim), _dim("flatten", self.end_dim, a.ndim)
         if start > end:
@@ -78,7 +170,12 @@ class Flatten(_Reshaping):
         merged = 1
         for n in a.shape[start:end + 1]:
             merged *= n
-        return a.reshape(a.shape[:start] + (merged,) + a.shape[end + 1:])
+        shape = self.out_shape = a.shape[:start] + (merged,) + a.shape[end + 1:]
+        out = reshape_view(self.xp, a, shape)
+        if out is None:
+            self.is_view = False
+            out = self.xp.ascontiguousarray(a).reshape(shape)
+        return out
 
 
 class Transpose(Op):
@@ -89,10 +186,23 @@ class Transpose(Op):
         self.dim1 = dim1
 
     def forward(self, a):
+        bound = max(a.ndim, 1)
+        for d in (self.dim0, self.dim1):
+            if not isinstance(d, numbers.Integral) or not -bound <= d < bound:
+                raise op_error("transpose", f"dims in [{-bound}, {bound - 1}] for a {a.ndim}-d tensor",
+                               f"dim0={self.dim0}, dim1={self.dim1}", "negative dims count from the end")
+        if a.ndim == 0:
+            return a.view()
         return self.xp.swapaxes(a, self.dim0, self.dim1)
 
+    def view_of(self, array):
+        return self.xp.swapaxes(array, self.dim0, self.dim1) if array.ndim else array.view()
+
     def backward(self, g):
-        return self.xp.swapaxes(g, self.dim0, self.dim1)
+        return self.xp.swapaxes(g, self.dim0, self.dim1) if g.ndim else g
+
+    def backward_graph(self, g):
+        return g.transpose(self.dim0, self.dim1) if g.ndim else g
 
 
 class Permute(Op):
@@ -109,11 +219,20 @@ class Permute(Op):
         self.dims = dims
         return self.xp.transpose(a, dims)
 
-    def backward(self, g):
+    def view_of(self, array):
+        return self.xp.transpose(array, self.dims)
+
+    def _inverse(self):
         inverse = [0] * len(self.dims)
         for i, d in enumerate(self.dims):
             inverse[d] = i
-        return self.xp.transpose(g, inverse)
+        return tuple(inverse)
+
+    def backward(self, g):
+        return self.xp.transpose(g, self._inverse())
+
+    def backward_graph(self, g):
+        return g.permute(self._inverse())
 
 
 class Expand(Op):
@@ -139,10 +258,16 @@ class Expand(Op):
                 raise op_error("expand", f"size {old} or any size where the input has 1 (dim {i})",
                                f"size {n} for input shape {a.shape}", "only dims of size 1 can be expanded")
             target.append(n)
-        return self.xp.broadcast_to(a, tuple(target))
+        self.target = tuple(target)
+        return self.xp.broadcast_to(a, self.target)
+
+    def view_of(self, array):
+        return self.xp.broadcast_to(array, self.target)
 
     def backward(self, g):
         return sum_to(g, self._input_shapes[0])
+
+    backward_graph = backward
 
 
 class _Triangle(Op):
@@ -157,6 +282,9 @@ class _Triangle(Op):
 
     def backward(self, g):
         return self.keep(g)
+
+    def backward_graph(self, g):
+        return getattr(g, self.op)(self.diagonal)
 
 
 class Tril(_Triangle):
@@ -202,6 +330,13 @@ class MaskedFill(Op):
         grad_value = None
         if self.needs_input_grad[2]:
             grad_value = self.xp.where(mask, g, zero).sum().astype(self.value_dtype)
+        return grad_x, None, grad_value
+
+    def backward_graph(self, g):
+        (mask,) = self.stashed
+        keep = Tensor._make(~mask, g.device)
+        grad_x = g * keep if self.needs_input_grad[0] else None
+        grad_value = (g - g * keep).sum() if self.needs_input_grad[2] else None
         return grad_x, None, grad_value
 
 
@@ -254,13 +389,50 @@ class Contiguous(Op):
     def backward(self, g):
         return g
 
+    backward_graph = backward
+
+
+class Repeat(Op):
+    """torch's Tensor.repeat: tile the input ``sizes[i]`` times along dim i (leading sizes add new dims)."""
+
+    def __init__(self, sizes):
+        self.sizes = sizes
+
+    def forward(self, a):
+        if len(self.sizes) < a.ndim:
+            raise op_error("repeat", f"at least {a.ndim} repeat counts (one per dim)", f"sizes={self.sizes}",
+                           "new dims may be added in front, existing ones cannot be left out")
+        if any(n < 0 for n in self.sizes):
+            raise op_error("repeat", "non-negative repeat counts", f"sizes={self.sizes}")
+        return self.xp.tile(a, self.sizes)
+
+    def backward(self, g):
+        shape = self._input_shapes[0]
+        padded = (1,) * (len(self.sizes) - len(shape)) + tuple(shape)
+        split = []
+        for reps, n in zip(self.sizes, padded):
+            split += [reps, n]
+        axes = tuple(range(0, 2 * len(padded), 2))
+        g = g.reshape(tuple(split))
+        g = g.sum(dim=axes) if isinstance(g, Tensor) else g.sum(axis=axes)
+        return g.reshape(shape)
+
+    backward_graph = backward
+
 
 def reshape(x, shape):
-    """Same data, new shape (one dim may be -1). A view where the memory layout allows."""
-    return Reshape(tuple(shape)).apply(x)
+    """Same data, new shape (one dim may be -1): a view where the strides allow, else a copy."""
+    return Reshape(tuple(int(n) for n in shape)).apply(x)
 
 
-view = reshape
+def view(x, shape):
+    """The same memory seen with a new shape (one dim may be -1); an error when the strides do not allow it."""
+    return Reshape(tuple(int(n) for n in shape), strict=True).apply(x)
+
+
+def repeat(x, sizes):
+    """Tile ``x``: ``sizes[i]`` copies along dim i (more sizes than dims add leading dims), as Tensor.repeat."""
+    return Repeat(tuple(int(n) for n in sizes)).apply(x)
 
 
 def transpose(x, dim0, dim1):

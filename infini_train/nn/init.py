@@ -68,7 +68,6 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0):
     """Fill with N(mean, std^2) restricted to [a, b] (redraws the values that fall outside)."""
     if not a < b:
         raise ValueError(f"trunc_normal_: expected a < b, got a={a}, b={b}")
-    xp = tensor.device.array_module()
     gen = backend.generator_for(tensor.device)
     values = gen.standard_normal(tensor.shape) * std + mean
     for _ in range(1000):
@@ -79,9 +78,7 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0):
         values[outside] = gen.standard_normal(count) * std + mean
     else:
         raise ValueError(f"trunc_normal_: [a, b] = [{a}, {b}] holds almost none of N({mean}, {std}^2)")
-    tensor._inplace("trunc_normal_")
-    xp.copyto(tensor.array, values, casting="unsafe")
-    return tensor
+    return tensor.copy_(values)
 
 
 @no_grad()

@@ -31,13 +31,13 @@ def test_sum_mean_over_dim_of_0d():
 
 
 # ------------------------------------------------------------------------------------------ max / min
-def _torch_extremum(name, dim, keepdim):
-    """torch's counterpart: x.max() / x.amax(dims) for full and tuple reductions, torch.max(x, d).values."""
+def _call_extremum(mod, name, dim, keepdim):
+    """x.max() for dim=None, x.amax(dims) for tuples, x.max(dim) -> (values, indices) for an int dim."""
     if dim is None:
         return lambda x: getattr(x, name)()
     if isinstance(dim, tuple):
         return lambda x: getattr(x, "a" + name)(dim, keepdim)
-    return lambda x: getattr(torch, name)(x, dim, keepdim).values
+    return lambda x: getattr(mod, name)(x, dim, keepdim)
 
 
 MAX_DIMS = [(None, False), (0, False), (1, True), (-1, False), ((0, 2), True), ((0, 2), False), ((1,), False)]
@@ -46,17 +46,44 @@ MAX_DIMS = [(None, False), (0, False), (1, True), (-1, False), ((0, 2), True), (
 @pytest.mark.parametrize("dim,keepdim", MAX_DIMS, ids=str)
 @pytest.mark.parametrize("name", ["max", "min"])
 def test_max_min_without_ties(name, dim, keepdim):
-    # random floats: no ties, so finite differences are well defined
-    it_fn = (lambda x: getattr(x, name)()) if dim is None else (lambda x: getattr(x, name)(dim, keepdim))
-    check_op([(2, 3, 4)], it_fn, _torch_extremum(name, dim, keepdim))
-    check_op([(2, 3, 4)], lambda x: getattr(it, name)(x, dim, keepdim), _torch_extremum(name, dim, keepdim))
+    # random floats: no ties, so finite differences are well defined; an int dim compares indices too
+    check_op([(2, 3, 4)], _call_extremum(it, name, dim, keepdim), _call_extremum(torch, name, dim, keepdim))
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_with_dim_is_a_named_tuple_like_torch(name):
+    x = make_inputs([(3, 5)])[0]
+    ours, theirs = getattr(it.tensor(x), name)(dim=1), getattr(torch.tensor(x), name)(dim=1)
+    values, indices = ours
+    assert type(ours).__name__ == name and ours._fields == ("values", "indices")
+    np.testing.assert_array_equal(values.numpy(), theirs.values.numpy())
+    np.testing.assert_array_equal(indices.numpy(), theirs.indices.numpy())
+    assert ours.values is values and ours.indices is indices and indices.dtype == it.int64
+    assert ours[0] is values and len(ours) == 2
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_with_a_tensor_is_elementwise(name):
+    check_op([(2, 3), (2, 3)], lambda a, b: getattr(a, name)(b), lambda a, b: getattr(a, name)(b))
+    check_op([(2, 3), (3,)], lambda a, b: getattr(it, name)(a, b), lambda a, b: getattr(torch, name)(a, b))
+
+
+def test_max_with_tuple_dims_points_to_amax():
+    with pytest.raises(ValueError, match="(?s)max: expected dim as an int.*HINT: .*amax"):
+        it.ones(2, 3).max((0, 1))
+
+
+@pytest.mark.parametrize("name", ["amax", "amin"])
+def test_amax_amin_all_dims(name):
+    check_op([(2, 3)], lambda x: getattr(x, name)(), lambda x: getattr(x, name)())
+    check_op([(2, 3)], lambda x: getattr(it, name)(x, 1, True), lambda x: getattr(torch, name)(x, 1, True))
 
 
 @pytest.mark.parametrize("name", ["max", "min"])
 def test_max_min_of_0d_and_empty_rows(name):
     check_op([()], lambda x: getattr(x, name)(), lambda x: getattr(x, name)())
-    check_op([()], lambda x: getattr(x, name)(0), lambda x: getattr(torch, name)(x, 0).values)
-    check_op([(0, 3)], lambda x: getattr(x, name)(1), lambda x: getattr(torch, name)(x, 1).values)
+    check_op([()], lambda x: getattr(x, name)(0), lambda x: getattr(torch, name)(x, 0))
+    check_op([(0, 3)], lambda x: getattr(x, name)(1), lambda x: getattr(torch, name)(x, 1))
 
 
 TIES = np.array([[1.0, 3.0, 3.0, -1.0],
@@ -70,8 +97,7 @@ TIES = np.array([[1.0, 3.0, 3.0, -1.0],
 def test_max_min_gradient_with_ties_matches_torch(name, dim, keepdim):
     # ties: a full/tuple reduction splits the gradient evenly among tied elements (x.max(), amax), an int
     # dim sends it to the first one (torch.max(x, dim)). FD is undefined at ties: compare with torch only.
-    it_fn = (lambda x: getattr(x, name)()) if dim is None else (lambda x: getattr(x, name)(dim, keepdim))
-    check_op([TIES], it_fn, _torch_extremum(name, dim, keepdim), fd=False)
+    check_op([TIES], _call_extremum(it, name, dim, keepdim), _call_extremum(torch, name, dim, keepdim), fd=False)
 
 
 def test_max_ties_explicit_values():
@@ -81,7 +107,7 @@ def test_max_ties_explicit_values():
     expect[TIES == 3.0] = 0.25
     np.testing.assert_array_equal(x.grad.numpy(), expect)
     x.grad = None
-    x.max(1).sum().backward()
+    x.max(1).values.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [[0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]])
 
 
@@ -95,7 +121,8 @@ def test_extremum_of_empty_dim_is_an_error(name):
 
 def test_max_min_of_integer_tensor():
     x = it.tensor([[3, 1, 4], [1, 5, 9]])
-    np.testing.assert_array_equal(x.max(1).numpy(), [4, 9])
+    np.testing.assert_array_equal(x.max(1).values.numpy(), [4, 9])
+    np.testing.assert_array_equal(x.max(1).indices.numpy(), [2, 2])
     np.testing.assert_array_equal(x.min().numpy(), 1)
     assert x.max().dtype == it.int64 and not x.max().requires_grad
 
