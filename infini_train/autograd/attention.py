@@ -5,7 +5,11 @@ Forward:  S = q k^T * scale + mask,  P = softmax(S),  O = dropout(P) v
 Backward: dV = dropout(P)^T dO,  dP = dropout'(dO v^T),  dS = P * (dP - rowsum(dP * P)),
           dQ = dS k * scale,  dK = dS^T q * scale,  dMask = dS (float masks only).
 Scalar factors (the attention scale, the dropout's 1/(1-p)) are applied to the (T, E)-sized results rather
-than to the (T, T)-sized score matrices."""
+than to the (T, T)-sized score matrices.
+
+Grouped-query attention (enable_gqa=True): k and v may have fewer heads (dim -3) than q, dividing q's. They are
+repeated head by head (torch's repeat_interleave) to q's heads before the same computation, and backward sums
+the gradients of each group of repeated heads back onto its shared k/v head."""
 from __future__ import annotations
 
 import math
@@ -40,21 +44,26 @@ def _row_max(xp, scores):
 
 
 class ScaledDotProductAttention(Op):
-    def __init__(self, is_causal=False, scale=None, dropout_p=0.0):
+    def __init__(self, is_causal=False, scale=None, dropout_p=0.0, enable_gqa=False):
         self.is_causal = is_causal
         self.scale = scale
         self.dropout_p = dropout_p
+        self.enable_gqa = enable_gqa
 
     def _check(self, q, k, v, mask):
         if q.ndim < 2 or k.ndim < 2 or v.ndim < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
             raise op_error(_NAME, "q (..., Tq, E), k (..., Tk, E), v (..., Tk, Ev)",
                            f"q {q.shape}, k {k.shape}, v {v.shape}",
                            "q and k share the last dim E; k and v share the key length Tk")
+        kv_batch = self._gqa_batch_dims(q, k, v) if self.enable_gqa else (k.shape[:-2], v.shape[:-2])
         try:
-            batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+            batch = np.broadcast_shapes(q.shape[:-2], *kv_batch)
         except ValueError:
+            hint = "use the same (batch, heads) leading dims for q, k and v"
+            if not self.enable_gqa and min(q.ndim, k.ndim, v.ndim) >= 3 and q.shape[-3] != k.shape[-3]:
+                hint += "; for k and v with fewer heads than q (grouped-query attention) pass enable_gqa=True"
             raise op_error(_NAME, "batch dims of q, k, v that broadcast", f"q {q.shape}, k {k.shape}, v {v.shape}",
-                           "use the same (batch, heads) leading dims for q, k and v") from None
+                           hint) from None
         if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype.kind not in "fV":
             raise op_error(_NAME, "q, k, v of one floating dtype", f"{q.dtype}, {k.dtype}, {v.dtype}",
                            "cast with .to(dtype)")
@@ -71,6 +80,29 @@ class ScaledDotProductAttention(Op):
                 raise op_error(_NAME, f"an attn_mask broadcastable to the scores' shape {scores_shape}",
                                f"attn_mask of shape {mask.shape}", "the mask's last two dims are (Tq, Tk)")
         return scores_shape
+
+    @staticmethod
+    def _gqa_batch_dims(q, k, v):
+        """The batch dims of k and v once their heads are repeated to q's; checks that their heads divide q's."""
+        if min(q.ndim, k.ndim, v.ndim) < 3:
+            raise op_error(_NAME, "q, k, v of shape (..., heads, T, E) with enable_gqa=True",
+                           f"q {q.shape}, k {k.shape}, v {v.shape}", "the heads are dim -3")
+        heads = q.shape[-3]
+        for name, a in (("k", k), ("v", v)):
+            if a.shape[-3] == 0 or heads % a.shape[-3]:
+                raise op_error(_NAME, f"{name} heads that divide q's {heads} heads (enable_gqa=True)",
+                               f"{name} of shape {a.shape}",
+                               "each group of q heads attends to one shared k/v head: q's heads must be a "
+                               "multiple of k's and v's heads (dim -3)")
+        return k.shape[:-3] + (heads,), v.shape[:-3] + (heads,)
+
+    def _repeat_heads(self, heads, *arrays):
+        """k/v repeated head by head to ``heads`` heads (torch's repeat_interleave on dim -3) for enable_gqa;
+        a single head is left to broadcast."""
+        if not self.enable_gqa:
+            return arrays
+        return tuple(a if a is None or a.shape[-3] in (1, heads) else self.xp.repeat(a, heads // a.shape[-3], axis=-3)
+                     for a in arrays)
 
     def _blocks(self, tq, tk):
         """Query row ranges [q0, q1) and the key prefix each needs. Causal rows [q0, q1) see keys [0, q1) only,
@@ -109,6 +141,7 @@ class ScaledDotProductAttention(Op):
     def forward(self, q, k, v, mask=None):
         xp = self.xp
         self._check(q, k, v, mask)
+        k, v = self._repeat_heads(q.shape[-3] if q.ndim > 2 else 1, k, v)
         self.tq, self.tk = tq, tk = q.shape[-2], k.shape[-2]
         self.in_dtype = q.dtype
         self.used_scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -141,6 +174,7 @@ class ScaledDotProductAttention(Op):
         q, k, v = self.saved_arrays
         blocks, probs, keeps = self.stashed
         shapes = self._input_shapes
+        k, v = self._repeat_heads(shapes[0][-3] if len(shapes[0]) > 2 else 1, k, v)
         need_q, need_k, need_v = self.needs_input_grad[:3]
         need_mask = len(shapes) == 4 and self.needs_input_grad[3]
         drop_scale = 1.0 / (1.0 - self.dropout_p) if self.dropout_p > 0.0 else 1.0
@@ -184,10 +218,15 @@ class ScaledDotProductAttention(Op):
         return grads + (grad_mask,) if len(shapes) == 4 else grads
 
     def _finish(self, grad, coef, input_index):
-        """Apply the scalar factor to the (T, E)-sized gradient, undo batch broadcasting, cast to the input dtype."""
+        """Apply the scalar factor to the (T, E)-sized gradient, sum repeated k/v heads over their group, undo
+        batch broadcasting, cast to the input dtype."""
         if coef != 1.0:
             grad *= coef
-        return sum_to(grad, self._input_shapes[input_index]).astype(self.in_dtype, copy=False)
+        shape = self._input_shapes[input_index]
+        if self.enable_gqa and input_index > 0 and shape[-3] not in (1, grad.shape[-3]):
+            heads = shape[-3]
+            grad = grad.reshape(grad.shape[:-3] + (heads, grad.shape[-3] // heads) + grad.shape[-2:]).sum(axis=-3)
+        return sum_to(grad, shape).astype(self.in_dtype, copy=False)
 
 
 def _sum_key_prefixes(xp, parts, keys):
@@ -202,19 +241,21 @@ def _sum_key_prefixes(xp, parts, keys):
     return total
 
 
-def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
     """softmax(q @ k^T * scale + mask) @ v for q (..., Tq, E), k (..., Tk, E), v (..., Tk, Ev), as torch.
 
     ``attn_mask``: bool (True = takes part) or float (added to the scores), broadcastable to (..., Tq, Tk).
     ``is_causal`` keeps tril(ones(Tq, Tk)) (top-left aligned, as torch). ``scale`` defaults to 1/sqrt(E).
     ``dropout_p`` drops attention weights with a mask from the generator seeded by ``manual_seed``.
-    A fully masked query row gives a zero output, as in torch."""
+    ``enable_gqa``: k and v may have fewer heads (dim -3) than q, dividing q's (grouped-query attention): q head
+    h attends to k/v head h // (q heads / k heads), as torch. A fully masked query row gives a zero output."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise op_error(_NAME, "dropout_p in [0, 1)", repr(dropout_p), "dropout_p is the probability of dropping")
     if is_causal and attn_mask is not None:
         raise op_error(_NAME, "either attn_mask or is_causal=True", "both",
                        "fold the causal mask into attn_mask (e.g. with tril) and pass is_causal=False")
-    fn = ScaledDotProductAttention(bool(is_causal), scale, float(dropout_p))
+    fn = ScaledDotProductAttention(bool(is_causal), scale, float(dropout_p), bool(enable_gqa))
     if attn_mask is None:
         return fn.apply(q, k, v)
     return fn.apply(q, k, v, attn_mask)

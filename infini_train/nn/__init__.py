@@ -1,10 +1,11 @@
 """Neural-network modules, functional forms, initialisation and gradient utilities."""
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, Sequential
-from .layers import (GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, ReLU, SiLU,
-                     Sigmoid, Softmax, Tanh)
+from .layers import (GELU, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax,
+                     Tanh)
+from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module, Parameter
 
 __all__ = ["functional", "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear",
            "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Sigmoid", "SiLU", "Tanh", "Softmax", "LogSoftmax",
-           "Identity", "CrossEntropyLoss"]
+           "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss"]

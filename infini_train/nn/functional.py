@@ -55,14 +55,29 @@ def log_softmax(x, dim=-1):
     return _softmax.log_softmax(x, dim)
 
 
-def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
-    """Softmax cross entropy of (N, C) logits against (N,) class indices; targets equal to ``ignore_index``
-    count neither in the sum nor in the mean's denominator."""
-    return loss.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """Softmax cross entropy of (N, C), (C,) or (N, C, d1, ...) logits against class indices (targets equal to
+    ``ignore_index`` count neither in the sum nor in the mean's denominator) or class probabilities (a float
+    target of the input's shape), with optional class ``weight`` and ``label_smoothing``, as torch."""
+    return loss.cross_entropy(input, target, weight=weight, ignore_index=ignore_index, reduction=reduction,
+                              label_smoothing=label_smoothing)
 
 
-def nll_loss(log_probs, target, ignore_index=-100, reduction="mean"):
-    return loss.nll_loss(log_probs, target, ignore_index=ignore_index, reduction=reduction)
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    """Negative log-likelihood of class indices given log-probabilities, with optional class ``weight``."""
+    return loss.nll_loss(input, target, weight=weight, ignore_index=ignore_index, reduction=reduction)
+
+
+def mse_loss(input, target, reduction="mean"):
+    """Mean squared error between input and target (which broadcast, with a warning when their shapes differ)."""
+    return loss.mse_loss(input, target, reduction=reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
+    """Binary cross-entropy of logits against targets in [0, 1], numerically stable; ``weight`` and
+    ``pos_weight`` (the weight of positive targets, e.g. one per class) broadcast to the input's shape."""
+    return loss.binary_cross_entropy_with_logits(input, target, weight=weight, reduction=reduction,
+                                                 pos_weight=pos_weight)
 
 
 def dropout(x, p=0.5, training=True):
@@ -70,11 +85,14 @@ def dropout(x, p=0.5, training=True):
     return _dropout.dropout(x, p, training)
 
 
-def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    """softmax(q k^T * scale + mask) v over (..., T, head_dim) inputs; ``is_causal`` masks future positions."""
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """softmax(q k^T * scale + mask) v over (..., T, head_dim) inputs; ``is_causal`` masks future positions;
+    ``enable_gqa`` lets k and v have fewer heads than q (grouped-query attention)."""
     return attention.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                                  is_causal=is_causal, scale=scale)
+                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 __all__ = ["linear", "embedding", "layer_norm", "gelu", "relu", "sigmoid", "silu", "softplus", "tanh", "softmax",
-           "log_softmax", "cross_entropy", "nll_loss", "dropout", "scaled_dot_product_attention"]
+           "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "binary_cross_entropy_with_logits", "dropout",
+           "scaled_dot_product_attention"]

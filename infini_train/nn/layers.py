@@ -1,4 +1,4 @@
-"""Layers: Linear, Embedding, LayerNorm, Dropout, activations, Identity, CrossEntropyLoss.
+"""Layers: Linear, Embedding, LayerNorm, Dropout, activations, Identity (the losses are in loss.py).
 
 Default initialisation and ``repr`` follow torch.nn, so the same seedless structure prints the same.
 """
@@ -197,13 +197,3 @@ class Identity(Module):
     def forward(self, x):
         return x
 
-
-class CrossEntropyLoss(Module):
-    def __init__(self, ignore_index=-100, reduction="mean"):
-        super().__init__()
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"CrossEntropyLoss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-        self.ignore_index, self.reduction = ignore_index, reduction
-
-    def forward(self, logits, target):
-        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction)

@@ -149,3 +149,92 @@ def test_sdpa_large_causal_matches_torch():
     # T=300: the real blocked path (query rows [0, 128), [128, 256), [256, 300)), forward and gradients
     check_op([(1, 2, 300, 8), (1, 2, 300, 8), (1, 2, 300, 8)], lambda q, k, v: sdpa(q, k, v, is_causal=True),
              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=ATOL, fd=False)
+
+
+# ---------------------------------------------------------------------------------- grouped-query attention
+GQA_SHAPES = {
+    "groups_of_2": [(2, 4, 5, 8), (2, 2, 6, 8), (2, 2, 6, 3)],
+    "one_kv_head": [(1, 3, 4, 4), (1, 1, 4, 4), (1, 1, 4, 2)],
+    "k_and_v_heads_differ": [(1, 6, 3, 4), (1, 2, 5, 4), (1, 3, 5, 2)],
+    "kv_batch_broadcasts": [(2, 4, 3, 4), (1, 2, 3, 4), (1, 2, 3, 2)],
+    "3d_heads_first": [(4, 3, 2), (2, 5, 2), (2, 5, 3)],
+    "equal_heads": [(2, 2, 3, 4), (2, 2, 3, 4), (2, 2, 3, 2)],
+}
+
+
+@pytest.mark.parametrize("shapes", list(GQA_SHAPES.values()), ids=list(GQA_SHAPES))
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_gqa_matches_torch(shapes, causal):
+    # k/v gradients are the sums over each group of q heads sharing the k/v head
+    check_op(shapes, lambda q, k, v: sdpa(q, k, v, is_causal=causal, enable_gqa=True),
+             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True), atol=ATOL)
+
+
+def test_sdpa_gqa_with_masks():
+    per_head = np.random.default_rng(1).standard_normal((4, 3, 5)).astype(np.float32)  # a float mask per q head
+    check_op([(2, 4, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3), per_head],
+             lambda q, k, v, m: sdpa(q, k, v, attn_mask=m, enable_gqa=True),
+             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True), atol=ATOL,
+             grad_mask=[True, True, True, True])
+    bool_mask = np.random.default_rng(2).random((2, 1, 3, 5)) > 0.4
+    bool_mask[..., 0] = True
+    check_op([(2, 4, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3), bool_mask],
+             lambda q, k, v, m: sdpa(q, k, v, attn_mask=m, scale=0.7, enable_gqa=True),
+             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.7, enable_gqa=True),
+             atol=ATOL)
+
+
+def test_sdpa_gqa_blocked_causal_and_dropout(monkeypatch):
+    monkeypatch.setattr(attention_module, "_CAUSAL_BLOCK_ROWS", 2)
+    shapes = [(1, 4, 7, 3), (1, 2, 7, 3), (1, 2, 7, 2)]
+    check_op(shapes, lambda q, k, v: sdpa(q, k, v, is_causal=True, enable_gqa=True),
+             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), atol=ATOL)
+
+    def with_dropout(q, k, v):
+        it.manual_seed(3)
+        return sdpa(q, k, v, is_causal=True, dropout_p=0.3, enable_gqa=True)
+    check_finite_differences(with_dropout, make_inputs(shapes), [True, True, True])
+
+
+def test_sdpa_gqa_equals_repeated_heads():
+    # the grouped result is attention over k and v repeated head by head (torch's repeat_interleave)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in [(2, 6, 4, 3), (2, 3, 5, 3), (2, 3, 5, 3)])
+    grouped = sdpa(it.tensor(q), it.tensor(k), it.tensor(v), enable_gqa=True).numpy()
+    repeated = sdpa(it.tensor(q), it.tensor(np.repeat(k, 2, axis=1)), it.tensor(np.repeat(v, 2, axis=1))).numpy()
+    np.testing.assert_array_equal(grouped, repeated)
+    with pytest.raises(AssertionError):  # tiled (head h -> h % 3) is a different pairing
+        np.testing.assert_allclose(grouped, sdpa(it.tensor(q), it.tensor(np.tile(k, (1, 2, 1, 1))),
+                                                 it.tensor(np.tile(v, (1, 2, 1, 1)))).numpy(), atol=1e-5)
+
+
+def test_sdpa_gqa_errors():
+    name = "scaled_dot_product_attention"
+    q, k, v = it.ones(2, 4, 3, 8), it.ones(2, 2, 3, 8), it.ones(2, 2, 3, 8)
+    with pytest.raises(ValueError, match=rf"{name}: expected batch dims of q, k, v that broadcast.*\nHINT: .*"
+                                         r"pass enable_gqa=True"):
+        sdpa(q, k, v)
+    with pytest.raises(ValueError, match=rf"{name}: expected k heads that divide q's 4 heads \(enable_gqa=True\), got "
+                                         r"k of shape \(2, 3, 3, 8\)"):
+        sdpa(q, it.ones(2, 3, 3, 8), it.ones(2, 3, 3, 8), enable_gqa=True)
+    with pytest.raises(ValueError, match=rf"{name}: expected v heads that divide q's 4 heads"):
+        sdpa(q, k, it.ones(2, 8, 3, 8), enable_gqa=True)
+    with pytest.raises(ValueError, match=rf"{name}: expected q, k, v of shape \(\.\.\., heads, T, E\) with "
+                                         r"enable_gqa=True"):
+        sdpa(it.ones(3, 8), it.ones(3, 8), it.ones(3, 8), enable_gqa=True)
+    with pytest.raises(ValueError, match=rf"{name}: expected an attn_mask broadcastable to the scores' shape "
+                                         r"\(2, 4, 3, 3\), got attn_mask of shape \(2, 3, 3\)"):
+        sdpa(q, k, v, attn_mask=it.ones(2, 3, 3), enable_gqa=True)  # (2, 3, 3) reads as 2 heads, not 4
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not it.backend.cuda_available(), reason="needs cupy and an NVIDIA GPU")
+def test_sdpa_gqa_on_cuda_matches_cpu():
+    arrays = make_inputs([(2, 4, 5, 8), (2, 2, 5, 8), (2, 2, 5, 3)])
+    results = []
+    for device in ("cpu", "cuda:0"):
+        q, k, v = (it.tensor(a, device=device, requires_grad=True) for a in arrays)
+        sdpa(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+        results.append([t.grad.numpy() for t in (q, k, v)])
+    for cpu, gpu in zip(*results):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=ATOL)

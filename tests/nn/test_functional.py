@@ -1,6 +1,7 @@
 """nn.functional: each wrapper against torch.nn.functional (forward and input gradients)."""
 import numpy as np
 import pytest
+import torch
 import torch.nn.functional as TF
 
 import infini_train as it
@@ -10,6 +11,8 @@ from tests.op_check import check_op
 
 ids = np.array([[0, 3, 1], [2, 2, 4]])
 target = np.array([1, -100, 3, 0])
+class_weight = np.array([0.5, 2.0, 1.0, 1.5, 0.25], np.float32)
+soft_target = np.random.default_rng(0).dirichlet(np.ones(5), size=4).astype(np.float32)
 
 CASES = [
     ("linear", [(2, 3, 4), (5, 4), (5,)], F.linear, TF.linear, {}),
@@ -26,6 +29,21 @@ CASES = [
     ("cross_entropy_sum", [(4, 5), np.array([1, -1, 3, 0])],
      lambda x, t: F.cross_entropy(x, t, ignore_index=-1, reduction="sum"),
      lambda x, t: TF.cross_entropy(x, t, ignore_index=-1, reduction="sum"), {}),
+    ("cross_entropy_weight_smoothing", [(4, 5), target, class_weight],
+     lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.2),
+     lambda x, t, w: TF.cross_entropy(x, t, w, label_smoothing=0.2), {"grad_mask": [True, False, False]}),
+    ("cross_entropy_probabilities", [(4, 5), soft_target],
+     lambda x, p: F.cross_entropy(x, p, reduction="sum"), lambda x, p: TF.cross_entropy(x, p, reduction="sum"), {}),
+    ("nll_loss_weight", [(4, 5), target, class_weight], lambda x, t, w: F.nll_loss(x, t, w, reduction="none"),
+     lambda x, t, w: TF.nll_loss(x, t, w, reduction="none"), {"grad_mask": [True, False, False]}),
+    ("mse_loss", [(3, 4), (3, 4)], F.mse_loss, TF.mse_loss, {}),
+    ("binary_cross_entropy_with_logits", [(4, 5), soft_target],
+     lambda x, t: F.binary_cross_entropy_with_logits(x, t, pos_weight=it.tensor(class_weight, dtype=x.dtype)),
+     lambda x, t: TF.binary_cross_entropy_with_logits(x, t, pos_weight=torch.tensor(class_weight)), {}),
+    ("sdpa_gqa", [(1, 4, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4)],
+     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+     lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+     {"rtol": 1e-4, "atol": 1e-5}),
     ("sdpa_causal", [(1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4)],
      lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
      lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True), {"rtol": 1e-4, "atol": 1e-5}),
@@ -46,6 +64,12 @@ def test_dropout_functional():
     y = F.dropout(x, 0.5).numpy()
     assert abs((y != 0).mean() - 0.5) < 0.05 and set(np.unique(y)) == {0.0, 2.0}
     np.testing.assert_array_equal(F.dropout(x, 0.5, training=False).numpy(), x.numpy())
+
+
+def test_all_lists_the_losses():
+    for name in ("cross_entropy", "nll_loss", "mse_loss", "binary_cross_entropy_with_logits",
+                 "scaled_dot_product_attention"):
+        assert name in F.__all__ and callable(getattr(F, name))
 
 
 def test_wrappers_look_up_the_op_families_at_call_time(monkeypatch):

@@ -1,5 +1,5 @@
 """Layers and containers against torch.nn modules holding identical weights: outputs, input and parameter
-gradients; default initialisation; Dropout's train/eval behaviour."""
+gradients; default initialisation; Dropout's train/eval behaviour. (Loss modules: test_loss.py.)"""
 import math
 
 import numpy as np
@@ -83,24 +83,6 @@ def test_gelu(approximate):
                                          (nn.Identity(3, foo=1), torch.nn.Identity(3, foo=1))], ids=repr)
 def test_parameterless_layers(ours, theirs):
     compare(ours, theirs, randn(4, 5) * 2 + 0.1)
-
-
-def test_cross_entropy_loss():
-    logits = randn(6, 5)
-    target = np.array([0, 4, -1, 2, 2, -1])
-    for kw in [dict(ignore_index=-1), dict(ignore_index=-1, reduction="sum"), dict(ignore_index=-1, reduction="none")]:
-        li, lt = it.tensor(logits, requires_grad=True), torch.tensor(logits, requires_grad=True)
-        yi = nn.CrossEntropyLoss(**kw)(li, it.tensor(target))
-        yt = torch.nn.CrossEntropyLoss(**kw)(lt, torch.tensor(target))
-        np.testing.assert_allclose(yi.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-6)
-        yi.sum().backward()
-        yt.sum().backward()
-        np.testing.assert_allclose(li.grad.numpy(), lt.grad.numpy(), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="reduction"):
-        nn.CrossEntropyLoss(reduction="avg")
-    default = nn.CrossEntropyLoss()(it.tensor(logits[:2]), it.tensor(np.array([1, -100])))
-    assert default.item() == pytest.approx(float(torch.nn.functional.cross_entropy(
-        torch.tensor(logits[:1]), torch.tensor([1]))), rel=1e-6)
 
 
 def test_dropout_train_and_eval():
