@@ -8,6 +8,7 @@ from .autograd import (
     attention,
     conversion,
     dropout,
+    einsum,
     elementwise,
     linear,
     logic,
@@ -17,13 +18,15 @@ from .autograd import (
     normalization,
     outer,
     reduction,
+    scan,
     softmax,
+    sorting,
     sparse,
     transform,
 )
 
 FAMILIES = (elementwise, logic, activations, matmul, linear, outer, softmax, normalization, loss, reduction,
-            transform, misc, sparse, dropout, attention, conversion)
+            transform, misc, sparse, dropout, attention, conversion, einsum, sorting, scan)
 
 __all__ = []
 for _family in FAMILIES:

@@ -1,4 +1,5 @@
-"""embedding: rows of a weight table gathered by integer ids; backward scatter-adds into the table."""
+"""embedding: rows of a weight table gathered by integer ids; backward scatter-adds into the table.
+one_hot: integer class ids as rows of an identity (exposed as infini_train.nn.functional.one_hot only)."""
 from __future__ import annotations
 
 import numbers
@@ -89,4 +90,38 @@ def embedding(ids, weight, padding_idx=None):
     return Embedding(padding_idx).apply(ids, weight)
 
 
-__all__ = ["embedding"]
+class OneHot(Op):
+    differentiable = False
+
+    def __init__(self, num_classes):
+        self.num_classes = num_classes
+
+    def forward(self, ids):
+        if ids.dtype != "int64":
+            raise op_error("one_hot", "an int64 index tensor", f"dtype {ids.dtype}", "convert it with .long()")
+        num_classes = self.num_classes
+        if not isinstance(num_classes, numbers.Integral):
+            raise op_error("one_hot", "num_classes as an int", repr(num_classes))
+        if ids.size == 0:
+            if num_classes <= 0:
+                raise op_error("one_hot", "num_classes > 0 for an empty tensor", f"num_classes={num_classes}",
+                               "the number of classes cannot be inferred from an empty tensor; pass num_classes")
+            return self.xp.zeros(ids.shape + (int(num_classes),), "int64")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0:
+            raise op_error("one_hot", "non-negative class values", f"class {lo}")
+        if num_classes == -1:
+            num_classes = hi + 1
+        elif hi >= num_classes:
+            raise op_error("one_hot", f"class values smaller than num_classes={num_classes}", f"class {hi}",
+                           "num_classes=-1 infers it as the largest class + 1")
+        return (ids[..., None] == self.xp.arange(int(num_classes))).astype("int64")
+
+
+def one_hot(tensor, num_classes=-1):
+    """int64 one-hot rows for int64 class ids: shape (*tensor.shape, num_classes), as
+    torch.nn.functional.one_hot. ``num_classes=-1`` takes the largest class + 1."""
+    return OneHot(num_classes).apply(tensor)
+
+
+__all__ = ["embedding"]  # one_hot stays out of the top level, as in torch

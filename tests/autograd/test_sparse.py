@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.sparse import scatter_add_rows
+from infini_train.autograd.sparse import one_hot, scatter_add_rows
 from tests.op_check import check_op
 
 F = torch.nn.functional
@@ -66,3 +66,47 @@ def test_embedding_errors():
         it.embedding(it.tensor([1]), it.ones(4))
     with pytest.raises(ValueError, match=r"embedding: expected padding_idx in \[-4, 4\) or None, got 4"):
         it.embedding(it.tensor([1]), it.ones(4, 2), padding_idx=4)
+
+
+# ------------------------------------------------------------------------------------------- one_hot
+@pytest.mark.parametrize("ids,num_classes", [
+    (np.array([3, 1, 2]), -1), (np.array([[0, 2], [1, 0]]), 5), (np.array(2), -1), (np.zeros((0, 2), np.int64), 4),
+    (np.array([0, 0]), 1),
+], ids=repr)
+def test_one_hot_matches_torch(ids, num_classes):
+    got = one_hot(it.tensor(ids), num_classes)
+    expect = F.one_hot(torch.tensor(ids), num_classes)
+    assert got.dtype == it.int64 and got.shape == tuple(expect.shape)
+    np.testing.assert_array_equal(got.numpy(), expect.numpy())
+
+
+def test_one_hot_values_and_no_gradient():
+    got = one_hot(it.tensor([2, 0]), 3)
+    assert got.tolist() == [[0, 0, 1], [1, 0, 0]]
+    assert got.grad_fn is None and not got.requires_grad
+
+
+def test_one_hot_is_not_a_top_level_function():
+    assert not hasattr(it, "one_hot")
+
+
+@pytest.mark.parametrize("ids,num_classes,message", [
+    ([1, 2], -1, None), ([-1, 2], -1, "one_hot: expected non-negative class values, got class -1"),
+    ([3, 1], 3, "one_hot: expected class values smaller than num_classes=3, got class 3"),
+    ([3, 1], -2, "one_hot: expected class values smaller than num_classes=-2"),
+    ([1], 0, "one_hot: expected class values smaller than num_classes=0"),
+    (np.zeros(0, np.int64), -1, "one_hot: expected num_classes > 0 for an empty tensor, got num_classes=-1"),
+    (np.zeros(0, np.int64), 0, "one_hot: expected num_classes > 0 for an empty tensor"),
+    (np.array([1], np.int32), -1, "one_hot: expected an int64 index tensor, got dtype int32"),
+    ([1.0], -1, "one_hot: expected an int64 index tensor, got dtype float32"),
+    ([True], -1, "one_hot: expected an int64 index tensor, got dtype bool"),
+], ids=str)
+def test_one_hot_errors_where_torch_errs(ids, num_classes, message):
+    if message is None:  # the control case: valid for both
+        one_hot(it.tensor(ids), num_classes)
+        F.one_hot(torch.tensor(ids), num_classes)
+        return
+    with pytest.raises(ValueError, match=message):
+        one_hot(it.tensor(ids), num_classes)
+    with pytest.raises(RuntimeError):
+        F.one_hot(torch.tensor(np.asarray(ids)), num_classes)
