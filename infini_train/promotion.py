@@ -104,9 +104,9 @@ def as_operand(x, dtype):
     """``x`` ready to combine in ``dtype``: arrays cast when they differ, NumPy scalars become Python
     scalars (which keep the array's dtype), Python scalars pass through."""
     if x is None or isinstance(x, numbers.Number) and not isinstance(x, np.generic):
-        return x
+        return x if dtype.kind != "V" else np.asarray(x, dtype)  # numpy computes bfloat16 with scalars in float32
     if isinstance(x, np.generic):
-        return x.item()
+        return x.item() if dtype.kind != "V" else np.asarray(x, dtype)
     return x if x.dtype == dtype else x.astype(dtype)
 
 
@@ -114,7 +114,7 @@ def promote_operands(*operands):
     """Every operand converted for the op's computation dtype, and that dtype."""
     first = operands[0]
     dtype = getattr(first, "dtype", None)
-    if dtype is not None and not isinstance(first, np.generic):
+    if dtype is not None and dtype.kind != "V" and not isinstance(first, np.generic):
         kind = category(dtype)
         for x in operands[1:]:  # fast path: arrays of one dtype, with Python scalars that keep it
             if x is None:

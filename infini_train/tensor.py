@@ -295,7 +295,7 @@ class Tensor:
 
     def div_(self, other, rounding_mode=None):
         fn = elementwise.division(rounding_mode)
-        return inplace.run(self, fn, (other,), "div_", "divide" if rounding_mode is None else None)
+        return inplace.run(self, fn, (other,), "div_", _float_ufunc(self, "divide") if rounding_mode is None else None)
 
     def copy_(self, src, non_blocking=False):
         return inplace.copy(self, src)
@@ -451,6 +451,9 @@ class Tensor:
     def bitwise_xor(self, other): return logic.bitwise_xor(self, other)
     def bitwise_not(self): return logic.bitwise_not(self)
     def matmul(self, other): return matmul.matmul(self, other)
+    def mm(self, other): return matmul.mm(self, other)
+    def bmm(self, other): return matmul.bmm(self, other)
+    def baddbmm(self, batch1, batch2, beta=1, alpha=1): return matmul.baddbmm(self, batch1, batch2, beta, alpha)
     def sigmoid(self): return activations.sigmoid(self)
     def relu(self): return activations.relu(self)
     def softmax(self, dim=-1): return softmax.softmax(self, dim)
@@ -469,6 +472,11 @@ class Tensor:
     def argmin(self, dim=None, keepdim=False): return reduction.argmin(self, dim, keepdim)
     def all(self, dim=None, keepdim=False): return reduction.all(self, dim, keepdim)
     def any(self, dim=None, keepdim=False): return reduction.any(self, dim, keepdim)
+    def cumsum(self, dim, dtype=None): return scan.cumsum(self, dim, dtype=dtype)
+    def cumprod(self, dim, dtype=None): return scan.cumprod(self, dim, dtype=dtype)
+    def sort(self, dim=-1, descending=False, stable=False): return sorting.sort(self, dim, descending, stable)
+    def argsort(self, dim=-1, descending=False, stable=False): return sorting.argsort(self, dim, descending, stable)
+    def topk(self, k, dim=-1, largest=True, sorted=True): return sorting.topk(self, k, dim, largest, sorted)
 
     # ---------------------------------------------------------------------------- shape methods
     def reshape(self, *shape): return transform.reshape(self, _shape_arg(shape))
@@ -533,7 +541,9 @@ from .autograd import (  # noqa: E402
     matmul,
     misc,
     reduction,
+    scan,
     softmax,
+    sorting,
     transform,
 )
 from .autograd.elementwise import Add, Mul, Pow, Sub  # noqa: E402

@@ -130,6 +130,10 @@ class Sigmoid(Op):
         grad *= g
         return grad
 
+    def backward_graph(self, g):
+        (y,) = self.saved_tensors
+        return g * y * (1 - y)
+
 
 class ReLU(Op):
     def forward(self, x):
@@ -141,6 +145,10 @@ class ReLU(Op):
     def backward(self, g):
         (y,) = self.saved_arrays
         return g * (y > 0)  # not xp.where: on CPU a multiply by the mask is ~20x faster for random signs
+
+    def backward_graph(self, g):
+        (y,) = self.saved_arrays
+        return g * _constant(g, y.array > 0)
 
 
 class GELU(Op):
@@ -202,6 +210,38 @@ class GELU(Op):
         grad *= g
         return grad.astype(g.dtype, copy=False)
 
+    def backward_graph(self, g):
+        (x,) = self.saved_tensors
+        if self.approximate == "tanh":
+            t = (_SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x)).tanh()
+            slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_CUBIC * x * x)
+        else:
+            slope = NormalCdf().apply(x) + x * (-0.5 * x * x).exp() * _INV_SQRT_2PI
+        return g * slope
+
+
+class NormalCdf(Op):
+    """Phi(x), the standard normal CDF, as a graph node (GELU's double backward needs its derivative)."""
+
+    def forward(self, x):
+        return normal_cdf(self.xp, upcast(x)).astype(x.dtype, copy=False)
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(inputs[0])
+
+    def backward(self, g):
+        (x,) = self.saved_arrays
+        return g * self.xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+
+    def backward_graph(self, g):
+        (x,) = self.saved_tensors
+        return g * (-0.5 * x * x).exp() * _INV_SQRT_2PI
+
+
+def _constant(like, array):
+    from ..tensor import Tensor
+    return Tensor._make(array, like.device)
+
 
 class SiLU(Op):
     def forward(self, x):
@@ -221,6 +261,11 @@ class SiLU(Op):
         grad *= s
         grad *= g
         return grad
+
+    def backward_graph(self, g):
+        (x,) = self.saved_tensors
+        s = Sigmoid().apply(x)
+        return g * s * (1 + x * (1 - s))
 
 
 class Softplus(Op):
@@ -250,6 +295,12 @@ class Softplus(Op):
         slope[bx > self.threshold] = 1
         slope *= g
         return slope
+
+    def backward_graph(self, g):
+        (x,) = self.saved_tensors
+        bx = x * self.beta
+        linear = _constant(g, (bx.array > self.threshold).astype(g.dtype))
+        return g * (Sigmoid().apply(bx) * (1 - linear) + linear)
 
 
 def sigmoid(x):

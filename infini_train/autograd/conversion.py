@@ -20,6 +20,9 @@ class Cast(Op):
     def backward(self, g):
         return g.astype(self.in_dtype)
 
+    def backward_graph(self, g):
+        return g.to(self.in_dtype)
+
 
 class ToDevice(Op):
     cross_device = True
@@ -37,6 +40,9 @@ class ToDevice(Op):
     def backward(self, g):
         return backend.to_device_array(g, self.source)
 
+    def backward_graph(self, g):
+        return g.to(self.source)
+
 
 class Clone(Op):
     def forward(self, a):
@@ -44,6 +50,8 @@ class Clone(Op):
 
     def backward(self, g):
         return g
+
+    backward_graph = backward
 
 
 class Copy(Op):
@@ -72,9 +80,14 @@ class Copy(Op):
         self.source = getattr(inputs[1], "device", None)
 
     def backward(self, g):
-        if not self.needs_input_grad[1]:
-            return None, None
-        return None, backend.to_device_array(sum_to(g, self._input_shapes[1]), self.source)
+        need_dst, need_src = self.needs_input_grad
+        grad_dst = self.xp.zeros(g.shape, g.dtype) if need_dst else None  # overwritten: zero, as torch
+        grad_src = backend.to_device_array(sum_to(g, self._input_shapes[1]), self.source) if need_src else None
+        return grad_dst, grad_src
+
+    def backward_graph(self, g):
+        need_dst, need_src = self.needs_input_grad
+        return (g * 0 if need_dst else None), (sum_to(g, self._input_shapes[1]).to(self.source) if need_src else None)
 
 
 def cast(x, dtype):

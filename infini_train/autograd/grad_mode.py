@@ -128,18 +128,11 @@ class enable_grad(_GradModeGuard):
     mode = True
 
 
-class set_grad_enabled(_Guard):
-    """Set grad mode to ``mode``. Takes effect at once (like PyTorch), and as a guard restores it on exit."""
+class _SetMode(_Guard):
+    """A plain guard setting grad mode to ``mode`` on each entry (what a decorated generator re-enters)."""
 
-    def __init__(self, mode: bool):
-        self._prev = _state.enabled
-        self.mode = bool(mode)
-        _state.enabled = self.mode
-
-    def _clone(self):
-        guard = object.__new__(set_grad_enabled)
-        guard.mode = self.mode
-        return guard
+    def __init__(self, mode):
+        self.mode = mode
 
     def _enter(self):
         prev = _state.enabled
@@ -148,6 +141,18 @@ class set_grad_enabled(_Guard):
 
     def _exit(self, prev):
         _state.enabled = prev
+
+
+class set_grad_enabled(_SetMode):
+    """Set grad mode to ``mode``. Takes effect at once (like PyTorch), and as a guard restores it on exit."""
+
+    def __init__(self, mode: bool):
+        self._prev = _state.enabled
+        self.mode = bool(mode)
+        _state.enabled = self.mode
+
+    def _clone(self):
+        return _SetMode(self.mode)
 
     def __enter__(self):
         self._saved = self._prev

@@ -189,6 +189,10 @@ def copy(t, src):
 def setitem(t, index, value):
     """``t[index] = value`` (Tensor.__setitem__): a view's copy_ for basic indices, index_put for advanced ones."""
     index = host_index(t, index)
+    if isinstance(value, Tensor) and value.device is not t.device and not (value.ndim == 0 and
+                                                                           value.device.type == "cpu"):
+        raise op_error("__setitem__", f"a value on the tensor's device ({t.device})", f"a value on {value.device}",
+                       "move it with .to(device) first")
     if needs_graph(t, (value,)):
         if is_basic(index):
             return apply_inplace(getitem(t, index), Copy(t.device), (value,), "__setitem__")
@@ -196,9 +200,6 @@ def setitem(t, index, value):
         return apply_inplace(t, IndexPut(index), (value,), "__setitem__")
     check_writable(t, "__setitem__")
     if isinstance(value, Tensor):
-        if value.device is not t.device and not (value.ndim == 0 and value.device.type == "cpu"):
-            raise op_error("__setitem__", f"a value on the tensor's device ({t.device})",
-                           f"a value on {value.device}", "move it with .to(device) first")
         value = backend.to_device_array(value.array, t.device)
     try:
         t.array[index] = value

@@ -44,6 +44,15 @@ class Linear(Op):
             grad_b = g2d.sum(axis=0)
         return grad_x, grad_w, grad_b
 
+    def backward_graph(self, g):
+        x, weight = self.saved_tensors
+        need_x, need_w, need_b = self.needs_input_grad
+        g2d = g.reshape(-1, g.shape[-1])
+        grad_x = linear(g, weight.t()) if need_x else None  # g @ W
+        grad_w = linear(g2d.t(), x.reshape(-1, x.shape[-1]).t()) if need_w else None  # g^T @ x
+        grad_b = g2d.sum(dim=0) if need_b else None
+        return grad_x, grad_w, grad_b
+
 
 def linear(x, weight, bias=None):
     """x @ weight.T + bias for x (..., in_features), weight (out_features, in_features), bias (out_features,)."""

@@ -42,7 +42,10 @@ def _check_range(op, index, size, dim):
 
 # ---------------------------------------------------------------------------------------- split / cat
 class Split(Op):
-    """One node, many outputs: backward concatenates the output grads (zeros for outputs that got none)."""
+    """One node, many outputs, each a view of its region of the input: backward concatenates the output grads
+    (zeros for outputs that got none)."""
+
+    is_view = True
 
     def __init__(self, split_size_or_sections, dim=0):
         self.spec = split_size_or_sections
@@ -310,6 +313,12 @@ class IndexPut(Op):
             grad_value = sum_to(g[self.index], self._input_shapes[1])
         return grad_x, grad_value
 
+    def backward_graph(self, g):
+        need_x, need_value = self.needs_input_grad
+        grad_x = IndexPut(self.index).apply(g, 0.0) if need_x else None
+        grad_value = sum_to(GetItem(self.index).apply(g), self._input_shapes[1]) if need_value else None
+        return grad_x, grad_value
+
 
 def _is_mask(i):
     return hasattr(i, "dtype") and i.dtype == bool and i.ndim > 0
@@ -386,10 +395,7 @@ class IndexSelect(Op):
 def split(x, split_size_or_sections, dim=0):
     """Split into pieces of ``split_size`` along ``dim`` (the last may be smaller) or into the given section
     sizes. The pieces are views of ``x``."""
-    out = Split(split_size_or_sections, dim).apply(x)
-    for piece in out:  # views of x: an in-place change to a piece is a change to x
-        piece._version = x._version
-    return out
+    return Split(split_size_or_sections, dim).apply(x)
 
 
 def chunk(x, chunks, dim=0):

@@ -147,6 +147,10 @@ class Softmax(_RowOp):
         e /= s
         return e
 
+    def backward_graph(self, g):
+        (y,) = self.saved_tensors
+        return y * (g - (g * y).sum(dim=self.axis, keepdim=True))
+
     def rows_backward(self, g, y):
         # dx = y * (g - sum(g * y))
         xp = self.xp
@@ -163,6 +167,10 @@ class LogSoftmax(_RowOp):
         xw = upcast(x)
         e, shift, s = exp_and_sum(xp, xw, self.axis)
         return subtract_wide(xp, xw, logsumexp(xp, shift, s), out=e)
+
+    def backward_graph(self, g):
+        (y,) = self.saved_tensors
+        return g - y.exp() * g.sum(dim=self.axis, keepdim=True)
 
     def rows_backward(self, g, y):
         # dx = g - exp(y) * sum(g)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..autograd import activations, attention, elementwise, linear as _linear, loss, normalization, softmax as _softmax
 from ..autograd import dropout as _dropout
-from ..autograd import sparse
+from ..autograd import padding, sparse
 
 
 def linear(x, weight, bias=None):
@@ -93,6 +93,17 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                                                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-__all__ = ["linear", "embedding", "layer_norm", "gelu", "relu", "sigmoid", "silu", "softplus", "tanh", "softmax",
-           "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "binary_cross_entropy_with_logits", "dropout",
-           "scaled_dot_product_attention"]
+def pad(x, pad, mode="constant", value=0.0):
+    """Pad (or, with negative sizes in constant mode, crop) the trailing dims: ``pad`` lists (before, after)
+    sizes starting from the last dim; modes 'constant', 'reflect', 'replicate', 'circular'."""
+    return padding.pad(x, pad, mode=mode, value=value)
+
+
+def one_hot(tensor, num_classes=-1):
+    """int64 one-hot encoding of integer class indices, with a new last dim of ``num_classes`` (max + 1 if -1)."""
+    return sparse.one_hot(tensor, num_classes)
+
+
+__all__ = ["pad", "one_hot", "linear", "embedding", "layer_norm", "gelu", "relu", "sigmoid", "silu", "softplus",
+           "tanh", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
+           "binary_cross_entropy_with_logits", "dropout", "scaled_dot_product_attention"]

@@ -1,6 +1,7 @@
 import threading
 
 import pytest
+import torch
 
 import infini_train as it
 
@@ -100,3 +101,89 @@ def test_new_thread_starts_enabled_even_if_parent_disabled():
         t.start()
         t.join()
     assert result["mode"] is True
+
+
+# ------------------------------------------------------------------------- decorators: bare and on generators
+@pytest.mark.parametrize("guard", ["no_grad", "enable_grad", "inference_mode"])
+def test_bare_decorator_works_like_torch(guard):
+    for m in (it, torch):
+        decorated = getattr(m, guard)(m.is_grad_enabled)
+        with m.set_grad_enabled(guard == "no_grad"):
+            assert decorated() is (guard == "enable_grad")
+            assert m.is_grad_enabled() is (guard == "no_grad")
+
+
+@pytest.mark.parametrize("guard", ["no_grad", "enable_grad", "inference_mode"])
+@pytest.mark.parametrize("bare", [True, False])
+def test_decorated_generator_holds_the_mode_inside_only(guard, bare):
+    def observe(m):
+        decorator = getattr(m, guard) if bare else getattr(m, guard)()
+
+        @decorator
+        def gen(n):
+            received = []
+            for i in range(n):
+                got = yield (i, m.is_grad_enabled())
+                received.append(got)
+            return received
+
+        seen = []
+        with m.set_grad_enabled(guard == "no_grad"):
+            g = gen(3)
+            seen.append(next(g))
+            seen.append(m.is_grad_enabled())  # the caller's mode between yields
+            seen.append(g.send("a"))
+            seen.append(g.send("b"))
+            try:
+                g.send("c")
+            except StopIteration as stop:
+                seen.append(stop.value)
+        return seen
+
+    assert observe(it) == observe(torch)
+    assert observe(it)[0][1] is (guard == "enable_grad")
+
+
+def test_generator_exceptions_and_close_pass_through_under_the_guard():
+    modes = []
+
+    @it.no_grad
+    def gen():
+        try:
+            yield 1
+        except ValueError:
+            modes.append(it.is_grad_enabled())
+            yield 2
+        finally:
+            modes.append(("closed", it.is_grad_enabled()))
+
+    g = gen()
+    assert next(g) == 1
+    assert g.throw(ValueError("boom")) == 2
+    g.close()
+    assert modes == [False, ("closed", False)] and it.is_grad_enabled()
+
+
+def test_set_grad_enabled_decorator_on_a_generator():
+    @it.set_grad_enabled(False)
+    def gen():
+        yield it.is_grad_enabled()
+
+    assert it.is_grad_enabled() and list(gen()) == [False] and it.is_grad_enabled()
+
+
+def test_inference_mode_records_nothing_and_can_be_turned_off():
+    x = it.ones(3, requires_grad=True)
+    with it.inference_mode():
+        assert it.is_inference_mode_enabled() and not it.is_grad_enabled()
+        y = x * 2
+        with it.inference_mode(False):
+            assert it.is_grad_enabled() is False  # inference_mode(False) leaves the mode as it is
+    assert y.grad_fn is None and not y.requires_grad
+    assert not it.is_inference_mode_enabled() and it.is_grad_enabled()
+    assert it.autograd.inference_mode is it.inference_mode
+
+
+def test_no_grad_rejects_a_non_callable_argument():
+    with pytest.raises(TypeError, match="no_grad\\(\\) takes no arguments"):
+        it.no_grad(3)
