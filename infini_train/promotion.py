@@ -110,6 +110,22 @@ def as_operand(x, dtype):
     return x if x.dtype == dtype else x.astype(dtype)
 
 
+_SAME_KIND_SCALARS = {"f": (float, int), "i": (int,), "u": (int,)}
+
+
+def promote_pair(a, b):
+    """``promote_operands(a, b)`` without the dtype: the binary ops' hot path (arrays of one dtype, or an array
+    with a Python scalar that keeps its dtype) returns the operands untouched."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is not None and a.__class__ is not b.__class__:
+        if b.__class__ in _SAME_KIND_SCALARS.get(dtype.kind, ()):
+            return a, b
+    elif dtype is not None and dtype == getattr(b, "dtype", None) and dtype.kind != "V" and not isinstance(
+            a, np.generic):
+        return a, b
+    return promote_operands(a, b)[0]
+
+
 def promote_operands(*operands):
     """Every operand converted for the op's computation dtype, and that dtype."""
     first = operands[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ..promotion import category, promote_operands
+from ..promotion import category, promote_operands, promote_pair
 from ..tensor import Tensor
 from .function import Op, ignore_fp_errors, op_error, sum_to
 
@@ -56,7 +56,7 @@ def _as_float(a):
 
 class Add(Op):
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return a + b
 
     def backward(self, g):
@@ -69,7 +69,7 @@ class Add(Op):
 
 class Sub(Op):
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return a - b
 
     def backward(self, g):
@@ -82,7 +82,7 @@ class Sub(Op):
 
 class Mul(_Binary):
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return a * b
 
     def backward(self, g):
@@ -136,7 +136,7 @@ class FloorDivide(Op):
     """``a // b`` (torch.floor_divide); differentiating it is an error, as in torch."""
 
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return self.xp.floor_divide(a, b)
 
     def backward(self, g):
@@ -148,7 +148,7 @@ class Remainder(_Binary):
     """Python's modulo (the result takes the divisor's sign), as torch.remainder and ``%``."""
 
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return self.xp.remainder(a, b)
 
     def backward(self, g):
@@ -166,7 +166,7 @@ class Pow(_Binary):
     """a ** b with a scalar exponent, a scalar base, or two tensors."""
 
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         out = a ** b
         self.stash(out)
         return out
@@ -393,7 +393,7 @@ def _share_ties(xp, g, a, b, a_loses, b_loses, needs):
 
 class Maximum(_Binary):
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return self.xp.maximum(a, b)
 
     def backward(self, g):
@@ -405,7 +405,7 @@ class Maximum(_Binary):
 
 class Minimum(_Binary):
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return self.xp.minimum(a, b)
 
     def backward(self, g):

@@ -299,9 +299,12 @@ class Function:
             dev = self.device
             if dev is not None and dev.type == "cuda":
                 with dev.context():
-                    result = self._dispatch_backward(grads, create_graph)
+                    result = self._graph_backward(grads) if create_graph else (
+                        self.backward(*grads) if self._arrays else self._tensor_backward(grads))
+            elif create_graph:
+                result = self._graph_backward(grads)
             else:
-                result = self._dispatch_backward(grads, create_graph)
+                result = self.backward(*grads) if self._arrays else self._tensor_backward(grads)
         finally:
             _state.enabled = prev
         if not retain_graph:
@@ -332,9 +335,8 @@ class Function:
             out.append((fn, g, i))
         return out
 
-    def _dispatch_backward(self, grads, create_graph):
-        if not create_graph:
-            return self.backward(*grads) if self._arrays else self._tensor_backward(grads)
+    def _graph_backward(self, grads):
+        """Backward for create_graph=True: on Tensors with grad recording on, so the result is differentiable."""
         Tensor = _tensor_class()
         grads = [g if isinstance(g, Tensor) else Tensor._make(g, self.device) for g in grads]
         if self._arrays and self.backward_graph is None:

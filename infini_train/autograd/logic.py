@@ -5,7 +5,7 @@ tensors; on floating tensors they are an error. Comparisons compare in the promo
 """
 from __future__ import annotations
 
-from ..promotion import category, promote_operands
+from ..promotion import category, promote_operands, promote_pair
 from .function import Op, op_error
 
 __all__ = ["eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
@@ -20,7 +20,7 @@ class _Predicate(Op):
     ufunc = None
 
     def forward(self, a, b):
-        (a, b), _ = promote_operands(a, b)
+        a, b = promote_pair(a, b)
         return getattr(self.xp, self.ufunc)(a, b)
 
 
