@@ -69,7 +69,7 @@ class _Guard:
         raise NotImplementedError
 
     def _clone(self):
-        return type(self)()
+        raise NotImplementedError
 
     def __enter__(self):
         self._saved = self._enter()
@@ -94,8 +94,23 @@ class _Guard:
         return wrapper
 
 
-class _GradModeGuard(_Guard):
-    """Sets grad mode to ``mode`` on entry. Usable bare as a decorator: ``@no_grad`` as well as ``@no_grad()``."""
+class _SetMode(_Guard):
+    """A guard setting grad mode to ``mode`` on each entry (also what a decorated generator re-enters)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def _enter(self):
+        prev = _state.enabled
+        _state.enabled = self.mode
+        return prev
+
+    def _exit(self, prev):
+        _state.enabled = prev
+
+
+class _GradModeGuard(_SetMode):
+    """A guard with a fixed ``mode``, usable bare as a decorator: ``@no_grad`` as well as ``@no_grad()``."""
 
     mode: bool = True
 
@@ -107,13 +122,11 @@ class _GradModeGuard(_Guard):
                             f"got {type(orig_func).__name__}")
         return cls()(orig_func)
 
-    def _enter(self):
-        prev = _state.enabled
-        _state.enabled = self.mode
-        return prev
+    def __init__(self, orig_func=None):
+        pass  # the mode is the class's
 
-    def _exit(self, prev):
-        _state.enabled = prev
+    def _clone(self):
+        return type(self)()
 
 
 class no_grad(_GradModeGuard):
@@ -126,21 +139,6 @@ class enable_grad(_GradModeGuard):
     """Enable graph recording inside a no_grad region."""
 
     mode = True
-
-
-class _SetMode(_Guard):
-    """A plain guard setting grad mode to ``mode`` on each entry (what a decorated generator re-enters)."""
-
-    def __init__(self, mode):
-        self.mode = mode
-
-    def _enter(self):
-        prev = _state.enabled
-        _state.enabled = self.mode
-        return prev
-
-    def _exit(self, prev):
-        _state.enabled = prev
 
 
 class set_grad_enabled(_SetMode):
