@@ -12,6 +12,11 @@ total_batch_size = -d, learning_rate = -l, warmup_iters = -u, learning_rate_deca
 Every problem (unknown key, wrong type, out-of-range value, inconsistent values) is reported at once in
 one ConfigError, one line each, naming the dotted key, what was expected and what was found, with the
 nearest valid key for a misspelt one. In every periodic setting (``*_every``) 0 disables the action.
+
+Command-line values are YAML, except that a text setting (out_dir, data.train, ...) takes the text as written
+(``out_dir=0755`` is '0755'; null spellings are null, and ``out_dir="'null'"`` is the word); in YAML files such a
+setting keeps its text when YAML would read it as a number or date. A mapping merges into its section key by key,
+as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import argparse
 import dataclasses
 import difflib
 import fnmatch
+import glob
 import math
 import os
 import typing
@@ -44,19 +50,24 @@ class ConfigError(ValueError):
         self.errors = list(errors)
 
 
+def _key(default, doc):
+    """A setting whose one-line ``doc`` ``train.py --help`` lists beside its dotted key."""
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass
 class ModelConfig:
     """The GPT-2 shape: a preset (GPT2_PRESETS: gpt2, gpt2-medium, ..., d12, d24, ...) and/or explicit fields;
     explicit (non-null) fields override the preset, and without a preset they override GPT2Config's defaults."""
 
-    preset: Optional[str] = None
-    block_size: Optional[int] = None
-    vocab_size: Optional[int] = None
-    n_layer: Optional[int] = None
-    n_head: Optional[int] = None
-    n_embd: Optional[int] = None
-    dropout: Optional[float] = None
-    bias: Optional[bool] = None
+    preset: Optional[str] = _key(None, "a GPT2_PRESETS name (gpt2, gpt2-medium, ..., d12, d24, ...) or null")
+    block_size: Optional[int] = _key(None, "longest sequence; null: the preset's, else GPT2Config's default")
+    vocab_size: Optional[int] = _key(None, "token ids (byte tokenizer: >= 257, gpt2: >= 50257); null: default")
+    n_layer: Optional[int] = _key(None, "transformer blocks; null: default")
+    n_head: Optional[int] = _key(None, "attention heads, dividing n_embd; null: default")
+    n_embd: Optional[int] = _key(None, "embedding width; null: default")
+    dropout: Optional[float] = _key(None, "dropout probability in [0, 1); null: default")
+    bias: Optional[bool] = _key(None, "biases in Linear and LayerNorm; null: default")
 
     def overrides(self):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -77,37 +88,39 @@ class DataConfig:
     sources) is built into data.train's directory on first use (infini_train.data.corpus.ensure_default_data);
     with ``source: null`` the shards must exist."""
 
-    train: str = "data/stdlib_byte/train_*.bin"  # glob of training shards
-    val: Optional[str] = "data/stdlib_byte/val_*.bin"  # glob of validation shards (null: no validation)
-    tokenizer: str = "byte"  # "byte" | "gpt2" | "auto" (gpt2 when available offline, else byte)
-    source: Optional[str] = "stdlib"  # build the default corpus when data.train matches nothing
-    max_corpus_bytes: int = 4_000_000  # size cap of the default corpus
+    train: str = _key("data/stdlib_byte/train_*.bin", "glob of training shards")
+    val: Optional[str] = _key("data/stdlib_byte/val_*.bin", "glob of validation shards (null: no validation)")
+    tokenizer: str = _key("byte", "byte | gpt2 | auto (gpt2 when available offline, else byte)")
+    source: Optional[str] = _key("stdlib", "build the default corpus when data.train matches nothing (null: never)")
+    max_corpus_bytes: int = _key(4_000_000, "size cap of the default corpus")
 
 
 @dataclass
 class TrainConfig:
     """Optimisation and the periodic actions; names follow llm.c's train_gpt2 flags."""
 
-    batch_size: int = 8  # B: sequences per micro-batch per rank (-b)
-    sequence_length: int = 64  # T (-t), at most model block_size
-    total_batch_size: int = 0  # tokens per optimizer step (-d) = B*T*grad_accum*world_size; 0: B*T*world_size
-    num_iterations: int = 100  # optimizer steps (-x)
-    learning_rate: float = 1e-3  # peak lr (-l)
-    warmup_iters: int = 0  # linear warmup steps (-u)
-    learning_rate_decay_frac: float = 0.0  # final lr as a fraction of the peak (-q)
-    weight_decay: float = 0.0  # AdamW decoupled weight decay on 2-D weights (-c)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    val_loss_every: int = 0  # steps between validation passes (-v); 0 disables
-    val_max_steps: int = 20  # batches per validation pass (-m)
-    sample_every: int = 0  # steps between generated samples (-s); 0 disables
-    sample_length: int = 64  # tokens per sample (-g)
-    save_every: int = 0  # steps between checkpoints (-n); 0: only the final one
-    keep_last: int = 3  # checkpoints kept on disk; 0 keeps all
-    log_every: int = 1  # steps between printed lines (metrics.jsonl gets every step)
-    overfit_single_batch: bool = False  # train on the first batch over and over (a debugging aid, -f)
+    batch_size: int = _key(8, "B: sequences per micro-batch per rank (-b)")
+    sequence_length: int = _key(64, "T (-t), at most model block_size")
+    total_batch_size: int = _key(0, "tokens per optimizer step (-d) = B*T*grad_accum*world_size; 0: B*T*world_size")
+    num_iterations: int = _key(100, "optimizer steps (-x)")
+    learning_rate: float = _key(1e-3, "peak lr (-l)")
+    warmup_iters: int = _key(0, "linear warmup steps (-u)")
+    learning_rate_decay_frac: float = _key(0.0, "final lr as a fraction of the peak (-q)")
+    weight_decay: float = _key(0.0, "AdamW decoupled weight decay on 2-D weights (-c)")
+    beta1: float = _key(0.9, "AdamW beta1")
+    beta2: float = _key(0.95, "AdamW beta2")
+    eps: float = _key(1e-8, "AdamW epsilon")
+    grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping")
+    skip_nonfinite: int = _key(0, "skip up to K consecutive optimizer steps whose loss or gradient norm is not "
+                                  "finite (0: stop the run at the first one)")
+    val_loss_every: int = _key(0, "steps between validation passes (-v); 0 disables")
+    val_max_steps: int = _key(20, "batches per validation pass (-m)")
+    sample_every: int = _key(0, "steps between generated samples (-s); 0 disables")
+    sample_length: int = _key(64, "tokens per sample (-g)")
+    save_every: int = _key(0, "steps between checkpoints (-n); 0: only the final one")
+    keep_last: int = _key(3, "checkpoints kept on disk; 0 keeps all")
+    log_every: int = _key(1, "steps between printed lines (metrics.jsonl gets every step)")
+    overfit_single_batch: bool = _key(False, "train on the first batch over and over (a debugging aid, -f)")
 
     def grad_accum_steps(self, world_size=1):
         """Micro-batches per optimizer step: total_batch_size / (B * T * world_size); a ConfigError if it
@@ -131,13 +144,13 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    out_dir: str = "runs/default"  # config.yaml, metrics.jsonl, loss.png, checkpoints/
-    resume: str = ""  # "" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path
-    seed: int = 1337
-    device: str = "auto"  # "auto" (cuda:<local rank> when available, else cpu), "cpu", "cpu:N", "cuda", "cuda:N"
-    dtype: str = "float32"  # parameter and activation dtype: "float32" | "float64"
-    backend: str = "auto"  # process-group backend under mpirun: "auto" (nccl on GPUs, else mpi), "mpi", "nccl"
-    plot: bool = True  # write out_dir/loss.png at the end
+    out_dir: str = _key("runs/default", "config.yaml, metrics.jsonl, loss.png, checkpoints/")
+    resume: str = _key("", '"" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path')
+    seed: int = _key(1337, "seeds parameter init, dropout and sampling")
+    device: str = _key("auto", "auto (cuda:<local rank> when available, else cpu), cpu, cpu:N, cuda, cuda:N")
+    dtype: str = _key("float32", "parameter and activation dtype: float32 | float64")
+    backend: str = _key("auto", "process-group backend under mpirun: auto (nccl on GPUs, else mpi), mpi, nccl")
+    plot: bool = _key(True, "write out_dir/loss.png at the end")
 
     def grad_accum_steps(self, world_size=1):
         """Same as ``self.train.grad_accum_steps(world_size)``."""
@@ -186,12 +199,31 @@ class RunConfig:
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
 
+def _key_docs():
+    """{dotted key: one-line description} for every setting, top-level ones first, then model.*, data.*, train.*."""
+    docs = {f.name: f.metadata["doc"] for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS}
+    for section, cls in SECTIONS.items():
+        docs.update({f"{section}.{f.name}": f.metadata["doc"] for f in dataclasses.fields(cls)})
+    return docs
+
+
 def config_keys():
     """Every valid dotted key: top-level ones first, then model.*, data.*, train.*."""
-    keys = [f.name for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS]
-    for section, cls in SECTIONS.items():
-        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
-    return keys
+    return list(_key_docs())
+
+
+def _declared_type(path):
+    """The annotation of a dotted key (a section's dataclass for "model", ...), or None for an unknown key."""
+    cls, parts = RunConfig, path.split(".")
+    for part in parts[:-1]:
+        cls = SECTIONS.get(part) if cls is RunConfig else None
+        if cls is None:
+            return None
+    return typing.get_type_hints(cls).get(parts[-1])
+
+
+def _is_text(annotation):
+    return annotation in (str, Optional[str])
 
 
 def _flatten(d, prefix=""):
@@ -260,13 +292,22 @@ def _coerce(value, annotation, path, errors):
     elif annotation is str:
         if isinstance(value, str):
             return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # out_dir: 2024
+        # files and command lines give a str setting its text as written (see _keep_text); any other value (a
+        # YAML bool, a number in a dict) would mean guessing at the text, so it is refused
+        errors.append(f"{path}: expected {kind}, got {_describe(value)}; HINT: {_text_hint(path, value)}")
+        return _BAD
     errors.append(f"{path}: expected {kind}, got {_describe(value)}")
     return _BAD
 
 
 _BAD = object()
+
+
+def _text_hint(path, value):
+    if value is None:
+        return "this key cannot be null"
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return f"quote the value to pass it as text, e.g. {path.rpartition('.')[2]}: '{text}'"
 
 
 def _build(cls, raw, prefix, errors, bad):
@@ -342,6 +383,7 @@ def _check_ranges(cfg, errors, bad):
     c.need("train.eps", lambda v: _finite(v) and v > 0, "a number > 0")
     c.need("train.weight_decay", lambda v: _finite(v) and v >= 0, "a number >= 0")
     c.need("train.grad_clip", lambda v: _finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")
+    c.need("train.skip_nonfinite", lambda v: v >= 0, "an integer >= 0 (0: stop at the first non-finite step)")
     for name in ("beta1", "beta2"):
         c.need(f"train.{name}", lambda v: 0 <= v < 1, "a number in [0, 1)")
     c.need("train.learning_rate_decay_frac", lambda v: 0 <= v <= 1, "a number in [0, 1]")
@@ -448,18 +490,97 @@ def _mapping_without_duplicates(loader, node, deep=False):
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
+_TEXT_TAGS = {f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "timestamp")}
+_NULLS = ("null", "Null", "NULL", "~")
+
+
+def _keep_text(node, schema):
+    """Re-tag as strings the plain scalars YAML would read as numbers or dates where ``schema`` (RunConfig or a
+    section) declares a str setting, so ``out_dir: 0755`` stays '0755' (not 493) and 2024-01-01 stays text."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    hints = typing.get_type_hints(schema)
+    for key_node, value_node in node.value:
+        name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        if schema is RunConfig and name in SECTIONS:
+            _keep_text(value_node, SECTIONS[name])
+        elif (name in hints and _is_text(hints[name]) and isinstance(value_node, yaml.ScalarNode)
+              and value_node.style is None and value_node.tag in _TEXT_TAGS):
+            value_node.tag = "tag:yaml.org,2002:str"
+
+
+def _load_yaml(source, schema=None):
+    """A YAML document (text or bytes) -> Python values; duplicate keys raise, and str settings of ``schema``
+    keep their text as written."""
+    loader = _StrictLoader(source)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if schema is not None:
+            _keep_text(node, schema)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def parse_value(text):
-    """A command-line value as a YAML scalar (``3e-4`` stays a string here; the field's type converts it).
-    Text YAML cannot parse (``*.bin``, ``@x``) is taken as a plain string."""
+    """A command-line value of a non-text setting as YAML (``3e-4`` stays a string here; the field's type converts
+    it). Text YAML cannot parse (``@x``) is taken as a plain string."""
     if text.strip() == "":
         return ""
     try:
-        return yaml.safe_load(text)
+        return _load_yaml(text)
     except yaml.YAMLError:
         return text
 
 
+def _text_value(text):
+    """A str setting's command-line value: the text exactly as written (``out_dir=0755`` stays '0755'), except
+    that a null spelling is null and one YAML-quoted text is unquoted (``out_dir="'null'"`` is the word)."""
+    if text in _NULLS:
+        return None
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+        return value if isinstance(value, str) else text
+    return text
+
+
+def _override_value(key, text, errors):
+    """The value of ``key=text`` by the key's declared type; _BAD after recording an error."""
+    declared = _declared_type(key)
+    if _is_text(declared):
+        return _text_value(text)
+    if not dataclasses.is_dataclass(declared):
+        return parse_value(text)
+    try:  # a section: a YAML mapping merged into it key by key
+        value = _load_yaml(text, declared) if text.strip() else ""
+    except yaml.YAMLError as exc:
+        errors.append(f"{key}: expected a YAML mapping like {key}={{{dataclasses.fields(declared)[0].name}: ...}}, "
+                      f"got {text!r}, which is not valid YAML ({getattr(exc, 'problem', None) or exc})")
+        return _BAD
+    glued = [name for name, item in (value.items() if isinstance(value, dict) else ())
+             if isinstance(name, str) and ":" in name and item is None]  # YAML reads {n_layer:2} as key "n_layer:2"
+    for name in glued:
+        errors.append(f"{key}.{name}: unknown key; HINT: put a space after the colon: "
+                      f"{key}={{{name.replace(':', ': ', 1)}}}")
+    return _BAD if glued else value
+
+
+def _merge(into, new):
+    """Merge mapping ``new`` into ``into`` key by key, recursively (nested mappings merge, anything else replaces)."""
+    for key, value in new.items():
+        if isinstance(into.get(key), dict) and isinstance(value, dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def _apply_overrides(raw, overrides, errors):
+    settings = set(config_keys())
     for text in overrides:
         key, sep, value = str(text).partition("=")
         key = key.strip()
@@ -468,7 +589,6 @@ def _apply_overrides(raw, overrides, errors):
             continue
         parts = key.split(".")
         node = raw
-        settings = set(config_keys())
         for depth, part in enumerate(parts[:-1]):
             prefix = ".".join(parts[:depth + 1])
             child = node.get(part)
@@ -479,7 +599,13 @@ def _apply_overrides(raw, overrides, errors):
                 child = node[part] = {}
             node = child
         else:
-            node[parts[-1]] = parse_value(value)
+            value = _override_value(key, value, errors)
+            if value is _BAD:
+                continue
+            if isinstance(node.get(parts[-1]), dict) and isinstance(value, dict):
+                _merge(node[parts[-1]], value)  # model={n_layer: 2} keeps the file's other model keys
+            else:
+                node[parts[-1]] = value
 
 
 def _validated(raw, source, errors):
@@ -492,26 +618,61 @@ def _validated(raw, source, errors):
     return cfg
 
 
+def _shown_dir(path):
+    """``path`` relative to the working directory when it lies under it, else absolute."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _similar_file(path):
+    """ (did you mean 'configs/gpt2_tiny.yaml'?) for a missing config file, looking beside it and in configs/."""
+    folder, name = os.path.split(path)
+    candidates = {}
+    for where in (folder or ".", os.path.join(REPO_ROOT, "configs")):
+        if os.path.isdir(where):
+            for entry in sorted(os.listdir(where)):
+                if entry.endswith((".yaml", ".yml")):
+                    shown = os.path.join(folder if where == (folder or ".") else _shown_dir(where), entry)
+                    candidates.setdefault(entry, shown)
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{candidates[close[0]]}'?)" if close else ""
+
+
+def _read_config_file(path):
+    """The top-level mapping of the YAML file at ``path``; otherwise one ConfigError naming the path, what was
+    expected, what was found and a hint."""
+    where = f"config file {path!r}"
+    shipped = os.path.join(REPO_ROOT, "configs")
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, "*.yaml")) + glob.glob(os.path.join(path, "*.yml")))
+        raise ConfigError(f"{where}: expected a YAML file, got a directory\nHINT: name a file in it, e.g. --config "
+                          f"{files[0] if files else os.path.join(path, 'run.yaml')}")
+    try:
+        with open(path, "rb") as f:  # bytes: YAML detects the encoding and reports bad bytes as a YAML error
+            raw = _load_yaml(f, RunConfig)
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: expected a YAML file, got a path that does not exist{_similar_file(path)}\n"
+                          f"HINT: the shipped runs are in {shipped}: "
+                          f"{', '.join(sorted(n for n in os.listdir(shipped) if n.endswith('.yaml')))}") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: expected a readable YAML file, got {exc.strerror or exc}\nHINT: check that it "
+                          f"is a file you may read (ls -l {path})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a YAML mapping of keys at the top level, got {_describe(raw)[:200]}\n"
+                          f"HINT: write one 'key: value' per line and sections as 'train:' followed by indented "
+                          f"keys, as in {os.path.join(shipped, 'gpt2_tiny.yaml')}")
+    return raw or {}
+
+
 def load_config(path=None, overrides=()):
     """Read the YAML file at ``path`` (None or an empty file: all defaults), apply ``overrides``
-    (["train.learning_rate=3e-4", "out_dir=runs/x", ...]) and validate everything -> RunConfig.
+    (["train.learning_rate=3e-4", "out_dir=runs/x", "model={n_layer: 2, n_head: 2}", ...]; a mapping merges into
+    its section key by key) and validate everything -> RunConfig.
 
     Raises one ConfigError listing every problem."""
-    raw = {}
-    if path:
-        try:
-            with open(path) as f:
-                raw = yaml.load(f, Loader=_StrictLoader)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist\nHINT: the shipped runs are in "
-                              f"{os.path.join(REPO_ROOT, 'configs')}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config file {path}: expected a YAML mapping of keys at the top level, got "
-                              f"{_describe(raw)}")
+    raw = _read_config_file(path) if path else {}
     errors = []
     _apply_overrides(raw, list(overrides), errors)
     return _validated(raw, path or "defaults", errors)
@@ -525,13 +686,16 @@ def default_config_path():
 
 
 def _key_listing():
+    """The valid keys by section, each with its description."""
+    docs = _key_docs()
+    width = max(map(len, docs))
     lines, current = [], None
-    for key in config_keys():
+    for key, doc in docs.items():
         section = key.split(".")[0] if "." in key else ""
         if section != current:
             lines.append(f"  {section + '.*' if section else 'top level'}:")
             current = section
-        lines.append(f"    {key}")
+        lines.append(f"    {key.ljust(width)}  {doc}")
     return "\n".join(lines)
 
 
@@ -540,8 +704,9 @@ def parse_args(argv=None):
     invalid). --config defaults to configs/gpt2_tiny.yaml; --print-config prints the resolved config and exits."""
     parser = argparse.ArgumentParser(
         description="Train GPT-2 with infini_train.", formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="overrides are dotted.key=value, values in YAML syntax, e.g.\n"
-               "  train.learning_rate=3e-4 out_dir=runs/x model.preset=d12 data.val=null\n\n"
+        epilog="overrides are dotted.key=value, values in YAML syntax (text settings take the text as written),\n"
+               "and a mapping merges into its section, e.g.\n"
+               "  train.learning_rate=3e-4 out_dir=runs/x model.preset=d12 data.val=null 'model={n_layer: 2}'\n\n"
                "valid keys:\n" + _key_listing())
     parser.add_argument("--config", default=None, help=f"YAML run config (default {DEFAULT_CONFIG})")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

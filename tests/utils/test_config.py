@@ -1,9 +1,12 @@
+import errno
 import glob
 import os
+import re
 
 import pytest
 import yaml
 
+from infini_train.utils import config as config_module
 from infini_train.utils.config import (
     ConfigError,
     RunConfig,
@@ -54,11 +57,12 @@ def test_wrong_types_name_key_expected_type_and_value(tmp_path):
     assert "train.learning_rate: expected float, got 'fast' (str)" in msg
     assert "seed: expected int, got True (bool)" in msg  # bools are not ints
     assert "model: expected a section of keys (like model.preset), got 3 (int)" in msg
-    assert "resume: expected str, got False (bool)" in msg
+    assert "resume: expected str, got False (bool); HINT: quote the value to pass it as text, e.g. resume: 'false'" \
+        in msg
     assert len(errors) == 7
     msg, _ = errors_of(None, ["model.n_layer=null", "data.tokenizer=null"])
     assert "model.n_layer" not in msg  # optional model fields accept null
-    assert "data.tokenizer: expected str, got None (NoneType)" in msg
+    assert "data.tokenizer: expected str, got None (NoneType); HINT: this key cannot be null" in msg
 
 
 def test_ints_are_accepted_for_float_fields(tmp_path):
@@ -178,8 +182,11 @@ def test_yaml_problems(tmp_path):
         load_config(write(tmp_path, "train:\n  batch_size: 4\n  batch_size: 8\n"))
     with pytest.raises(ConfigError, match="expected a YAML mapping of keys at the top level, got"):
         load_config(write(tmp_path, "- 1\n- 2\n"))
-    with pytest.raises(ConfigError, match="is not valid YAML"):
-        load_config(write(tmp_path, "train: [1,\n"))
+    path = write(tmp_path, "train: [1,\n")
+    with pytest.raises(ConfigError, match=re.escape(f"config file {path!r} is not valid YAML: while parsing a flow "
+                                                    f"node expected the node content, but found '<stream end>' "
+                                                    f"in \"{path}\", line 2, column 1")):
+        load_config(path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(str(tmp_path / "missing.yaml"))
 
@@ -256,3 +263,159 @@ def test_parse_args(tmp_path, capsys):
     assert info.value.code == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["seed"] == 7 and printed["train"]["num_iterations"] == default.train.num_iterations
+
+
+TINY = os.path.join(REPO, "configs", "gpt2_tiny.yaml")
+
+
+def test_mapping_overrides_merge_into_the_config_files_section():
+    cfg = load_config(TINY, ["model={n_layer: 2, n_head: 2}", "train={batch_size: 2}"])
+    m, t = cfg.model, cfg.train
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.dropout) == (2, 2, 256, 64, 257, 0.0)
+    assert (t.batch_size, t.sequence_length, t.num_iterations, t.learning_rate, t.warmup_iters) == \
+        (2, 64, 300, 0.001, 20)
+    gpt = m.to_gpt2_config()
+    assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.block_size, gpt.vocab_size) == (2, 2, 256, 64, 257)
+    # later overrides apply in order, dotted or mapping
+    cfg = load_config(TINY, ["model.n_embd=128", "model={n_head: 8}", "model.n_layer=1"])
+    assert (cfg.model.n_embd, cfg.model.n_head, cfg.model.n_layer, cfg.model.block_size) == (128, 8, 1, 64)
+
+
+def test_mapping_override_keeps_a_preset_from_the_file(tmp_path):
+    path = write(tmp_path, "model:\n  preset: d12\n  vocab_size: 50304\ntrain:\n  sequence_length: 32\n")
+    cfg = load_config(path, ["model={n_layer: 2}"])
+    assert (cfg.model.preset, cfg.model.vocab_size, cfg.model.n_layer) == ("d12", 50304, 2)
+    gpt = cfg.model.to_gpt2_config()
+    assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.vocab_size) == (2, 12, 768, 50304)
+    assert load_config(path, ["model={}"]).model == load_config(path).model
+
+
+def test_merge_is_recursive():
+    into = {"a": {"b": 1, "c": {"d": 2, "e": 3}}, "f": 4}
+    config_module._merge(into, {"a": {"c": {"d": 5}}, "f": {"g": 6}})
+    assert into == {"a": {"b": 1, "c": {"d": 5, "e": 3}}, "f": {"g": 6}}
+
+
+def test_mapping_override_problems_are_reported_with_the_key_path():
+    msg, errors = errors_of(TINY, ["model={n_layers: 2}", "train={batch_size: two}", "model={n_head:2, n_layer:1}",
+                                   "data={val: x", "trian={batch_size: 2}"])
+    assert "model.n_layers: unknown key (did you mean 'model.n_layer'?)" in errors
+    assert "train.batch_size: expected int, got 'two' (str)" in errors
+    assert "model.n_head:2: unknown key; HINT: put a space after the colon: model={n_head: 2}" in errors
+    assert "model.n_layer:1: unknown key; HINT: put a space after the colon: model={n_layer: 1}" in errors
+    assert any(e.startswith("data: expected a YAML mapping like data={train: ...}, got '{val: x', which is not valid "
+                            "YAML") for e in errors)
+    assert "trian: unknown key (did you mean 'train'?)" in errors
+    assert len(errors) == 6, msg
+
+
+def test_text_keys_take_the_command_line_text_as_written(tmp_path):
+    cfg = load_config(None, ["out_dir=0755", "resume=2024-01-01", "device=cpu:1", "model.preset=null",
+                             "data.source=null", "data.val=1.10", "data.train=0x10", "train.learning_rate=1.10"])
+    assert (cfg.out_dir, cfg.resume, cfg.device, cfg.data.val, cfg.data.train) == \
+        ("0755", "2024-01-01", "cpu:1", "1.10", "0x10")
+    assert cfg.model.preset is None
+    assert cfg.train.learning_rate == 1.1  # other types keep their YAML parsing
+    assert load_config(None, ["out_dir=1.10"]).out_dir == "1.10"
+    assert load_config(None, ["out_dir=runs/ x "]).out_dir == "runs/ x "
+    # a quoted text is unquoted, so a null spelling can still be meant as the word
+    assert load_config(None, ["out_dir='null'"]).out_dir == "null"
+    assert load_config(None, ['resume="0755"']).resume == "0755"
+    assert load_config(None, ["data.val=~", "data.source=null", "data.train=d/*.bin"]).data.val is None
+    # a mapping override keeps the text of its str keys too
+    cfg = load_config(None, ["data={source: null, train: 0755, val: 1.10}", "out_dir=2024"])
+    assert (cfg.data.source, cfg.data.train, cfg.data.val, cfg.out_dir) == (None, "0755", "1.10", "2024")
+    # the text survives the resolved config's round trip
+    saved = load_config(None, [f"out_dir={tmp_path}", "resume=0755"])
+    assert load_config(saved.save_resolved()).resume == "0755"
+
+
+def test_yaml_file_keeps_the_text_of_str_keys_and_refuses_other_values(tmp_path):
+    path = write(tmp_path, "out_dir: 0755\nresume: 2024-01-01\ndevice: cpu\ndata:\n  val: 1.10\n"
+                           "  train: x/train_*.bin\n  source: null\nmodel:\n  preset: 1_000\n"
+                           "train:\n  learning_rate: 1.10\n  batch_size: 0x10\n")
+    msg, errors = errors_of(path)
+    assert (errors[0].startswith("model.preset: expected one of ") and errors[0].endswith("got '1_000'")
+            and len(errors) == 1), msg
+    cfg = load_config(path, ["model.preset=null"])
+    assert (cfg.out_dir, cfg.resume, cfg.data.val) == ("0755", "2024-01-01", "1.10")
+    assert (cfg.train.learning_rate, cfg.train.batch_size) == (1.1, 16)
+    _, errors = errors_of(write(tmp_path, "out_dir: yes\ndata:\n  tokenizer: null\n"))
+    assert errors == ["out_dir: expected str, got True (bool); HINT: quote the value to pass it as text, "
+                      "e.g. out_dir: 'true'",
+                      "data.tokenizer: expected str, got None (NoneType); HINT: this key cannot be null"]
+    msg, _ = errors_of_dict({"out_dir": 1.1})  # a dict has no text to keep: refused, not guessed
+    assert "out_dir: expected str, got 1.1 (float); HINT: quote the value to pass it as text" in msg
+
+
+def errors_of_dict(raw):
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(raw)
+    return str(info.value), info.value.errors
+
+
+def test_config_path_that_is_a_directory(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        parse_args(["--config", os.path.join(REPO, "configs")])
+    configs = os.path.join(REPO, "configs")
+    assert str(info.value) == (f"config file {configs!r}: expected a YAML file, got a directory\n"
+                               f"HINT: name a file in it, e.g. --config {os.path.join(configs, 'gpt2_124m.yaml')}")
+    with pytest.raises(ConfigError, match=r"got a directory\nHINT: name a file in it, e.g. --config .*run.yaml"):
+        load_config(str(tmp_path))
+
+
+def test_config_path_that_does_not_exist_suggests_the_nearest_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError) as info:
+        parse_args(["--config", "configs/gpt2_tiny.yml"])
+    first, hint = str(info.value).splitlines()
+    assert first == "config file 'configs/gpt2_tiny.yml': expected a YAML file, got a path that does not exist " \
+                    "(did you mean 'configs/gpt2_tiny.yaml'?)"
+    assert hint.startswith(f"HINT: the shipped runs are in {os.path.join(REPO, 'configs')}: gpt2_124m.yaml, ")
+    monkeypatch.chdir(tmp_path)  # a bare name is looked up in the shipped configs too
+    with pytest.raises(ConfigError, match=r"\(did you mean '.*configs/gpt2_124m_ddp.yaml'\?\)"):
+        load_config("gpt2_124m_dp.yaml")
+
+
+def test_config_path_that_cannot_be_read(tmp_path, monkeypatch):
+    path = write(tmp_path, "seed: 1\n")
+
+    def refuse(name, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", name)
+
+    monkeypatch.setattr(config_module, "open", refuse, raising=False)  # chmod does not stop root
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (f"config file {path!r}: expected a readable YAML file, got Permission denied\n"
+                               f"HINT: check that it is a file you may read (ls -l {path})")
+
+
+def test_config_file_whose_top_level_is_not_a_mapping(tmp_path):
+    path = write(tmp_path, "train.batch_size=2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    first, hint = str(info.value).splitlines()
+    assert first == f"config file {path!r}: expected a YAML mapping of keys at the top level, got " \
+                    "'train.batch_size=2' (str)"
+    assert hint.startswith("HINT: write one 'key: value' per line and sections as 'train:'")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"seed: \xff\n")  # not UTF-8
+    with pytest.raises(ConfigError, match=re.escape(f"config file {str(binary)!r} is not valid YAML: unacceptable "
+                                                    f"character #x00ff: invalid start byte in \"{binary}\"")):
+        load_config(str(binary))
+
+
+def test_skip_nonfinite_key(capsys):
+    assert load_config(TINY).train.skip_nonfinite == 0
+    assert load_config(TINY, ["train.skip_nonfinite=3"]).train.skip_nonfinite == 3
+    _, errors = errors_of(None, ["train.skip_nonfinite=-1"])
+    assert errors == ["train.skip_nonfinite: expected an integer >= 0 (0: stop at the first non-finite step), got -1"]
+    _, errors = errors_of(None, ["train.skip_nonfinite=1.5"])
+    assert errors == ["train.skip_nonfinite: expected int, got 1.5 (float)"]
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    listing = {line.split()[0]: " ".join(line.split()[1:]) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("    ") and line.split()[0] in config_keys()}
+    assert listing["train.skip_nonfinite"] == ("skip up to K consecutive optimizer steps whose loss or gradient "
+                                               "norm is not finite (0: stop the run at the first one)")
+    assert set(listing) == set(config_keys()) and all(listing.values())  # every key listed with its description
