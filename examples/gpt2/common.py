@@ -1,5 +1,5 @@
-"""Shared by generate.py and evaluate.py: load a model (training checkpoint or pretrained weights) and the
-tokenizer it was trained with."""
+"""Shared by generate.py and evaluate.py: parse --device and --dtype, load a model (training checkpoint or
+pretrained weights) and the tokenizer it was trained with."""
 from __future__ import annotations
 
 import os
@@ -12,36 +12,65 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 import infini_train as it  # noqa: E402
+from infini_train import backend  # noqa: E402
 from infini_train.data.tokenizer import get_tokenizer  # noqa: E402
 from infini_train.models.gpt2 import GPT2  # noqa: E402
 from infini_train.utils.checkpoint import load_checkpoint  # noqa: E402
 
 
-def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None):
+DEVICE_FORMS = "cpu, cpu:N, cuda or cuda:N"
+DTYPES = ("float32", "float64")
+
+
+def parse_device(value):
+    """--device as a Device; SystemExit naming the option, the accepted forms and a hint otherwise."""
+    try:
+        return backend.Device.parse(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise SystemExit(f"error: --device: expected {DEVICE_FORMS}, got {value!r}\nHINT: cuda means an NVIDIA "
+                         "GPU (needs cupy), e.g. --device cuda:0; --device cpu runs anywhere") from None
+
+
+def parse_dtype(value):
+    """--dtype checked against the dtypes models run in."""
+    if value in DTYPES:
+        return value
+    raise SystemExit(f"error: --dtype: expected one of {', '.join(DTYPES)}, got {value!r}\nHINT: float32 (the "
+                     "default) suits every model; float64 is slower and for checking numerics")
+
+
+def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, dtype="float32"):
     """Returns (model in eval mode, tokenizer). Exactly one of checkpoint / pretrained must be given.
 
     A checkpoint is a run's ``checkpoints/step_XXXXXX`` directory or its out_dir (the newest one is used);
-    pretrained is an HF GPT-2 directory or an llm.c .bin file.
+    pretrained is an HF GPT-2 directory or an llm.c .bin file. ``device`` and ``dtype`` are the command line's
+    --device and --dtype; the weights are cast to ``dtype`` whatever dtype they were trained in.
     """
     if (checkpoint is None) == (pretrained is None):
         raise SystemExit("error: give exactly one of --checkpoint or --pretrained")
+    device, dtype = parse_device(device), parse_dtype(dtype)
     if checkpoint is not None:
         from infini_train.models.gpt2_config import GPT2Config
 
         model_state, _, state = load_checkpoint(checkpoint)
         config = GPT2Config(**state["model_config"])
         model = GPT2(config)
+        model.to(dtype=dtype)  # before loading: float64 weights stay exact in a float64 model
         model.load_state_dict(model_state)
         tok_name = tokenizer or state.get("tokenizer", "byte")
     else:
         model = GPT2.from_pretrained(pretrained)
+        model.to(dtype=dtype)
         tok_name = tokenizer or ("gpt2" if model.config.vocab_size >= 50257 else "byte")
     tok = get_tokenizer(tok_name)
     if tok.vocab_size > model.config.vocab_size:
         raise SystemExit(f"error: tokenizer {tok.name!r} has {tok.vocab_size} tokens but the model's vocab_size is "
                          f"{model.config.vocab_size}\nHINT: pass --tokenizer matching the data the model was "
                          "trained on")
-    model.to(device)
+    try:
+        model.to(device=device)
+    except RuntimeError as exc:  # no cupy, or no such GPU
+        raise SystemExit(f"error: --device {device}: {exc}") from None
     model.eval()
     return model, tok
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from common import load_model, to_tensor
+from common import DEVICE_FORMS, DTYPES, load_model, parse_device, parse_dtype, to_tensor
 
 import infini_train as it
 
@@ -48,12 +48,17 @@ def main(argv=None):
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help=f"{DEVICE_FORMS} (default cpu)")
+    p.add_argument("--dtype", default="float32", help=f"{' or '.join(DTYPES)} (default float32)")
     p.add_argument("--tokenizer", default=None, help="override the tokenizer recorded with the model")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context for every token")
     args = p.parse_args(argv)
+    device, dtype = parse_device(args.device), parse_dtype(args.dtype)  # before the (slow) model load
+    if dtype != "float32" and not args.no_cache:  # the model's KV cache is allocated in float32
+        raise SystemExit(f"error: --dtype {dtype} needs --no-cache: the KV cache holds float32\nHINT: add "
+                         "--no-cache, or leave --dtype at float32")
 
-    model, tok = load_model(args.checkpoint, args.pretrained, args.device, args.tokenizer)
+    model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
     block = model.config.block_size
     if len(ids) > block:
@@ -67,7 +72,7 @@ def main(argv=None):
             sys.stdout.flush()
             stream = StreamPrinter(tok)
             t0 = time.perf_counter()
-            model.generate(to_tensor([ids], args.device), args.max_new_tokens, temperature=args.temperature,
+            model.generate(to_tensor([ids], device), args.max_new_tokens, temperature=args.temperature,
                            top_k=args.top_k, top_p=args.top_p, seed=args.seed + i, use_cache=not args.no_cache,
                            stream=stream)
             dt = time.perf_counter() - t0

@@ -6,12 +6,14 @@
 
 Each input file is one document (or several, cut at --split-on); every document is preceded by the
 end-of-text token and the first tokens form the validation split, as in llm.c's dev/data scripts.
+The byte tokenizer keeps the inputs' exact bytes, whatever their encoding; gpt2 needs UTF-8. Binary files (a NUL
+byte in the first 8000 bytes) found in a directory or by a glob are skipped with a warning; name one on its
+own to take its bytes with the byte tokenizer.
 Then train with:  train.py data.train=DIR/train_*.bin data.val=DIR/val_*.bin data.source=null
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 import time
@@ -24,30 +26,38 @@ from infini_train.data.corpus import (  # noqa: E402
     DEFAULT_VAL_FRACTION,
     build_default_corpus,
     prepare_shards,
-    read_text,
     stdlib_files,
 )
+from infini_train.data.inputs import expand_inputs, read_documents  # noqa: E402
 from infini_train.data.tokenizer import TOKENIZERS, get_tokenizer  # noqa: E402
 
 
-def expand_inputs(patterns):
-    """Files named by paths, globs (``**`` recurses) or directories (every file below, hidden ones skipped),
-    in the order given, each pattern's matches sorted; SystemExit naming a pattern that matches nothing."""
-    files = []
-    for pattern in patterns:
-        if os.path.isdir(pattern):
-            matches = []
-            for directory, dirs, names in os.walk(pattern):
-                dirs[:] = [d for d in dirs if not d.startswith(".")]
-                matches += [os.path.join(directory, name) for name in names if not name.startswith(".")]
-        else:
-            matches = glob.glob(os.path.expanduser(pattern), recursive=True)
-        matches = sorted(p for p in matches if os.path.isfile(p))
-        if not matches:
-            raise SystemExit(f"error: no files match {pattern!r}\nHINT: give text files, globs (quote them) or "
-                             "directories; with no inputs the default corpus is used")
-        files += [p for p in matches if p not in files]
-    return files
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def no_text_error(inputs, stats):
+    skipped = f" ({len(stats.skipped)} binary file(s) skipped)" if stats.skipped else ""
+    return (f"error: the inputs hold no text: {', '.join(map(repr, inputs))}{skipped}\nHINT: give non-empty "
+            "files; binary files found in directories or by globs are skipped, name one on its own to take its "
+            "bytes with --tokenizer byte")
+
+
+def read_inputs(args, tok):
+    """(documents, stats, out_dir) of the inputs named on the command line; SystemExit when they hold no text."""
+    files = expand_inputs(args.inputs)
+    documents, stats = read_documents(files, tok, args.max_bytes, args.split_on,
+                                      warn=lambda line: print(line, file=sys.stderr))
+    if not documents:
+        raise SystemExit(no_text_error(args.inputs, stats))
+    first = os.path.splitext(os.path.basename(files[0].path))[0] or "text"
+    return documents, stats, args.out_dir or os.path.join("data", f"{first}_{tok.name}")
 
 
 def main(argv=None):
@@ -63,8 +73,9 @@ def main(argv=None):
     split.add_argument("--val-tokens", type=int, default=None, help="the first N tokens for validation instead")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
                    help=f"tokens per shard at most (default {DEFAULT_SHARD_TOKENS:,}, as llm.c's fineweb)")
-    p.add_argument("--max-bytes", type=int, default=None,
-                   help=f"stop reading input after this many bytes (default corpus: {DEFAULT_MAX_BYTES:,})")
+    p.add_argument("--max-bytes", type=positive_int, default=None,
+                   help="read no more than this many bytes of the inputs (default: all). The default corpus "
+                        f"takes whole stdlib files until the sizes reach it (default {DEFAULT_MAX_BYTES:,})")
     p.add_argument("--split-on", default=None, help="also cut each file into documents at this separator")
     args = p.parse_args(argv)
 
@@ -77,30 +88,22 @@ def main(argv=None):
     t0 = time.perf_counter()
     try:
         if args.inputs:
-            files = expand_inputs(args.inputs)
-            first = os.path.splitext(os.path.basename(files[0]))[0] or "text"
-            out_dir = args.out_dir or os.path.join("data", f"{first}_{tok.name}")
-            documents, total = [], 0
-            for path in files:
-                if args.max_bytes and total >= args.max_bytes:
-                    break
-                text = read_text(path)
-                total += len(text.encode("utf-8"))
-                documents += [d for d in text.split(args.split_on) if d] if args.split_on else [text]
-            if not documents:
-                raise SystemExit("error: the inputs hold no text")
+            documents, stats, out_dir = read_inputs(args, tok)
+            n_files, total = stats.files, stats.bytes
+            if stats.stopped_at_limit:
+                print(f"stopped reading at --max-bytes {args.max_bytes:,}", file=sys.stderr)
             meta = prepare_shards(documents, out_dir, tok, **split_args,
                                   extra_meta={"source": "files", "inputs": args.inputs})
         else:
             max_bytes = args.max_bytes or DEFAULT_MAX_BYTES
             files = stdlib_files(max_bytes)
-            total = sum(os.path.getsize(path) for path in files)
+            n_files, total = len(files), sum(os.path.getsize(path) for path in files)
             out_dir = args.out_dir or os.path.join("data", f"stdlib_{tok.name}")
             meta = build_default_corpus(out_dir, tok, max_bytes, **split_args)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     dt = time.perf_counter() - t0
-    print(f"{len(files)} files, {meta['documents']} documents, {total:,} bytes -> {meta['num_tokens']:,} {tok.name} "
+    print(f"{n_files} files, {meta['documents']} documents, {total:,} bytes -> {meta['num_tokens']:,} {tok.name} "
           f"tokens ({meta['train_tokens']:,} train in {meta['train_shards']} shard(s), {meta['val_tokens']:,} val "
           f"in {meta['val_shards']}) in {out_dir}/ ({dt:.2f} s)")
     val = f" data.val={os.path.join(out_dir, 'val_*.bin')}" if meta["val_shards"] else " data.val=null"

@@ -107,7 +107,8 @@ def default_documents(max_bytes=DEFAULT_MAX_BYTES):
 
 
 def tokenize_documents(documents, tokenizer):
-    """One uint16 stream: EOT, doc 0, EOT, doc 1, ... (llm.c's layout: EOT starts every document)."""
+    """One uint16 stream: EOT, doc 0, EOT, doc 1, ... (llm.c's layout: EOT starts every document). Documents
+    are str, or bytes for a tokenizer that takes bytes (the byte tokenizer keeps them exactly)."""
     eot = np.array([tokenizer.eot_token], dtype=np.uint16)
     encode = getattr(tokenizer, "encode_array", None)
     parts = []
@@ -132,7 +133,8 @@ def _write_split(out_dir, split, tokens, shard_tokens):
 
 def prepare_shards(documents, out_dir, tokenizer_name="byte", val_fraction=DEFAULT_VAL_FRACTION,
                    shard_tokens=DEFAULT_SHARD_TOKENS, val_tokens=None, extra_meta=None):
-    """Tokenize ``documents`` into out_dir/val_NNNNNN.bin, out_dir/train_NNNNNN.bin and out_dir/meta.json.
+    """Tokenize ``documents`` (str, or bytes for the byte tokenizer) into out_dir/val_NNNNNN.bin,
+    out_dir/train_NNNNNN.bin and out_dir/meta.json.
 
     The first ``val_tokens`` tokens (default: ``val_fraction`` of all) are the validation split (none when 0),
     the rest the training split; each split is cut into shards of at most ``shard_tokens`` tokens.
@@ -238,5 +240,5 @@ def ensure_default_data(config, log=print):
         log(f"default corpus: {meta['files']} files in {meta['documents']} pieces, {meta['num_tokens']:,} "
             f"tokens ({meta['train_tokens']:,} train, {meta['val_tokens']:,} val) in "
             f"{time.perf_counter() - t0:.1f} s")
-    find_shards(data.train)  # the pattern must match what was built (config validation checks the names)
+    find_shards(data.train, "data.train")  # the pattern must match what was built (config validation checks the names)
     return meta

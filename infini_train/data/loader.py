@@ -7,7 +7,8 @@ global batch; when the next global batch would not fit, the loader moves to the 
 and after the last shard it wraps around to the first. So ``world_size`` ranks with batch B together read
 exactly what one rank with batch ``B * world_size`` reads, in the same order.
 
-    loader = DistributedDataLoader("data/stdlib_byte/train_*.bin", B=16, T=64, rank=rank, world_size=world)
+    loader = DistributedDataLoader("data/stdlib_byte/train_*.bin", B=16, T=64, rank=rank, world_size=world,
+                                   config_key="data.train")   # errors name the setting that gave the pattern
     x, y = loader.next_batch()          # int64 numpy arrays of shape (B, T); y is x shifted by one token
     state = loader.state_dict()         # {"shard": 0, "position": 2048}, JSON-serialisable
     loader.load_state_dict(state)       # continue at exactly the same place (e.g. after a resume)
@@ -26,28 +27,45 @@ def _check_int(name, value, low):
     return int(value)
 
 
-class DistributedDataLoader:
-    """Batches of (B, T) token windows from llm.c shards; rank ``rank`` of ``world_size`` reads its own slice."""
+class ShardTooSmall(ShardError):
+    """A shard holding fewer tokens than one global batch needs; ``path``, ``tokens`` and ``need`` say which."""
 
-    def __init__(self, pattern, B, T, rank=0, world_size=1):
+    def __init__(self, message, path, tokens, need):
+        super().__init__(message)
+        self.path, self.tokens, self.need = path, tokens, need
+
+
+class DistributedDataLoader:
+    """Batches of (B, T) token windows from llm.c shards; rank ``rank`` of ``world_size`` reads its own slice.
+
+    ``config_key`` names the setting the pattern came from ("data.train", "data.val") in errors. Every shard's
+    header is checked up front, so a run fails before its first step rather than when it reaches a bad shard;
+    ``lazy=True`` skips that and opens each shard only when a batch is read from it (evaluating a few batches
+    of many shards). Either way a shard is mapped only while it is the current one.
+    """
+
+    def __init__(self, pattern, B, T, rank=0, world_size=1, *, lazy=False, config_key=None):
         self.pattern = pattern
         self.B, self.T = _check_int("B", B, 1), _check_int("T", T, 1)
         self.world_size = _check_int("world_size", world_size, 1)
         self.rank = _check_int("rank", rank, 0)
         if self.rank >= self.world_size:
             raise ValueError(f"DistributedDataLoader: expected rank in [0, {self.world_size}), got {rank}")
-        self.files = find_shards(pattern)
-        self.shard_sizes = [read_header(path) for path in self.files]
-        need = self.global_batch_tokens + 1
-        for path, size in zip(self.files, self.shard_sizes):
-            if size < need:
-                raise ShardError(f"{path}: {size} tokens, fewer than one global batch needs (B*T*world_size + 1 = "
-                                 f"{self.B}*{self.T}*{self.world_size} + 1 = {need})\nHINT: lower "
-                                 "train.batch_size or train.sequence_length, or prepare more data (or fewer, "
-                                 "larger shards)")
+        self.files = find_shards(pattern, config_key)
+        if not lazy:
+            for path in self.files:
+                self._check_size(path, read_header(path))
         self.current_shard = None
-        self.tokens = None
+        self.tokens = None  # the current shard's memory map, opened by _current_tokens()
         self.reset()
+
+    def _check_size(self, path, size):
+        need = self.global_batch_tokens + 1
+        if size < need:
+            raise ShardTooSmall(f"{path}: {size} tokens, fewer than one global batch needs (B*T*world_size + 1 = "
+                                f"{self.B}*{self.T}*{self.world_size} + 1 = {need})\nHINT: lower "
+                                "train.batch_size or train.sequence_length, or prepare more data (or fewer, "
+                                "larger shards)", path, size, need)
 
     @property
     def global_batch_tokens(self):
@@ -61,23 +79,31 @@ class DistributedDataLoader:
 
     def _set_shard(self, index):
         if index != self.current_shard:
-            self.tokens = read_shard(self.files[index])
+            self.tokens = None
             self.current_shard = index
         self.position = 0
+
+    def _current_tokens(self):
+        if self.tokens is None:
+            path = self.files[self.current_shard]
+            tokens = read_shard(path)
+            self._check_size(path, len(tokens))
+            self.tokens = tokens
+        return self.tokens
 
     def reset(self):
         """Go back to the first batch of the first shard."""
         self._set_shard(0)
 
     def _advance_if_needed(self):
-        if self.position + self.global_batch_tokens + 1 > len(self.tokens):
+        if self.position + self.global_batch_tokens + 1 > len(self._current_tokens()):
             self._set_shard((self.current_shard + 1) % len(self.files))
 
     def next_batch(self):
         """(x, y): int64 numpy arrays of shape (B, T); y[b, t] is the token after x[b, t]."""
         B, T = self.B, self.T
         start = self.current_position
-        buf = np.asarray(self.tokens[start:start + B * T + 1], dtype=np.int64)
+        buf = np.asarray(self._current_tokens()[start:start + B * T + 1], dtype=np.int64)
         x = buf[:-1].reshape(B, T)
         y = buf[1:].reshape(B, T).copy()  # x and y share no memory
         self.position += self.global_batch_tokens
@@ -102,17 +128,18 @@ class DistributedDataLoader:
                              f"{len(self.files)} shards match {self.pattern!r}\nHINT: the run was saved with "
                              "other data; point data.train at the same shards")
         self._set_shard(shard)
-        if not 0 <= position < len(self.tokens):
+        size = len(self._current_tokens())
+        if not 0 <= position < size:
             raise ValueError(f"DistributedDataLoader.load_state_dict: position {position} is outside shard "
-                             f"{self.files[shard]} ({len(self.tokens)} tokens)\nHINT: the run was saved with "
+                             f"{self.files[shard]} ({size} tokens)\nHINT: the run was saved with "
                              "other data; point data.train at the same shards")
         self.position = position
         self._advance_if_needed()  # only when the global batch changed since the save (other B, T or ranks)
 
     def num_tokens(self):
-        """Total tokens over all shards."""
-        return int(sum(self.shard_sizes))
+        """Total tokens over all shards (reads every shard's header)."""
+        return int(sum(read_header(path) for path in self.files))
 
     def __repr__(self):
         return (f"DistributedDataLoader({self.pattern!r}, B={self.B}, T={self.T}, rank={self.rank}, "
-                f"world_size={self.world_size}, shards={len(self.files)}, tokens={self.num_tokens()})")
+                f"world_size={self.world_size}, shards={len(self.files)})")

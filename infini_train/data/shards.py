@@ -5,7 +5,7 @@ here and the other way round.
 
     write_shard("data/x/train_000000.bin", tokens)   # atomic: temp file + os.replace
     tokens = read_shard("data/x/train_000000.bin")   # read-only np.memmap of uint16, header validated
-    paths = find_shards("data/x/train_*.bin")        # sorted; a clear error when nothing matches
+    paths = find_shards("data/x/val_*.bin", "data.val")  # sorted; an error naming pattern and key if none
 """
 from __future__ import annotations
 
@@ -95,11 +95,21 @@ def read_shard(path):
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
-def find_shards(pattern):
-    """Paths matching the glob ``pattern``, sorted; a ShardError naming the pattern when none match."""
+def find_shards(pattern, config_key=None):
+    """Paths matching the glob ``pattern``, sorted; a ShardError naming the pattern when none match.
+
+    ``config_key``: the setting the pattern came from ("data.train", "data.val", "--data"), named in the error."""
     paths = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
     if not paths:
-        raise ShardError(f"no token shards match {pattern!r} (relative paths start at {os.getcwd()})\n"
-                         "HINT: run examples/gpt2/prepare_data.py, or point data.train / data.val at existing "
-                         ".bin shards")
+        raise ShardError(_no_match_message(pattern, config_key))
     return paths
+
+
+def _no_match_message(pattern, config_key):
+    where = f"{config_key}: " if config_key else ""
+    target = config_key or "data.train / data.val"
+    hint = f"run examples/gpt2/prepare_data.py, or point {target} at existing .bin shards"
+    if config_key == "data.val":
+        hint += ", or set data.val=null to skip validation"
+    return (f"{where}no token shards match {pattern!r} (relative paths start at {os.getcwd()})\n"
+            f"HINT: {hint}")

@@ -8,7 +8,7 @@ installed and both files already sit in that cache with the right sha256, and th
 exactly that directory, so tiktoken finds them and makes no request.
 
     tok = get_tokenizer("auto")          # "gpt2" when available offline, else "byte"
-    ids = tok.encode("hello")            # list[int]
+    ids = tok.encode("hello")            # list[int]; the byte tokenizer also takes bytes (tok.accepts_bytes)
     text = tok.decode(ids)               # str; invalid UTF-8 becomes U+FFFD
     tok.name, tok.vocab_size, tok.eot_token
 """
@@ -36,19 +36,30 @@ GPT2_FILES = (
 )
 
 
+def _as_bytes(text):
+    return bytes(text) if isinstance(text, (bytes, bytearray, memoryview)) else text.encode("utf-8")
+
+
 class ByteTokenizer:
-    """UTF-8 bytes as tokens 0..255, end-of-text 256: vocab_size 257. Needs nothing, loses nothing."""
+    """Bytes as tokens 0..255, end-of-text 256: vocab_size 257. Needs nothing, loses nothing: it takes str
+    (encoded as UTF-8) or any bytes, binary included (``accepts_bytes``)."""
 
     name = "byte"
     vocab_size = 257
     eot_token = 256
+    accepts_bytes = True
 
     def encode(self, text):
-        return list(text.encode("utf-8"))
+        return list(_as_bytes(text))
 
     def encode_array(self, text):
         """encode() as a uint16 array, without building a Python list (fast for large texts)."""
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+        return np.frombuffer(_as_bytes(text), dtype=np.uint8).astype(np.uint16)
+
+    def decode_bytes(self, tokens):
+        """The exact bytes of the ids 0..255 in ``tokens``; EOT and ids outside the vocab are left out."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        return ids[(ids >= 0) & (ids < 256)].astype(np.uint8).tobytes()
 
     def decode(self, tokens):
         """Bytes to text (errors="replace"); EOT shows as <|endoftext|>, ids outside the vocab as U+FFFD."""
@@ -74,6 +85,7 @@ class GPT2Tokenizer:
     name = "gpt2"
     vocab_size = 50257
     eot_token = 50256
+    accepts_bytes = False  # text only: input must be valid UTF-8
 
     def __init__(self, encoding):
         self.enc = encoding

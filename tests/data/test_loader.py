@@ -4,8 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from infini_train.data.loader import DistributedDataLoader
-from infini_train.data.shards import ShardError, write_shard
+from infini_train.data import loader as loader_module
+from infini_train.data.loader import DistributedDataLoader, ShardTooSmall
+from infini_train.data.shards import ShardError, read_shard, write_shard
 
 
 def make_shards(tmp_path, sizes):
@@ -128,3 +129,64 @@ def test_bad_arguments(tmp_path):
         DistributedDataLoader(str(tmp_path / "none_*.bin"), 2, 4)
     loader = DistributedDataLoader(pattern, 2, 8)
     assert loader.num_tokens() == 100 and len(loader.files) == 1 and "B=2, T=8" in repr(loader)
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The paths the loader maps, in order."""
+    paths = []
+
+    def recording_read_shard(path):
+        paths.append(path)
+        return read_shard(path)
+    monkeypatch.setattr(loader_module, "read_shard", recording_read_shard)
+    return paths
+
+
+def test_lazy_loader_opens_a_shard_only_when_a_batch_is_read_from_it(tmp_path, opened):
+    pattern = make_shards(tmp_path, (100, 80, 50))
+    (tmp_path / "train_000002.bin").write_bytes(b"not a shard")  # only read when the loader gets there
+    with pytest.raises(ShardError, match="train_000002.bin: 11 bytes, shorter than the 1024-byte"):
+        DistributedDataLoader(pattern, 2, 8)  # by default every header is checked up front
+    loader = DistributedDataLoader(pattern, 2, 8, lazy=True)
+    assert opened == [] and "shards=3" in repr(loader)
+    batches = [loader.next_batch()[0] for _ in range(6)]  # shard 0 holds 6 batches
+    assert [b[0, 0] for b in batches] == [0, 16, 32, 48, 64, 80]
+    assert [p[-16:] for p in opened] == ["train_000000.bin"]
+    assert loader.state_dict() == {"shard": 1, "position": 0}  # moved on, but shard 1 is not mapped yet
+    for _ in range(4):
+        loader.next_batch()
+    assert [p[-16:] for p in opened] == ["train_000000.bin", "train_000001.bin"]
+    with pytest.raises(ShardError, match="train_000002.bin: 11 bytes"):
+        loader.next_batch()
+
+
+def test_lazy_loader_checks_a_shard_size_when_it_reaches_it(tmp_path):
+    loader = DistributedDataLoader(make_shards(tmp_path, (100, 30)), 2, 8, rank=1, world_size=2, lazy=True)
+    for _ in range(3):  # shard 0: 100 tokens, global batches of 32 (+1)
+        loader.next_batch()
+    with pytest.raises(ShardTooSmall, match="train_000001.bin: 30 tokens, fewer than one global batch") as info:
+        loader.next_batch()
+    assert (info.value.tokens, info.value.need) == (30, 33) and info.value.path.endswith("train_000001.bin")
+
+
+def test_lazy_loader_reads_the_same_batches_and_resumes(tmp_path):
+    pattern = make_shards(tmp_path, (100, 80, 50))
+    eager, lazy = DistributedDataLoader(pattern, 2, 8), DistributedDataLoader(pattern, 2, 8, lazy=True)
+    for _ in range(20):
+        np.testing.assert_array_equal(eager.next_batch()[1], lazy.next_batch()[1])
+    resumed = DistributedDataLoader(pattern, 2, 8, lazy=True)
+    resumed.load_state_dict(lazy.state_dict())
+    np.testing.assert_array_equal(resumed.next_batch()[0], eager.next_batch()[0])
+    assert lazy.num_tokens() == 230
+
+
+@pytest.mark.parametrize("key, hint", [("data.train", "point data.train at existing .bin shards"),
+                                       ("data.val", "or set data.val=null to skip validation")])
+def test_a_pattern_matching_nothing_names_it_and_its_config_key(tmp_path, key, hint):
+    pattern = str(tmp_path / "missing" / "val_*.bin")
+    with pytest.raises(ShardError) as info:
+        DistributedDataLoader(pattern, 2, 8, config_key=key)
+    message = str(info.value)
+    assert message.startswith(f"{key}: no token shards match {pattern!r}")
+    assert "\nHINT: run examples/gpt2/prepare_data.py" in message and message.endswith(hint)

@@ -92,3 +92,14 @@ def test_find_shards_sorted_and_clear_when_empty(tmp_path):
     with pytest.raises(ShardError, match=r"no token shards match '.*none_\*.bin'.*\nHINT: run "
                                          r"examples/gpt2/prepare_data.py"):
         find_shards(str(tmp_path / "none_*.bin"))
+
+
+def test_find_shards_names_the_setting_the_pattern_came_from(tmp_path):
+    missing = str(tmp_path / "nowhere" / "val_*.bin")
+    with pytest.raises(ShardError, match=r"^data.val: no token shards match '.*nowhere/val_\*.bin' .*\nHINT: run "
+                                         r"examples/gpt2/prepare_data.py, or point data.val at existing .bin shards, "
+                                         r"or set data.val=null to skip validation$"):
+        find_shards(missing, "data.val")
+    with pytest.raises(ShardError, match=r"^data.train: no token shards match .*\nHINT: .*point data.train at "
+                                         r"existing .bin shards$"):
+        find_shards(str(tmp_path / "train_*.bin"), "data.train")

@@ -118,3 +118,14 @@ def test_gpt2_loads_from_the_verified_cache(fake_tiktoken, monkeypatch):
     assert tok.decode(tok.encode("abc")) == "abc"
     assert tok.decode([97, 60000, 98]) == "a\ufffdb"
     assert get_tokenizer("gpt2") is tok and len(calls) == 1  # loaded once per process
+
+
+def test_byte_tokenizer_takes_any_bytes_and_gives_them_back_exactly():
+    tok = ByteTokenizer()
+    data = bytes(range(256)) + b"\r\n\xff\xfe latin-1: caf\xe9"  # NUL, invalid UTF-8, CRLF: all kept
+    assert tok.accepts_bytes and not tokmod.GPT2Tokenizer.accepts_bytes
+    assert tok.encode(data) == list(data)
+    np.testing.assert_array_equal(tok.encode_array(data), np.frombuffer(data, np.uint8))
+    assert tok.decode_bytes(tok.encode_array(data)) == data
+    assert tok.decode_bytes([104, 256, 105, 300]) == b"hi"  # EOT and ids outside the vocab are left out
+    assert tok.encode(bytearray(b"ab")) == tok.encode("ab") == [97, 98]

@@ -1,5 +1,7 @@
 """generate.py and evaluate.py against a checkpoint of a short training run."""
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
@@ -7,11 +9,12 @@ import numpy as np
 import pytest
 
 import infini_train as it
-from infini_train.data.shards import read_shard
+from infini_train.data.shards import read_shard, write_shard
 from infini_train.models.gpt2 import GPT2
 from infini_train.utils.checkpoint import load_checkpoint
-from tests.examples.test_train import REPO, data_dir, run, tiny_args  # noqa: F401 (fixture)
+from tests.examples.test_train import data_dir, run, tiny_args  # noqa: F401 (fixture)
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "examples", "gpt2")
 
 
@@ -63,3 +66,110 @@ def test_evaluate_loss_equals_the_training_loss_function(trained, data_dir):  # 
             losses.append(loss.item())
     assert reported == pytest.approx(float(np.mean(losses)), rel=1e-5)
     assert "perplexity" in proc.stdout
+
+
+def reported_loss(proc):
+    assert proc.returncode == 0, proc.stderr
+    return float(proc.stdout.split("loss ")[1].split()[0])
+
+
+def checkpoint_loss(trained, tokens, batch_size, seq_len, n_batches):
+    """Mean loss of the checkpoint over the first n_batches consecutive windows of tokens, computed here."""
+    from infini_train.models.gpt2_config import GPT2Config
+    state, _, meta = load_checkpoint(trained)
+    model = GPT2(GPT2Config(**meta["model_config"]))
+    model.load_state_dict(state)
+    tokens, per_batch, losses = np.asarray(tokens, dtype=np.int64), batch_size * seq_len, []
+    with it.no_grad():
+        for b in range(n_batches):
+            w = tokens[b * per_batch:(b + 1) * per_batch + 1]
+            x, y = w[:-1].reshape(batch_size, seq_len), w[1:].reshape(batch_size, seq_len)
+            _, loss = model(it.tensor(x), it.tensor(y))
+            losses.append(loss.item())
+    return float(np.mean(losses))
+
+
+@pytest.mark.parametrize("name", ["generate.py", "evaluate.py"])
+@pytest.mark.parametrize("option, value, expected", [
+    ("--device", "gpu", "error: --device: expected cpu, cpu:N, cuda or cuda:N, got 'gpu'\nHINT: "),
+    ("--device", "cuda:x", "error: --device: expected cpu, cpu:N, cuda or cuda:N, got 'cuda:x'\nHINT: "),
+    ("--dtype", "fp16", "error: --dtype: expected one of float32, float64, got 'fp16'\nHINT: ")])
+def test_bad_device_or_dtype_names_the_option_and_the_accepted_forms(trained, data_dir, name, option, value,  # noqa: F811
+                                                                     expected):
+    data = ["--data", f"{data_dir}/val_*.bin"] if name == "evaluate.py" else []
+    proc = script(name, "--checkpoint", str(trained), *data, option, value)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "unknown dtype" not in proc.stderr
+    assert proc.stderr.startswith(expected), proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="cupy is installed")
+def test_cuda_without_cupy_is_a_clear_error(trained):
+    proc = script("generate.py", "--checkpoint", str(trained), "--device", "cuda", "--max-new-tokens", "2")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: --device cuda:0: a cuda device needs cupy"), proc.stderr
+
+
+def test_dtype_is_float32_unless_chosen(trained):
+    sys.path.insert(0, SCRIPTS)
+    try:
+        from common import load_model
+    finally:
+        sys.path.remove(SCRIPTS)
+    model, _ = load_model(str(trained))
+    assert {p.dtype for p in model.parameters()} == {np.dtype("float32")}
+    model, _ = load_model(str(trained), dtype="float64")
+    assert {p.dtype for p in model.parameters()} == {np.dtype("float64")}
+    args = ("generate.py", "--checkpoint", str(trained), "--prompt", "def ", "--max-new-tokens", "4", "--dtype",
+            "float64")
+    proc = script(*args, "--no-cache")
+    assert proc.returncode == 0 and proc.stdout.startswith("def ") and "4 tokens in" in proc.stderr, proc.stderr
+    proc = script(*args)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: --dtype float64 needs --no-cache"), proc.stderr
+
+
+def error_text(proc):
+    """stderr from its "error:" line on (the progress bar comes before it)."""
+    return proc.stderr[proc.stderr.index("error: "):] if "error: " in proc.stderr else proc.stderr
+
+
+def test_evaluate_few_batches_opens_only_the_shards_it_reads(trained, data_dir, tmp_path):  # noqa: F811
+    first = sorted(data_dir.glob("val_*.bin"))[0]
+    shutil.copy(first, tmp_path / "val_000000.bin")
+    for i in range(1, 6):
+        (tmp_path / f"val_{i:06d}.bin").write_bytes(b"not a token shard")  # opened: an error
+    args = ("--checkpoint", str(trained), "--data", str(tmp_path / "val_*.bin"), "--batch-size", "2", "--seq-len", "32")
+    loss = reported_loss(script("evaluate.py", *args, "--max-batches", "1"))
+    assert loss == pytest.approx(checkpoint_loss(trained, read_shard(str(first)), 2, 32, 1), rel=1e-5)
+    proc = script("evaluate.py", *args)  # every shard: the first corrupt one is named
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert error_text(proc).startswith(f"error: {tmp_path / 'val_000001.bin'}: 17 bytes, shorter than"), proc.stderr
+
+
+def test_evaluate_reads_every_shard_once(trained, data_dir, tmp_path):  # noqa: F811
+    tokens = np.asarray(read_shard(str(sorted(data_dir.glob("val_*.bin"))[0])))[:300]
+    write_shard(str(tmp_path / "val_000000.bin"), tokens[:200])  # 3 batches of 64 (+1)
+    write_shard(str(tmp_path / "val_000001.bin"), tokens[200:])  # 1 batch
+    proc = script("evaluate.py", "--checkpoint", str(trained), "--data", str(tmp_path / "val_*.bin"),
+                  "--batch-size", "2", "--seq-len", "32")
+    expected = (3 * checkpoint_loss(trained, tokens[:200], 2, 32, 3) + checkpoint_loss(trained, tokens[200:], 2, 32, 1))
+    assert reported_loss(proc) == pytest.approx(expected / 4, rel=1e-5) and "batches 4 |" in proc.stdout
+
+
+def test_evaluate_data_errors_name_the_option(trained, tmp_path):
+    proc = script("evaluate.py", "--checkpoint", str(trained), "--data", str(tmp_path / "none_*.bin"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: --data: no token shards match {str(tmp_path / 'none_*.bin')!r}")
+    write_shard(str(tmp_path / "small.bin"), np.arange(50))
+    proc = script("evaluate.py", "--checkpoint", str(trained), "--data", str(tmp_path / "small.bin"),
+                  "--batch-size", "2", "--seq-len", "32")
+    assert proc.returncode == 1
+    assert error_text(proc) == (f"error: {tmp_path / 'small.bin'}: 50 tokens, fewer than one batch needs (65)\n"
+                           "HINT: lower --batch-size or --seq-len\n")
+
+
+def test_evaluate_text_takes_the_exact_bytes(trained, tmp_path):
+    data = ("Grüße aus Köln.\r\n" * 20).encode("latin-1")  # not UTF-8: each byte is one token
+    (tmp_path / "latin1.txt").write_bytes(data)
+    proc = script("evaluate.py", "--checkpoint", str(trained), "--text", str(tmp_path / "latin1.txt"),
+                  "--batch-size", "2", "--seq-len", "32", "--max-batches", "2")
+    assert reported_loss(proc) == pytest.approx(checkpoint_loss(trained, list(data), 2, 32, 2), rel=1e-5)
