@@ -17,6 +17,9 @@ Command-line values are YAML, except that a text setting (out_dir, data.train, .
 (``out_dir=0755`` is '0755'; null spellings are null, and ``out_dir="'null'"`` is the word); in YAML files such a
 setting keeps its text when YAML would read it as a number or date. A mapping merges into its section key by key,
 as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
+
+This module holds the schema, its validation and the entry points; reading YAML strictly and applying the
+command-line overrides to the raw dict is in infini_train.utils.config_yaml.
 """
 from __future__ import annotations
 
@@ -32,6 +35,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import yaml
+
+from .config_yaml import apply_overrides, load_yaml
+from .config_yaml import merge as _merge  # noqa: F401  (callers and tests use config._merge)
+from .config_yaml import parse_value as parse_value  # re-exported: part of this module's interface
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = "configs/gpt2_tiny.yaml"
@@ -212,20 +219,6 @@ def config_keys():
     return list(_key_docs())
 
 
-def _declared_type(path):
-    """The annotation of a dotted key (a section's dataclass for "model", ...), or None for an unknown key."""
-    cls, parts = RunConfig, path.split(".")
-    for part in parts[:-1]:
-        cls = SECTIONS.get(part) if cls is RunConfig else None
-        if cls is None:
-            return None
-    return typing.get_type_hints(cls).get(parts[-1])
-
-
-def _is_text(annotation):
-    return annotation in (str, Optional[str])
-
-
 def _flatten(d, prefix=""):
     out = {}
     for k, v in d.items():
@@ -292,8 +285,8 @@ def _coerce(value, annotation, path, errors):
     elif annotation is str:
         if isinstance(value, str):
             return value
-        # files and command lines give a str setting its text as written (see _keep_text); any other value (a
-        # YAML bool, a number in a dict) would mean guessing at the text, so it is refused
+        # files and command lines give a str setting its text as written (see config_yaml._keep_text); any other
+        # value (a YAML bool, a number in a dict) would mean guessing at the text, so it is refused
         errors.append(f"{path}: expected {kind}, got {_describe(value)}; HINT: {_text_hint(path, value)}")
         return _BAD
     errors.append(f"{path}: expected {kind}, got {_describe(value)}")
@@ -472,142 +465,6 @@ def _check_model(cfg, c, errors, presets):
                       f"got {gpt.vocab_size}")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """safe_load that reports a key given twice in one mapping instead of keeping the last silently."""
-
-
-def _mapping_without_duplicates(loader, node, deep=False):
-    seen = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first given at line {seen[key] + 1})", key_node.start_mark)
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-_TEXT_TAGS = {f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "timestamp")}
-_NULLS = ("null", "Null", "NULL", "~")
-
-
-def _keep_text(node, schema):
-    """Re-tag as strings the plain scalars YAML would read as numbers or dates where ``schema`` (RunConfig or a
-    section) declares a str setting, so ``out_dir: 0755`` stays '0755' (not 493) and 2024-01-01 stays text."""
-    if not isinstance(node, yaml.MappingNode):
-        return
-    hints = typing.get_type_hints(schema)
-    for key_node, value_node in node.value:
-        name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-        if schema is RunConfig and name in SECTIONS:
-            _keep_text(value_node, SECTIONS[name])
-        elif (name in hints and _is_text(hints[name]) and isinstance(value_node, yaml.ScalarNode)
-              and value_node.style is None and value_node.tag in _TEXT_TAGS):
-            value_node.tag = "tag:yaml.org,2002:str"
-
-
-def _load_yaml(source, schema=None):
-    """A YAML document (text or bytes) -> Python values; duplicate keys raise, and str settings of ``schema``
-    keep their text as written."""
-    loader = _StrictLoader(source)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if schema is not None:
-            _keep_text(node, schema)
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def parse_value(text):
-    """A command-line value of a non-text setting as YAML (``3e-4`` stays a string here; the field's type converts
-    it). Text YAML cannot parse (``@x``) is taken as a plain string."""
-    if text.strip() == "":
-        return ""
-    try:
-        return _load_yaml(text)
-    except yaml.YAMLError:
-        return text
-
-
-def _text_value(text):
-    """A str setting's command-line value: the text exactly as written (``out_dir=0755`` stays '0755'), except
-    that a null spelling is null and one YAML-quoted text is unquoted (``out_dir="'null'"`` is the word)."""
-    if text in _NULLS:
-        return None
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return text
-        return value if isinstance(value, str) else text
-    return text
-
-
-def _override_value(key, text, errors):
-    """The value of ``key=text`` by the key's declared type; _BAD after recording an error."""
-    declared = _declared_type(key)
-    if _is_text(declared):
-        return _text_value(text)
-    if not dataclasses.is_dataclass(declared):
-        return parse_value(text)
-    try:  # a section: a YAML mapping merged into it key by key
-        value = _load_yaml(text, declared) if text.strip() else ""
-    except yaml.YAMLError as exc:
-        errors.append(f"{key}: expected a YAML mapping like {key}={{{dataclasses.fields(declared)[0].name}: ...}}, "
-                      f"got {text!r}, which is not valid YAML ({getattr(exc, 'problem', None) or exc})")
-        return _BAD
-    glued = [name for name, item in (value.items() if isinstance(value, dict) else ())
-             if isinstance(name, str) and ":" in name and item is None]  # YAML reads {n_layer:2} as key "n_layer:2"
-    for name in glued:
-        errors.append(f"{key}.{name}: unknown key; HINT: put a space after the colon: "
-                      f"{key}={{{name.replace(':', ': ', 1)}}}")
-    return _BAD if glued else value
-
-
-def _merge(into, new):
-    """Merge mapping ``new`` into ``into`` key by key, recursively (nested mappings merge, anything else replaces)."""
-    for key, value in new.items():
-        if isinstance(into.get(key), dict) and isinstance(value, dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def _apply_overrides(raw, overrides, errors):
-    settings = set(config_keys())
-    for text in overrides:
-        key, sep, value = str(text).partition("=")
-        key = key.strip()
-        if not sep or not key:
-            errors.append(f"override {text!r}: expected dotted.key=value, e.g. train.learning_rate=3e-4")
-            continue
-        parts = key.split(".")
-        node = raw
-        for depth, part in enumerate(parts[:-1]):
-            prefix = ".".join(parts[:depth + 1])
-            child = node.get(part)
-            if prefix in settings or (child is not None and not isinstance(child, dict)):
-                errors.append(f"{key}: unknown key ({prefix!r} is a setting, not a section)")
-                break
-            if child is None:  # a new or empty section (an unknown one is reported by _build)
-                child = node[part] = {}
-            node = child
-        else:
-            value = _override_value(key, value, errors)
-            if value is _BAD:
-                continue
-            if isinstance(node.get(parts[-1]), dict) and isinstance(value, dict):
-                _merge(node[parts[-1]], value)  # model={n_layer: 2} keeps the file's other model keys
-            else:
-                node[parts[-1]] = value
-
-
 def _validated(raw, source, errors):
     bad = set()
     cfg = _build(RunConfig, raw, "", errors, bad)
@@ -649,7 +506,7 @@ def _read_config_file(path):
                           f"{files[0] if files else os.path.join(path, 'run.yaml')}")
     try:
         with open(path, "rb") as f:  # bytes: YAML detects the encoding and reports bad bytes as a YAML error
-            raw = _load_yaml(f, RunConfig)
+            raw = load_yaml(f, RunConfig)
     except FileNotFoundError:
         raise ConfigError(f"{where}: expected a YAML file, got a path that does not exist{_similar_file(path)}\n"
                           f"HINT: the shipped runs are in {shipped}: "
@@ -674,7 +531,7 @@ def load_config(path=None, overrides=()):
     Raises one ConfigError listing every problem."""
     raw = _read_config_file(path) if path else {}
     errors = []
-    _apply_overrides(raw, list(overrides), errors)
+    apply_overrides(raw, list(overrides), errors, RunConfig)
     return _validated(raw, path or "defaults", errors)
 
 
