@@ -54,9 +54,6 @@ def main(argv=None):
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context for every token")
     args = p.parse_args(argv)
     device, dtype = parse_device(args.device), parse_dtype(args.dtype)  # before the (slow) model load
-    if dtype != "float32" and not args.no_cache:  # the model's KV cache is allocated in float32
-        raise SystemExit(f"error: --dtype {dtype} needs --no-cache: the KV cache holds float32\nHINT: add "
-                         "--no-cache, or leave --dtype at float32")
 
     model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]

@@ -1,7 +1,9 @@
 """How a process finds its place in a job: MPI (imported lazily), the launcher's environment, the local rank,
-and abort-on-failure (an uncaught exception on any rank ends the whole job within seconds)."""
+and abort-on-failure: an uncaught exception on any rank, or a rank leaving the interpreter (``sys.exit``, the
+end of the script) while its peers still run, ends the whole job within seconds."""
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -86,14 +88,57 @@ def install_abort_on_failure(comm):
     sys.excepthook = abort
     threading.excepthook = thread_abort
 
+    _arm_exit_guard(comm)
+
+
+EXIT_GRACE_ENV = "INFINI_TRAIN_EXIT_GRACE"
+_exit_guard = None  # a private duplicate of the world communicator, while the world is up
+
+
+def _arm_exit_guard(comm):
+    """At interpreter exit with the world still up (no destroy_process_group), every rank must be exiting too:
+    they meet in a barrier on a private communicator (so it cannot be mistaken for a collective in flight) within
+    $INFINI_TRAIN_EXIT_GRACE seconds (default 10), or this rank aborts the job rather than leave its peers waiting
+    for it until their collective timeout."""
+    global _exit_guard
+    if _exit_guard is None:
+        _exit_guard = comm.Dup()
+        atexit.register(_check_exit, comm)
+
+
+def _check_exit(comm):
+    guard = _exit_guard
+    if guard is None:
+        return
+    MPI = import_mpi()
+    if MPI is None or MPI.Is_finalized():
+        return
+    grace = float(os.environ.get(EXIT_GRACE_ENV, "10"))
+    request = guard.Ibarrier()
+    deadline = time.monotonic() + grace
+    while not request.Test():
+        if time.monotonic() > deadline:
+            rank, size = comm.Get_rank(), comm.Get_size()
+            sys.stderr.write(f"[rank {rank}] exited before the other ranks (sys.exit, or the end of the script "
+                             f"without destroy_process_group()): aborting the job ({size} ranks)\n")
+            sys.stderr.flush()
+            comm.Abort(1)
+        time.sleep(0.005)
+
 
 def uninstall_abort_on_failure():
-    global _saved_hooks
+    global _saved_hooks, _exit_guard
     if _saved_hooks is not None:
         sys.excepthook, threading.excepthook = _saved_hooks
         _saved_hooks = None
+    if _exit_guard is not None:
+        try:
+            _exit_guard.Free()
+        except Exception:  # freeing is best effort: the world is being torn down anyway
+            pass
+        _exit_guard = None
 _ABORT_GRACE_SECONDS = 0.5  # lets the launcher forward the traceback before Abort tears the job down
 
 
 __all__ = ["import_mpi", "launcher_world_size", "node_local_rank", "cuda_device_count", "install_abort_on_failure",
-           "uninstall_abort_on_failure", "MPI_HINT", "CUDA_HINT"]
+           "uninstall_abort_on_failure", "MPI_HINT", "CUDA_HINT", "EXIT_GRACE_ENV"]

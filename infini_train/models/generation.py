@@ -72,7 +72,8 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     was_training = model.training
     model.eval()
     try:
-        cache = KVCache(model.config, B, device) if use_cache else None
+        dtype = next(iter(model.parameters())).dtype  # the cache holds keys and values in the model's dtype
+        cache = KVCache(model.config, B, device, dtype) if use_cache else None
         length = T0
         logits, _ = model(idx, kv_cache=cache, last_only=True)
         for _ in range(max_new_tokens):

@@ -1,12 +1,18 @@
 """Training checkpoints: tensors in safetensors, everything else in JSON. Never pickle.
 
 Layout: ``out_dir/checkpoints/step_000100/`` holding ``model.safetensors``, ``optimizer.safetensors`` and
-``state.json`` (step, config, RNG states, data position, optimizer scalars). A checkpoint is written
-into a temporary directory and renamed into place, so a crash mid-write leaves the previous ones intact;
-``state.json`` is written last and its presence marks a complete checkpoint.
+``state.json`` (step, run id, config, RNG states, data position, optimizer scalars, and the SHA-256 and size
+of each tensor file, plus a SHA-256 of state.json's own content).
+
+Durability: a checkpoint is written into a temporary directory; the tensor files and that directory are
+fsynced before ``state.json`` (the completion marker) is written, then the directory is renamed into place and
+its parent fsynced. A crash at any point leaves the previous checkpoints intact, and the temporary
+directories a killed save leaves behind are removed by the next save. Directories and files honour the umask.
+Loading verifies every recorded hash, so a truncated, missing or edited file is reported by name.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,6 +23,8 @@ import numpy as np
 
 CHECKPOINT_DIR = "checkpoints"
 STEP_PATTERN = re.compile(r"^step_(\d{6,})$")
+TMP_PREFIX = ".tmp-step_"
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
 
 
 class CheckpointError(ValueError):
@@ -71,34 +79,86 @@ def step_dir(out_dir, step):
     return os.path.join(out_dir, CHECKPOINT_DIR, f"step_{step:06d}")
 
 
-def save_checkpoint(out_dir, step, model_state, optimizer_state, extra, keep_last=None):
-    """Write checkpoint ``step`` atomically; returns its directory. ``extra`` must be JSON-serialisable."""
+def save_checkpoint(out_dir, step, model_state, optimizer_state, extra, keep_last=None, run_id=None):
+    """Write checkpoint ``step`` atomically and durably; returns its directory. ``extra`` must be
+    JSON-serialisable. ``keep_last`` prunes the oldest checkpoints of the same ``run_id`` only."""
     from safetensors.numpy import save_file
 
     root = os.path.join(out_dir, CHECKPOINT_DIR)
-    os.makedirs(root, exist_ok=True)
+    os.makedirs(root, mode=_dir_mode(), exist_ok=True)
+    remove_stale_temporaries(out_dir)
     final = step_dir(out_dir, step)
-    tmp = tempfile.mkdtemp(dir=root, prefix=f".tmp-step_{step:06d}-")
+    tmp = tempfile.mkdtemp(dir=root, prefix=f"{TMP_PREFIX}{step:06d}-")
+    os.chmod(tmp, _dir_mode())  # mkdtemp makes it 0700 whatever the umask
     try:
         model_arrays = {k: np.ascontiguousarray(_to_numpy(v)) for k, v in model_state.items()}
         save_file(_dedupe(model_arrays), os.path.join(tmp, "model.safetensors"))
         opt_arrays, opt_skeleton = flatten_state(optimizer_state)
         save_file(opt_arrays, os.path.join(tmp, "optimizer.safetensors"))
-        state = {"step": step, "optimizer": opt_skeleton, "model_keys": list(model_arrays), **extra}
+        files = {name: _fsync_and_describe(os.path.join(tmp, name)) for name in TENSOR_FILES}
+        _fsync_dir(tmp)
+        state = {"step": step, "run_id": run_id, "files": files, "optimizer": opt_skeleton,
+                 "model_keys": list(model_arrays), **extra}
+        state["state_sha256"] = _state_digest(state)
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump(state, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+        _fsync_dir(tmp)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
+        _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep_last:
-        for old in list_checkpoints(out_dir)[:-keep_last]:
+        for old in list_checkpoints(out_dir, run_id=run_id)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _dir_mode():
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_and_describe(path):
+    os.chmod(path, _dir_mode() & 0o666)  # safetensors creates its files 0600 whatever the umask
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    return {"sha256": _sha256(path), "bytes": os.path.getsize(path)}
+
+
+def _state_digest(state):
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def remove_stale_temporaries(out_dir):
+    """Delete the temporary directories of saves that were killed midway (one writer per out_dir)."""
+    root = os.path.join(out_dir, CHECKPOINT_DIR)
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            if name.startswith(TMP_PREFIX):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def _dedupe(arrays):
@@ -112,8 +172,9 @@ def _dedupe(arrays):
     return out
 
 
-def list_checkpoints(out_dir):
-    """Complete checkpoints (those with state.json) under out_dir, oldest first."""
+def list_checkpoints(out_dir, run_id=None):
+    """Complete checkpoints (those with state.json) under out_dir, oldest first; only those of ``run_id``
+    when it is given."""
     root = os.path.join(out_dir, CHECKPOINT_DIR)
     if not os.path.isdir(root):
         return []
@@ -122,8 +183,19 @@ def list_checkpoints(out_dir):
         m = STEP_PATTERN.match(name)
         path = os.path.join(root, name)
         if m and os.path.exists(os.path.join(path, "state.json")):
+            if run_id is not None and read_run_id(path) != run_id:
+                continue
             found.append((int(m.group(1)), path))
     return [p for _, p in sorted(found)]
+
+
+def read_run_id(path):
+    """The run id recorded in a checkpoint's state.json (None when unreadable or absent)."""
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            return json.load(f).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def latest_checkpoint(out_dir):
@@ -132,10 +204,15 @@ def latest_checkpoint(out_dir):
 
 
 def resolve_checkpoint(path_or_out_dir):
-    """A checkpoint directory from an explicit step dir or from an out_dir (its newest checkpoint)."""
+    """A checkpoint directory from a step directory, its state.json, or an out_dir (its newest checkpoint)."""
     path = os.fspath(path_or_out_dir)
+    if os.path.basename(path) == "state.json" and os.path.isfile(path):
+        path = os.path.dirname(path) or "."
     if os.path.exists(os.path.join(path, "state.json")):
         return path
+    if not os.path.exists(path):
+        raise CheckpointError(f"no checkpoint found at {path}: the path does not exist\nHINT: pass a "
+                              "checkpoints/step_XXXXXX directory, its state.json, or a run's out_dir")
     newest = latest_checkpoint(path)
     if newest is None:
         raise CheckpointError(f"no checkpoint found at {path}\nHINT: pass a checkpoints/step_XXXXXX directory or "
@@ -143,18 +220,54 @@ def resolve_checkpoint(path_or_out_dir):
     return newest
 
 
-def load_checkpoint(path):
-    """Returns (model_state {name: array}, optimizer_state, state dict from state.json)."""
+def verify_checkpoint(path):
+    """Check a checkpoint directory against the hashes in its state.json; returns the parsed state. Raises
+    CheckpointError naming the file and what is wrong (missing, truncated, edited, unreadable)."""
+    state_path = os.path.join(path, "state.json")
+    try:
+        with open(state_path) as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete: state.json is missing") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} is damaged: state.json is unreadable ({exc})") from None
+    if not isinstance(state, dict) or "step" not in state or "optimizer" not in state:
+        raise CheckpointError(f"checkpoint {path} is damaged: state.json lacks its step or optimizer entries")
+    recorded = state.get("state_sha256")
+    if recorded is not None and recorded != _state_digest(state):
+        raise CheckpointError(f"checkpoint {path} is damaged: state.json was edited (its content no longer "
+                              "matches the SHA-256 recorded in it)")
+    for name, expect in (state.get("files") or {}).items():
+        file_path = os.path.join(path, name)
+        if not os.path.exists(file_path):
+            raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing")
+        size = os.path.getsize(file_path)
+        if size != expect["bytes"]:
+            kind = "truncated" if size < expect["bytes"] else "longer than written"
+            raise CheckpointError(f"checkpoint {path} is damaged: {name} is {kind} ({size} bytes, "
+                                  f"{expect['bytes']} written)")
+        if _sha256(file_path) != expect["sha256"]:
+            raise CheckpointError(f"checkpoint {path} is damaged: {name} was modified (SHA-256 differs from "
+                                  "the one recorded when it was written)")
+    return state
+
+
+def load_checkpoint(path, verify=True):
+    """Returns (model_state {name: array}, optimizer_state, state dict from state.json), after verifying every
+    file against the hashes recorded at save time (``verify=False``: already verified by the caller)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     path = resolve_checkpoint(path)
-    try:
+    if verify:
+        state = verify_checkpoint(path)
+    else:
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
+    try:
         model_state = load_file(os.path.join(path, "model.safetensors"))
         opt_arrays = load_file(os.path.join(path, "optimizer.safetensors"))
-    except (OSError, json.JSONDecodeError, SafetensorError) as exc:
+    except (OSError, SafetensorError) as exc:
         raise CheckpointError(f"checkpoint {path} is unreadable: {exc}\nHINT: it may be incomplete or corrupted; "
                               "resume from an earlier one") from exc
     optimizer_state = unflatten_state(state.pop("optimizer"), opt_arrays)

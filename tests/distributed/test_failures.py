@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
+from tests.distributed.mpi_jobs import job_env, mpirun, needs_mpiexec, output
 
 pytestmark = needs_mpiexec
 
@@ -37,3 +37,19 @@ def test_a_collective_a_rank_never_joins_times_out_naming_it_and_the_ranks():
             "backend mpi) did not complete within 2 s") in proc.stderr, output(proc)
     assert "[rank 0] HINT: another rank of the group never joined this collective" in proc.stderr
     assert "INFINI_TRAIN_COLLECTIVE_TIMEOUT" in proc.stderr
+
+
+def test_a_rank_that_calls_sys_exit_ends_the_job_within_the_grace_period():
+    t0 = time.monotonic()
+    proc = mpirun(2, "worker_failures.py", "exit", timeout=60, env=job_env(INFINI_TRAIN_EXIT_GRACE="2"))
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0, output(proc)
+    assert elapsed < 20, f"the job took {elapsed:.1f} s to end\n{output(proc)}"
+    assert "[rank 1] exited before the other ranks" in proc.stderr, output(proc)
+    assert "should not get here" not in proc.stdout
+
+
+def test_ranks_that_end_together_without_destroy_exit_cleanly():
+    proc = mpirun(2, "worker_failures.py", "clean", timeout=60, env=job_env(INFINI_TRAIN_EXIT_GRACE="2"))
+    assert proc.returncode == 0, output(proc)
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout and "aborting" not in proc.stderr

@@ -3,6 +3,9 @@
 - ``raise``: rank 1 raises while rank 0 waits in an all_reduce (with a 300 s timeout): the abort-on-failure
   hook must end rank 0 too, within seconds.
 - ``thread``: the same with the exception raised in a background thread of rank 1.
+- ``exit``: rank 1 calls sys.exit(3) while rank 0 waits in an all_reduce (300 s timeout): the exit guard must
+  abort the job within its grace period (set to 2 s by the test).
+- ``clean``: both ranks end the script without destroy_process_group(): they exit together, status 0.
 - ``timeout``: rank 1 never joins; rank 0's async barrier wait(timeout=1) raises (caught and printed), then a
   sync all_reduce under init_process_group(timeout=2) raises uncaught, which aborts the job.
 """
@@ -25,6 +28,15 @@ if mode == "raise":
         time.sleep(0.2)
         raise ValueError("rank 1 failed on purpose")
     dist.all_reduce(it.ones(4))  # would wait forever (well, 300 s) for rank 1 without the abort
+elif mode == "exit":
+    if rank == 1:
+        time.sleep(0.2)
+        sys.exit(3)
+    dist.all_reduce(it.ones(4))
+elif mode == "clean":
+    dist.all_reduce(it.ones(4))
+    print(f"rank {rank} done", flush=True)
+    sys.exit(0)
 elif mode == "thread":
     if rank == 1:
         def fail():

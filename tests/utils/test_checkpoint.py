@@ -1,5 +1,6 @@
 import json
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from infini_train.utils.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     unflatten_state,
+    verify_checkpoint,
 )
 
 
@@ -63,5 +65,69 @@ def test_missing_and_corrupt_checkpoints_are_clear(tmp_path):
     path = save_checkpoint(tmp_path, 5, {"w": np.ones(2, np.float32)}, {}, {})
     with open(os.path.join(path, "model.safetensors"), "wb") as f:
         f.write(b"garbage")
-    with pytest.raises(CheckpointError, match="unreadable"):
+    with pytest.raises(CheckpointError, match=r"checkpoint .*step_000005 is damaged: model.safetensors is truncated "
+                                              r"\(7 bytes, \d+ written\)"):
         load_checkpoint(path)
+
+
+# ----------------------------------------------------------------------------- ownership, durability, umask
+def _save(out, step, run_id, keep_last=None):
+    return save_checkpoint(str(out), step, {"w": np.arange(4, dtype=np.float32) + step},
+                           {"state": {}, "param_groups": []}, {"data": []}, keep_last=keep_last, run_id=run_id)
+
+
+def test_pruning_touches_only_the_current_runs_checkpoints(tmp_path):
+    foreign = _save(tmp_path, 100, "earlier-run")
+    for step in (1, 2, 3):
+        _save(tmp_path, step, "this-run", keep_last=2)
+    names = [os.path.basename(p) for p in list_checkpoints(str(tmp_path))]
+    assert names == ["step_000002", "step_000003", "step_000100"] and os.path.isdir(foreign)
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path), run_id="this-run")] == ["step_000002",
+                                                                                                 "step_000003"]
+
+
+def test_a_killed_saves_temporary_directory_is_removed_by_the_next_save(tmp_path):
+    stale = tmp_path / "checkpoints" / ".tmp-step_000005-abcd1234"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half written")
+    _save(tmp_path, 6, "run")
+    assert not stale.exists() and [os.path.basename(p) for p in list_checkpoints(str(tmp_path))] == ["step_000006"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_checkpoint_directories_and_files_honour_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        path = _save(tmp_path, 1, "run")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o777 & ~umask
+    for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
+        assert stat.S_IMODE(os.stat(os.path.join(path, name)).st_mode) == 0o666 & ~umask, name
+
+
+def test_tensor_files_and_directory_are_fsynced_before_the_completion_marker(tmp_path, monkeypatch):
+    events = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    real_open = open
+
+    def recording_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("state.json") and "w" in mode:
+            events.append(("write", str(path)))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr("builtins.open", recording_open)
+    path = _save(tmp_path, 1, "run")
+    marker = next(i for i, e in enumerate(events) if e[0] == "write")
+    synced_first = {os.path.basename(p) for kind, p in events[:marker] if kind == "fsync"}
+    assert {"model.safetensors", "optimizer.safetensors"} <= synced_first
+    assert any(os.path.basename(p).startswith(".tmp-step_000001-") for kind, p in events[:marker] if kind == "fsync"), \
+        "the temporary directory itself"
+    assert ("fsync", str(tmp_path / "checkpoints")) in events[marker:], "the parent after the rename"
+    verify_checkpoint(path)

@@ -1,0 +1,50 @@
+"""Validation loss and text samples during a run, always in eval mode (dropout off) and without a graph; the
+model goes back to the mode it was in afterwards."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .. import backend
+from .. import distributed as dist
+from ..autograd.grad_mode import no_grad
+from ..tensor import Tensor
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def to_device_tensor(array, device):
+    return Tensor._make(backend.to_device_array(array, device), device)
+
+
+@no_grad()
+def evaluate(model, loader, steps, device):
+    """Mean loss over ``steps`` batches from the start of ``loader``, averaged over the ranks."""
+    loader.reset()
+    losses = []
+    with eval_mode(model):
+        for _ in range(steps):
+            x, y = loader.next_batch()
+            _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
+            losses.append(loss.item())
+    mean = to_device_tensor(np.array([float(np.mean(losses))], np.float64), device)
+    dist.all_reduce(mean, "avg")
+    return float(mean.numpy()[0])
+
+
+@no_grad()
+def sample_text(model, tokenizer, length, seed, device):
+    """``length`` tokens generated after the end-of-text token (top-k 40), decoded."""
+    start = Tensor(np.array([[tokenizer.eot_token]], np.int64), device=device)
+    with eval_mode(model):
+        out = model.generate(start, length, temperature=1.0, top_k=40, seed=seed)
+    return tokenizer.decode(out.numpy()[0, 1:].tolist())

@@ -1,0 +1,253 @@
+"""A training run from a RunConfig: build, resume, the step loop, validation, samples, checkpoints, stop
+signals, and the final evaluation (llm.c's order: the last iteration only evaluates, so the reported final
+validation loss is the saved model's).
+
+Rank 0 alone writes checkpoints, samples, metrics and plots. The other ranks wait for that I/O in an untimed
+barrier, so a slow disk or a long sample never trips the collective timeout and aborts a healthy job.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from .. import backend
+from .. import distributed as dist
+from ..data.corpus import ensure_default_data, read_meta
+from ..data.loader import DistributedDataLoader
+from ..data.tokenizer import get_tokenizer
+from ..models.gpt2 import GPT2
+from ..nn.parallel import DistributedDataParallel
+from ..tensor import Tensor
+from ..utils import checkpoint as ckpt
+from ..utils.config import ConfigError
+from ..utils.metrics import MetricsLog, measure_sgemm_peak, plot_loss_curve
+from .evaluation import evaluate, sample_text
+from .resume import check_same_model, choose_checkpoint, run_id_of
+from .signals import EXIT_STOPPED, StopSignals, signal_name
+from .step import train_step
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm stayed non-finite for more steps than train.skip_nonfinite allows."""
+
+
+def print0(*args, **kwargs):
+    if dist.get_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def wait_for_rank0():
+    """Every rank waits here, without the collective timeout, while rank 0 finishes its I/O."""
+    if dist.get_world_size() > 1:
+        dist.barrier(async_op=True).wait(timeout=math.inf)
+
+
+def pick_device(cfg):
+    if cfg.device != "auto":
+        return backend.Device.parse(cfg.device if cfg.device != "cuda" else f"cuda:{dist.get_local_rank()}")
+    if backend.cuda_available():
+        return backend.Device.parse(f"cuda:{dist.get_local_rank()}")
+    return backend.CPU
+
+
+def _tokenizer_name(cfg):
+    meta = read_meta(cfg.data.train)
+    if meta and cfg.data.tokenizer not in ("auto", meta["tokenizer"]):
+        raise ConfigError(f"data.tokenizer: the shards under {os.path.dirname(cfg.data.train)} were made with "
+                          f"{meta['tokenizer']!r}, but the config says {cfg.data.tokenizer!r}\nHINT: set "
+                          f"data.tokenizer={meta['tokenizer']} or re-run prepare_data.py")
+    return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
+
+
+def build_gpt2(cfg, device):
+    gpt_cfg = cfg.model.to_gpt2_config()
+    tok_name, vocab_needed = _tokenizer_name(cfg)
+    if vocab_needed > gpt_cfg.vocab_size:
+        raise ConfigError(f"model.vocab_size: the data's tokenizer has {vocab_needed} tokens, more than the "
+                          f"model's vocab_size {gpt_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
+    backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
+    return GPT2(gpt_cfg).to(device=device, dtype=cfg.dtype), tok_name
+
+
+class Run:
+    """One run: ``Run(cfg).train()`` returns the process exit status (0, or EXIT_STOPPED after a stop signal)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        t = cfg.train
+        self.grad_accum = cfg.grad_accum_steps(self.world)
+        self.device = pick_device(cfg)
+        if self.rank == 0:
+            ensure_default_data(cfg.data)
+        wait_for_rank0()
+        self.raw_model, self.tok_name = build_gpt2(cfg, self.device)
+        self.model = DistributedDataParallel(self.raw_model) if self.world > 1 else self.raw_model
+        self.optimizer = self.raw_model.configure_optimizers(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
+                                                             t.eps)
+        self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, self.rank,
+                                                  self.world, config_key="data.train")
+        self.val_loader = None
+        if cfg.data.val and t.val_loss_every:
+            self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, self.rank,
+                                                    self.world, config_key="data.val")
+        self.tokenizer = get_tokenizer(self.tok_name)
+        self.start_step = 0
+        self.skipped_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm
+        self.skipped_in_a_row = 0
+        self.resumed_from = choose_checkpoint(cfg)
+        state = self._resume(self.resumed_from) if self.resumed_from else None
+        self.run_id = run_id_of(state)
+
+    def _resume(self, path):
+        model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
+        check_same_model(state, self.raw_model.config.to_dict(), path)
+        self.raw_model.load_state_dict(model_state)
+        self.optimizer.load_state_dict(opt_state)
+        data = state["data"]
+        self.train_loader.load_state_dict(data[self.rank] if self.world == len(data) else data[0])
+        self.start_step = state["step"]
+        self.skipped_total = state.get("skipped_steps", 0)
+        self.skipped_in_a_row = state.get("skipped_in_a_row", 0)
+        print0(f"resumed from {path} at step {self.start_step}")
+        return state
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def save(self, step):
+        data_states = [self.train_loader.state_dict()]
+        if self.world > 1:  # every rank's loader position, gathered as small int tensors
+            mine = Tensor(np.array([data_states[0]["shard"], data_states[0]["position"]], np.int64))
+            parts = [Tensor(np.zeros(2, np.int64)) for _ in range(self.world)]
+            dist.all_gather(parts, mine)
+            data_states = [{"shard": int(p.numpy()[0]), "position": int(p.numpy()[1])} for p in parts]
+        path = None
+        if self.rank == 0:
+            cfg = self.cfg
+            path = ckpt.save_checkpoint(cfg.out_dir, step, self.raw_model.state_dict(), self.optimizer.state_dict(), {
+                "config": cfg.to_dict(), "model_config": self.raw_model.config.to_dict(), "tokenizer": self.tok_name,
+                "rng": {"seed": cfg.seed, "per_step": "SeedSequence([seed, rank, step])"}, "data": data_states,
+                "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row},
+                keep_last=cfg.train.keep_last, run_id=self.run_id)
+            print0(f"saved checkpoint {path}")
+        wait_for_rank0()
+        return path
+
+    # --------------------------------------------------------------------------------------------- the loop
+    def train(self):
+        cfg, t = self.cfg, self.cfg.train
+        if self.rank == 0:
+            print(f"run config:\n{cfg.to_yaml()}")
+            cfg.save_resolved()
+        tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.world
+        print0(f"world {self.world} ({dist.get_backend()}), device {self.device}, grad_accum {self.grad_accum}, "
+               f"{tokens_per_step} tokens/step, {self.raw_model.num_params():,} parameters, tokenizer "
+               f"{self.tok_name}")
+        peak = measure_sgemm_peak() * self.world
+        flops_per_token = self.raw_model.flops_per_token(t.sequence_length)
+        log = MetricsLog(cfg.out_dir, self.start_step if self.resumed_from else None, enabled=self.rank == 0)
+        bar = self._progress_bar()
+        with StopSignals() as stops:
+            for step in range(self.start_step, t.num_iterations + 1):
+                stop = stops.agreed()
+                if stop:
+                    return self._stop(step, stop, bar)
+                last = step == t.num_iterations
+                record = {"step": step}
+                self._evaluate_and_sample(step, last, record)
+                if last:
+                    if "val_loss" in record:
+                        log.write(record)
+                    break
+                t0 = time.perf_counter()
+                result = train_step(self.model, self.raw_model.parameters(), self.optimizer, self.train_loader, t,
+                                    step, self.grad_accum, self.device, cfg.seed)
+                self._count_nonfinite(step, result)
+                dt = time.perf_counter() - t0
+                tokens_per_s = tokens_per_step / dt
+                record.update(loss=result.loss, lr=result.lr, grad_norm=result.grad_norm, ms=dt * 1000,
+                              tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / peak,
+                              skipped=not result.finite, skipped_steps=self.skipped_total)
+                log.write(record)
+                self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar)
+                if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.num_iterations:
+                    self.save(step + 1)
+        if bar is not None:
+            bar.close()
+        if t.num_iterations > self.start_step:
+            self.save(t.num_iterations)
+        self._plot()
+        return 0
+
+    def _evaluate_and_sample(self, step, last, record):
+        t = self.cfg.train
+        if self.val_loader is not None and (step % t.val_loss_every == 0 or last):
+            record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device)
+            print0(f"step {step}: val loss {record['val_loss']:.4f}")
+        if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
+            if self.rank == 0:
+                text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
+                                   self.device)
+                print(f"--- sample at step {step} ---\n{text}\n---", flush=True)
+            wait_for_rank0()
+
+    def _count_nonfinite(self, step, result):
+        if result.finite:
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_total += 1
+        self.skipped_in_a_row += 1
+        allowed = self.cfg.train.skip_nonfinite
+        what = f"loss {result.loss}, grad norm {result.grad_norm}"
+        if self.skipped_in_a_row > allowed:
+            bad = (f"loss became {result.loss}" if not math.isfinite(result.loss)
+                   else f"gradient norm became {result.grad_norm}")
+            raise TrainingDiverged(
+                f"{bad} at step {step} ({self.skipped_in_a_row} non-finite step(s) in a row, "
+                f"train.skip_nonfinite={allowed})\nHINT: lower train.learning_rate or raise warmup_iters, or let "
+                "train.skip_nonfinite skip a few such steps; the last good checkpoint in out_dir is kept")
+        print0(f"step {step}: skipped the update ({what}); {self.skipped_in_a_row} in a row, "
+               f"{allowed} allowed by train.skip_nonfinite")
+
+    def _stop(self, step, number, bar):
+        if bar is not None:
+            bar.close()
+        path = self.save(step)
+        print0(f"stopped by {signal_name(number)} at step {step}, checkpoint {path}\n"
+               f"HINT: resume=auto continues the run (exit status {EXIT_STOPPED})")
+        return EXIT_STOPPED
+
+    def _progress_bar(self):
+        if self.rank != 0:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.train.num_iterations, initial=self.start_step, desc="train", dynamic_ncols=True,
+                    disable=not sys.stderr.isatty())
+
+    def _log_line(self, step, result, dt, tokens_per_s, mfu, bar):
+        t = self.cfg.train
+        if step % t.log_every == 0 or step == t.num_iterations - 1:
+            line = (f"step {step + 1:5d}/{t.num_iterations} | loss {result.loss:.6f} | lr {result.lr:.2e} | norm "
+                    f"{result.grad_norm:.4f} | {dt * 1000:.1f} ms | {tokens_per_s:.0f} tok/s | MFU {100 * mfu:.1f}%")
+            if bar is not None and not bar.disable:
+                bar.write(line)
+            else:
+                print0(line)
+        if bar is not None:
+            bar.update(1)
+
+    def _plot(self):
+        cfg = self.cfg
+        log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+        if self.rank != 0 or not cfg.plot or not os.path.exists(log_path):
+            return
+        png = os.path.join(cfg.out_dir, "loss.png")
+        if plot_loss_curve(log_path, png):
+            print(f"loss curve: {png}")
+        else:
+            print("plot: matplotlib is not installed, so no loss.png was written\n"
+                  "HINT: pip install -e '.[plot]' (or set plot=false)", flush=True)

@@ -1,0 +1,85 @@
+"""Where a run starts: fresh, or from a verified checkpoint; and which checkpoints belong to the run.
+
+- ``resume=auto``: the newest checkpoint in out_dir that verifies; damaged or incomplete ones are skipped with a
+  warning naming them and why; none at all starts fresh.
+- ``resume=PATH`` (a step directory, its state.json, or an out_dir): that checkpoint, which must verify.
+- no resume: a fresh run, refused when out_dir already holds another run's checkpoints (pruning by step alone
+  would delete the new run's checkpoints and keep the old run's higher-numbered ones).
+
+Every run has an id recorded in its checkpoints; a resumed run keeps it, and pruning touches only its own.
+Rank 0 verifies (hashing each file once) and broadcasts its choice; the other ranks follow it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+
+import numpy as np
+
+from .. import distributed as dist
+from ..utils import checkpoint as ckpt
+from ..utils.config import ConfigError
+
+
+def _warn(message):
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def choose_checkpoint(cfg):
+    """The checkpoint directory this run resumes from (verified on rank 0), or None to start fresh."""
+    path = _choose_on_rank0(cfg) if dist.get_rank() == 0 else None
+    if dist.get_world_size() > 1:
+        from ..tensor import Tensor
+
+        step = Tensor(np.array([-1 if path is None else _step_of(path)], np.int64))
+        dist.broadcast(step, src=0)
+        step = int(step.numpy()[0])
+        if dist.get_rank() != 0 and step >= 0:
+            path = ckpt.step_dir(cfg.out_dir, step) if cfg.resume == "auto" else ckpt.resolve_checkpoint(cfg.resume)
+    return path
+
+
+def _step_of(path):
+    with open(os.path.join(path, "state.json")) as f:
+        return int(json.load(f)["step"])
+
+
+def _choose_on_rank0(cfg):
+    if cfg.resume == "auto":
+        for path in reversed(ckpt.list_checkpoints(cfg.out_dir)):
+            try:
+                ckpt.verify_checkpoint(path)
+                return path
+            except ckpt.CheckpointError as exc:
+                _warn(f"resume=auto: skipping {exc}")
+        return None
+    if cfg.resume:
+        path = ckpt.resolve_checkpoint(cfg.resume)
+        ckpt.verify_checkpoint(path)
+        return path
+    existing = ckpt.list_checkpoints(cfg.out_dir)
+    if existing:
+        raise ConfigError(
+            f"out_dir: {cfg.out_dir} already holds {len(existing)} checkpoint(s) of an earlier run (newest "
+            f"{os.path.basename(existing[-1])})\nHINT: pass resume=auto to continue that run, choose another "
+            "out_dir, or move its checkpoints/ away to start over there")
+    return None
+
+
+def run_id_of(state):
+    """The run id to keep: the checkpoint's (a resumed run), or a new one."""
+    return (state or {}).get("run_id") or uuid.uuid4().hex
+
+
+def check_same_model(state, model_config, path):
+    """A resumed run must build the model its checkpoint was trained with."""
+    saved = state.get("model_config") or {}
+    differ = {k: (saved[k], v) for k, v in model_config.items() if k in saved and saved[k] != v}
+    if differ:
+        listing = ", ".join(f"model.{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differ.items())
+        run_config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "config.yaml")
+        raise ConfigError(f"resume: checkpoint {path} was trained with another model shape ({listing})\n"
+                          f"HINT: resume with the run's own config ({run_config}), or start a new run in another "
+                          "out_dir")

@@ -1,0 +1,66 @@
+"""One optimizer step of a run: gradient accumulation over micro-batches (DDP all-reduces only the last one),
+the loss averaged over ranks, gradient clipping, the learning-rate schedule, and the non-finite check.
+
+A step whose loss or gradient norm is not finite is skipped (no update); every rank sees the same loss and the
+same all-reduced gradients, so they all skip together.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import backend
+from .. import distributed as dist
+from ..nn.utils import clip_grad_norm_
+from ..optim.lr_scheduler import cosine_with_warmup
+from ..tensor import Tensor
+from .evaluation import to_device_tensor
+
+
+def step_seed(seed, rank, step):
+    """The seed of one step's randomness (dropout) on one rank: different per rank, and a function of the
+    step alone, so a resumed run draws exactly what the uninterrupted run drew."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    lr: float
+    finite: bool  # False: the update was skipped
+
+
+def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, device, seed):
+    """Forward and backward over ``grad_accum`` micro-batches, then clip, schedule and (when finite) update."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    backend.manual_seed(step_seed(seed, rank, step))
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for micro in range(grad_accum):
+        if train_cfg.overfit_single_batch:
+            loader.reset()
+        x, y = loader.next_batch()
+        last = micro == grad_accum - 1
+        with model.no_sync() if world > 1 and not last else contextlib.nullcontext():
+            _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
+            loss = loss / grad_accum
+            loss.backward()
+        loss_sum += loss.item()
+    if world > 1:
+        mean = Tensor(np.array([loss_sum], np.float64))
+        dist.all_reduce(mean, "avg")
+        loss_sum = float(mean.numpy()[0])
+    max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
+    norm = float(clip_grad_norm_(params, max_norm).item())
+    lr = cosine_with_warmup(step, train_cfg.learning_rate, train_cfg.warmup_iters, train_cfg.num_iterations,
+                            train_cfg.learning_rate_decay_frac)
+    finite = math.isfinite(loss_sum) and math.isfinite(norm)
+    if finite:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+    return StepResult(loss_sum, norm, lr, finite)

@@ -1,0 +1,112 @@
+"""Where a run starts: a fresh run refuses an out_dir holding another run's checkpoints; resume=auto skips a
+damaged newest checkpoint (truncated, missing or edited file) with a warning and resumes bitwise from the newest
+good one; an explicitly named damaged checkpoint, a missing path or another model shape is one clear error."""
+import json
+import os
+import shutil
+
+import pytest
+
+from infini_train.utils.checkpoint import list_checkpoints
+from tests.training.tiny_run import make_data, metrics, run, same_run, tiny_args
+
+COMMON = ["train.num_iterations=12", "train.save_every=4", "train.keep_last=3", "model.dropout=0.1"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def finished(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished")
+    run(tiny_args(data_dir, out, *COMMON))
+    return out
+
+
+def test_a_fresh_run_refuses_an_out_dir_with_another_runs_checkpoints(data_dir, finished, tmp_path):
+    before = list_checkpoints(finished)
+    proc = run(tiny_args(data_dir, finished, "train.num_iterations=3", "train.save_every=1"), check=False)
+    assert proc.returncode == 1
+    assert (f"error: out_dir: {finished} already holds 3 checkpoint(s) of an earlier run (newest step_000012)"
+            in proc.stderr)
+    assert "HINT: pass resume=auto to continue that run" in proc.stderr
+    assert list_checkpoints(finished) == before
+
+
+def _damage(path, kind):
+    if kind == "truncated":
+        with open(os.path.join(path, "model.safetensors"), "r+b") as f:
+            f.truncate(os.path.getsize(f.name) // 2)
+        return "model.safetensors is truncated"
+    if kind == "missing":
+        os.remove(os.path.join(path, "optimizer.safetensors"))
+        return "optimizer.safetensors is missing"
+    if kind == "edited_tensor":
+        with open(os.path.join(path, "model.safetensors"), "r+b") as f:
+            f.seek(-3, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-3, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 1]))
+        return "model.safetensors was modified"
+    with open(os.path.join(path, "state.json")) as f:
+        state = json.load(f)
+    state["step"] = 11  # still valid JSON: only the recorded digest can tell
+    with open(os.path.join(path, "state.json"), "w") as f:
+        json.dump(state, f)
+    return "state.json was edited"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "missing", "edited_tensor", "edited_state"])
+def test_resume_auto_skips_a_damaged_newest_checkpoint(data_dir, finished, tmp_path, kind):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "checkpoints" / "step_000012")  # as if stopped after the step-8 checkpoint...
+    newest = str(out / "checkpoints" / "step_000008")
+    why = _damage(newest, kind)  # ...and that checkpoint was damaged afterwards
+    proc = run(tiny_args(data_dir, out, *COMMON, "resume=auto"))
+    assert f"warning: resume=auto: skipping checkpoint {newest} is damaged: {why}" in proc.stderr
+    assert f"resumed from {out / 'checkpoints' / 'step_000004'} at step 4" in proc.stdout
+    same_run(finished, out)
+
+
+def test_an_explicitly_named_damaged_checkpoint_is_one_clear_error(data_dir, finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    target = str(out / "checkpoints" / "step_000008")
+    why = _damage(target, "truncated")
+    proc = run(tiny_args(data_dir, out, *COMMON, f"resume={target}"), check=False)
+    assert proc.returncode == 1
+    assert f"error: checkpoint {target} is damaged: {why}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resume_from_a_state_json_path_and_from_a_missing_path(data_dir, finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "checkpoints" / "step_000012")
+    state = out / "checkpoints" / "step_000008" / "state.json"
+    proc = run(tiny_args(data_dir, out, *COMMON, f"resume={state}"))
+    assert "at step 8" in proc.stdout
+    same_run(finished, out)
+    missing = tmp_path / "nowhere"
+    proc = run(tiny_args(data_dir, tmp_path / "other", *COMMON, f"resume={missing}"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: no checkpoint found at {missing}: the path does not exist" in proc.stderr
+
+
+def test_resume_with_another_model_shape_is_one_clear_error(data_dir, finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    proc = run(tiny_args(data_dir, out, *COMMON, "resume=auto", "model.n_embd=32"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "was trained with another model shape (model.n_embd: checkpoint 64, config 32)" in proc.stderr
+    assert f"HINT: resume with the run's own config ({out / 'config.yaml'})" in proc.stderr
+
+
+def test_metrics_of_a_resumed_run_read_like_one_run(data_dir, finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "checkpoints" / "step_000012")
+    run(tiny_args(data_dir, out, *COMMON, "resume=auto"))
+    assert [r["step"] for r in metrics(out)] == list(range(13))

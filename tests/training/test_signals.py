@@ -1,0 +1,84 @@
+"""Stop signals end a run at a step boundary with a checkpoint and exit status 75; resuming gives the run that was
+never interrupted, bitwise. Signals are sent by pid from the test, to one rank only in the two-rank job."""
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from infini_train.training import EXIT_INTERRUPTED, EXIT_STOPPED
+from infini_train.utils.checkpoint import list_checkpoints
+from tests.distributed.mpi_jobs import needs_mpiexec
+from tests.training.tiny_run import (REPO, command, job_env, make_data, rank_pids, run, same_run, signal_after_steps,
+                                     tiny_args)
+
+COMMON = ["train.num_iterations=30", "train.save_every=0", "model.dropout=0.1", "train.val_loss_every=4"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    run(tiny_args(data_dir, out, *COMMON))
+    return out
+
+
+def _start(args, ranks=1):
+    return subprocess.Popen(command(args, ranks), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=job_env())
+
+
+def _stopped(proc, name):
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_STOPPED, f"rc {proc.returncode}\n{out[-2000:]}\n{err[-2000:]}"
+    found = re.search(rf"stopped by {name} at step (\d+), checkpoint (\S+)", out)
+    assert found, out[-2000:]
+    return int(found.group(1)), found.group(2)
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT], ids=lambda n: n.name)
+def test_a_signal_stops_with_a_checkpoint_and_resume_is_bitwise(data_dir, uninterrupted, tmp_path, number):
+    out = tmp_path / "run"
+    proc = _start(tiny_args(data_dir, out, *COMMON))
+    signal_after_steps(proc, out, 5, number)
+    step, path = _stopped(proc, number.name)
+    assert 5 <= step < 30 and list_checkpoints(out) == [path] and path.endswith(f"step_{step:06d}")
+    resumed = run(tiny_args(data_dir, out, *COMMON, "resume=auto"))
+    assert f"resumed from {path} at step {step}" in resumed.stdout
+    same_run(uninterrupted, out)
+
+
+@needs_mpiexec
+def test_on_two_ranks_a_signal_to_one_rank_stops_both_and_resume_is_bitwise(data_dir, tmp_path):
+    full, out = tmp_path / "full", tmp_path / "run"
+    common = [*COMMON, "train.batch_size=2"]  # the same 128-token global batch over two ranks
+    run(tiny_args(data_dir, full, *common), ranks=2)
+    proc = _start(tiny_args(data_dir, out, *common), ranks=2)
+    pids = []
+    while len(pids) < 2 and proc.poll() is None:
+        pids = rank_pids(str(out))
+    signal_after_steps(proc, out, 5, signal.SIGTERM, pid=pids[-1])
+    step, path = _stopped(proc, "SIGTERM")
+    assert list_checkpoints(out) == [path]
+    run(tiny_args(data_dir, out, *common, "resume=auto"), ranks=2)
+    same_run(full, out)
+
+
+def test_a_second_sigint_exits_at_once_without_a_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "run"
+    # each iteration validates on 200 batches, so the second SIGINT (0.1 s later; two pending SIGINTs would merge
+    # into one) arrives long before the next step boundary
+    proc = _start(tiny_args(data_dir, out, "train.num_iterations=50", "train.save_every=0", "train.val_loss_every=1",
+                            "train.val_max_steps=200"))
+    signal_after_steps(proc, out, 1, signal.SIGINT)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
+    assert "interrupted twice: exiting now, without a checkpoint" in err
+    assert list_checkpoints(out) == []
