@@ -31,7 +31,7 @@ def test_train_script_on_two_ranks_matches_one_rank_with_twice_the_batch(tmp_pat
     import numpy as np
 
     from infini_train.data.corpus import prepare_shards, stdlib_documents
-    from tests.examples.test_train import TRAIN, tiny_args
+    from tests.training.tiny_run import TRAIN, tiny_args
 
     data = tmp_path / "data"
     prepare_shards(stdlib_documents(200_000), str(data), "byte")

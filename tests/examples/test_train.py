@@ -87,3 +87,11 @@ def test_step_seed_differs_per_rank_and_step_and_repeats_exactly():
     seeds = {(r, s): step_seed(1337, r, s) for r in range(2) for s in range(3)}
     assert len(set(seeds.values())) == 6  # dropout masks differ across ranks and steps
     assert step_seed(1337, 1, 2) == seeds[(1, 2)]  # a resumed run redraws the same masks
+
+
+def test_missing_validation_shards_are_one_clear_error(data_dir, tmp_path):
+    proc = run(tiny_args(data_dir, tmp_path / "run", "train.num_iterations=2", f"data.val={tmp_path}/nowhere_*.bin"),
+               check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"error: data.val: no token shards match '{tmp_path}/nowhere_*.bin'" in proc.stderr
+    assert "data.val=null" in proc.stderr
