@@ -1,0 +1,96 @@
+"""The real thing: tiny GPT-2 on 2 ranks under launch/run.sh --max-restarts 1, one rank SIGKILLed after a checkpoint;
+the relaunched job (resume=auto) must end with weights bitwise equal to an uninterrupted run's."""
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from infini_train.data.corpus import prepare_shards, stdlib_documents
+from tests.launch.jobs import REPO, launcher_env, needs_mpiexec, output, run_sh, start_run_sh, wait_until
+
+pytestmark = [pytest.mark.slow, needs_mpiexec]
+STEPS = 12
+
+
+def train_args(data_dir, out_dir):
+    # the default tiny model (4 layers, 256 wide: ~0.3 s a step on 2 ranks of a 2-core machine) leaves about a
+    # second between two checkpoints in which to kill a rank; 12 steps, a checkpoint every 4
+    return ["examples/gpt2/train.py", "--config", os.path.join(REPO, "configs", "gpt2_tiny.yaml"),
+            f"out_dir={out_dir}", f"data.train={data_dir}/train_*.bin", f"data.val={data_dir}/val_*.bin",
+            "data.source=null", "train.batch_size=8", "train.sequence_length=64", "train.total_batch_size=1024",
+            f"train.num_iterations={STEPS}", "train.save_every=4", "train.val_loss_every=0", "train.sample_every=0",
+            "train.log_every=1", "plot=false", "device=cpu"]
+
+
+def descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rank_pid(launcher_pid, rank):
+    """The pid of the train.py process of ``rank`` started (through mpiexec and hydra's proxy) by launcher_pid."""
+    for pid in descendants(launcher_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"examples/gpt2/train.py" in cmdline and f"PMI_RANK={rank}".encode() in environ:
+            return pid
+    return None
+
+
+def final_weights(out_dir):
+    from safetensors.numpy import load_file
+    return load_file(os.path.join(out_dir, "checkpoints", f"step_{STEPS:06d}", "model.safetensors"))
+
+
+def test_a_rank_killed_after_a_checkpoint_is_relaunched_and_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path):
+    data = tmp_path / "data"
+    prepare_shards(stdlib_documents(300_000), str(data), "byte")
+    env = launcher_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+    reference = run_sh("-n", "2", *train_args(data, tmp_path / "reference"), timeout=120, env=env)
+    assert reference.returncode == 0, output(reference)
+
+    out = tmp_path / "killed"
+    proc = start_run_sh("-n", "2", "--max-restarts", "1", *train_args(data, out), env=env)
+    try:
+        first = out / "checkpoints" / "step_000004" / "state.json"  # state.json last: the checkpoint is complete
+        wait_until(first.exists, timeout=90, what="the step-4 checkpoint", proc=proc)
+        victim = rank_pid(proc.pid, 1)
+        assert victim is not None, "rank 1's train.py process was not found under run.sh"
+        os.kill(victim, signal.SIGKILL)
+        finished_before_the_kill = (out / "checkpoints" / f"step_{STEPS:06d}").exists()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    report = f"--- rc {proc.returncode}\n--- stdout\n{stdout[-4000:]}\n--- stderr\n{stderr[-4000:]}"
+    assert proc.returncode == 0, report
+    assert not finished_before_the_kill, "the run was too fast: rank 1 was killed after its last step"
+    restarts = [line for line in stderr.splitlines() if "] restart " in line]
+    assert len(restarts) == 1 and "restart 1/1 after exit status" in restarts[0], report
+    assert "after exit status 0" not in restarts[0] and "after exit status 75" not in restarts[0], report
+    assert restarts[0].rstrip().endswith("resume=auto"), report  # the relaunch continues from a checkpoint
+
+    expected, got = final_weights(tmp_path / "reference"), final_weights(out)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape, name
+        assert np.array_equal(got[name].view(np.uint8), expected[name].view(np.uint8)), f"{name} differs"
