@@ -18,14 +18,9 @@ from infini_train.data.tokenizer import get_tokenizer
 from infini_train.utils.checkpoint import list_checkpoints, load_checkpoint
 from infini_train.utils.config import parse_args
 from tests.distributed.mpi_jobs import MPIEXEC, needs_mpiexec
-from tests.training.tiny_run import CONFIG, REPO, job_env, make_data, metrics, tiny_args
+from tests.training.tiny_run import CONFIG, REPO, job_env, metrics, tiny_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def _config(data_dir, out, *extra):

@@ -8,14 +8,9 @@ import shutil
 import pytest
 
 from infini_train.utils.checkpoint import list_checkpoints
-from tests.training.tiny_run import make_data, metrics, run, same_run, tiny_args
+from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
 COMMON = ["train.num_iterations=12", "train.save_every=4", "train.keep_last=3", "model.dropout=0.1"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")

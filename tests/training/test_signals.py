@@ -10,15 +10,10 @@ import pytest
 from infini_train.training import EXIT_INTERRUPTED, EXIT_STOPPED
 from infini_train.utils.checkpoint import list_checkpoints
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import (REPO, command, job_env, make_data, rank_pids, run, same_run, signal_after_steps,
+from tests.training.tiny_run import (REPO, command, job_env, rank_pids, run, same_run, signal_after_steps,
                                      tiny_args)
 
 COMMON = ["train.num_iterations=30", "train.save_every=0", "model.dropout=0.1", "train.val_loss_every=4"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
