@@ -137,7 +137,6 @@ def uninstall_abort_on_failure():
         except Exception:  # freeing is best effort: the world is being torn down anyway
             pass
         _exit_guard = None
-_ABORT_GRACE_SECONDS = 0.5  # lets the launcher forward the traceback before Abort tears the job down
 
 
 __all__ = ["import_mpi", "launcher_world_size", "node_local_rank", "cuda_device_count", "install_abort_on_failure",
