@@ -3,13 +3,15 @@
 Kernels allocate their result once and update it with ``out=`` ufuncs, so each op costs few passes over
 memory. Exact GELU needs the normal CDF; numpy has no erf, so ``normal_cdf`` evaluates W. J. Cody's rational
 Chebyshev approximations (Math. Comp. 23, 1969; netlib specfun CALERF) with ``xp`` ufuncs: accurate to a few
-ulps in float32 and float64, on CPU and GPU alike.
+ulps in float32 and float64, on CPU and GPU alike. float16/bfloat16 inputs of sigmoid, gelu and silu are
+computed on in float32 and their results (gradients too) rounded once, as torch does.
 """
 from __future__ import annotations
 
 import math
 
 from .function import Op, op_error
+from .low_precision import narrow
 from .softmax import ignore_overflow, upcast
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -118,17 +120,18 @@ def sigmoid_array(xp, x):
 
 class Sigmoid(Op):
     def forward(self, x):
-        return sigmoid_array(self.xp, x)
+        return narrow(self.xp, sigmoid_array(self.xp, upcast(x)), x.dtype)
 
     def setup_context(self, inputs, output):
         self.save_for_backward(output)
 
     def backward(self, g):
         (y,) = self.saved_arrays
+        y = upcast(y)
         grad = self.xp.subtract(1, y, out=_new(self.xp, y))  # dy/dx = y (1 - y)
         grad *= y
         grad *= g
-        return grad
+        return narrow(self.xp, grad, g.dtype)
 
     def backward_graph(self, g):
         (y,) = self.saved_tensors
@@ -176,7 +179,7 @@ class GELU(Op):
             cdf = normal_cdf(xp, xw)
             self.stash(cdf)
             out = xp.multiply(xw, cdf, out=_new(xp, xw))
-        return out.astype(x.dtype, copy=False)
+        return narrow(xp, out, x.dtype)
 
     def setup_context(self, inputs, output):
         self.save_for_backward(inputs[0])
@@ -207,8 +210,8 @@ class GELU(Op):
             grad *= _INV_SQRT_2PI
             grad *= x
             grad += aux
-        grad *= g
-        return grad.astype(g.dtype, copy=False)
+        grad *= g  # a float16/bfloat16 g is widened inside the ufunc, chunk by chunk
+        return narrow(xp, grad, g.dtype)
 
     def backward_graph(self, g):
         (x,) = self.saved_tensors
@@ -224,14 +227,15 @@ class NormalCdf(Op):
     """Phi(x), the standard normal CDF, as a graph node (GELU's double backward needs its derivative)."""
 
     def forward(self, x):
-        return normal_cdf(self.xp, upcast(x)).astype(x.dtype, copy=False)
+        return narrow(self.xp, normal_cdf(self.xp, upcast(x)), x.dtype)
 
     def setup_context(self, inputs, output):
         self.save_for_backward(inputs[0])
 
     def backward(self, g):
         (x,) = self.saved_arrays
-        return g * self.xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+        x = upcast(x)
+        return narrow(self.xp, g * self.xp.exp(-0.5 * x * x) * _INV_SQRT_2PI, g.dtype)
 
     def backward_graph(self, g):
         (x,) = self.saved_tensors
@@ -245,9 +249,10 @@ def _constant(like, array):
 
 class SiLU(Op):
     def forward(self, x):
-        s = sigmoid_array(self.xp, x)
+        xw = upcast(x)
+        s = sigmoid_array(self.xp, xw)
         self.stash(s)
-        return x * s
+        return narrow(self.xp, xw * s, x.dtype)
 
     def setup_context(self, inputs, output):
         self.save_for_backward(inputs[0])
@@ -260,7 +265,7 @@ class SiLU(Op):
         grad += 1
         grad *= s
         grad *= g
-        return grad
+        return narrow(self.xp, grad, g.dtype)
 
     def backward_graph(self, g):
         (x,) = self.saved_tensors

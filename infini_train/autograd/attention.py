@@ -9,13 +9,17 @@ than to the (T, T)-sized score matrices.
 
 Grouped-query attention (enable_gqa=True): k and v may have fewer heads (dim -3) than q, dividing q's. They are
 repeated head by head (torch's repeat_interleave) to q's heads before the same computation, and backward sums
-the gradients of each group of repeated heads back onto its shared k/v head."""
+the gradients of each group of repeated heads back onto its shared k/v head.
+
+float16/bfloat16 inputs: scores, probabilities and the weighted sum are computed in float32 (on the host q, k, v
+are widened once, see low_precision.py), the output and the gradients are rounded once to the inputs' dtype."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
+from . import low_precision as lp
 from .dropout import keep_mask
 from .function import Op, op_error, sum_to
 
@@ -141,9 +145,10 @@ class ScaledDotProductAttention(Op):
     def forward(self, q, k, v, mask=None):
         xp = self.xp
         self._check(q, k, v, mask)
+        self.in_dtype = q.dtype
+        q, k, v = lp.widen(xp, q, k, v)
         k, v = self._repeat_heads(q.shape[-3] if q.ndim > 2 else 1, k, v)
         self.tq, self.tk = tq, tk = q.shape[-2], k.shape[-2]
-        self.in_dtype = q.dtype
         self.used_scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         scale_q = q.shape[-1] < tk  # scale whichever is smaller: q (..., Tq, E) or the scores (..., Tq, Tk)
         q_scaled = q * self.used_scale if scale_q else q
@@ -161,7 +166,7 @@ class ScaledDotProductAttention(Op):
             keeps.append(keep)
         self.stash(blocks, probs, keeps)
         out = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=-2)
-        return out.astype(q.dtype, copy=False)
+        return lp.narrow(xp, out, self.in_dtype)
 
     def setup_context(self, inputs, output):
         need_q, need_k, need_v = self.needs_input_grad[:3]
@@ -171,7 +176,7 @@ class ScaledDotProductAttention(Op):
 
     def backward(self, g):
         xp = self.xp
-        q, k, v = self.saved_arrays
+        q, k, v = lp.widen(xp, *self.saved_arrays)
         blocks, probs, keeps = self.stashed
         shapes = self._input_shapes
         k, v = self._repeat_heads(shapes[0][-3] if len(shapes[0]) > 2 else 1, k, v)
@@ -226,7 +231,7 @@ class ScaledDotProductAttention(Op):
         if self.enable_gqa and input_index > 0 and shape[-3] not in (1, grad.shape[-3]):
             heads = shape[-3]
             grad = grad.reshape(grad.shape[:-3] + (heads, grad.shape[-3] // heads) + grad.shape[-2:]).sum(axis=-3)
-        return sum_to(grad, shape).astype(self.in_dtype, copy=False)
+        return lp.narrow(self.xp, sum_to(grad, shape), self.in_dtype)
 
 
 def _sum_key_prefixes(xp, parts, keys):

@@ -4,12 +4,16 @@ Every operand is first brought to a canonical view: its ``...`` dims get letters
 letters are reduced to their diagonal, and size-1 dims are broadcast to the size the letter has elsewhere.
 After that each operand has one dim per distinct letter, and both the forward and every operand's gradient
 are a plain ``xp.einsum``; backward then undoes the canonical view step by step.
+
+float16/bfloat16 operands are contracted in float32 (widened on the host, see low_precision.py) and the
+result, like each gradient, is rounded once to their dtype.
 """
 from __future__ import annotations
 
 import string
 
 from ..tensor import Tensor
+from . import low_precision as lp
 from .function import Op, op_error
 
 __all__ = ["einsum"]
@@ -174,13 +178,15 @@ class Einsum(Op):
                            "cast them with .to(dtype) first")
         plan = self.plan = _Plan(self.equation, [a.shape for a in operands])
         xp = self.xp
-        views = [_canonical(xp, a, d, u, plan.sizes) for a, d, u in zip(operands, plan.dims, plan.unique)]
-        if operands[0].dtype.kind in "biu":
+        dtype = operands[0].dtype
+        wide = lp.widen(xp, *operands)
+        views = [_canonical(xp, a, d, u, plan.sizes) for a, d, u in zip(wide, plan.dims, plan.unique)]
+        if dtype.kind in "biu":
             views = self._integer_views(views)
         out = _contract(xp, plan.unique, plan.out, *views)
         if len(operands) == 1 and xp.may_share_memory(out, operands[0]):
             out = out.copy()  # a pure transpose comes back as a view; ours must not alias the input
-        return out
+        return lp.narrow(xp, out, dtype) if dtype.kind in "fV" else out  # integer sums may give int64
 
     def _integer_views(self, views):
         """torch sums a letter found in one operand only with sum(), which gives int64 for integer and
@@ -199,9 +205,9 @@ class Einsum(Op):
 
     def backward(self, g):
         xp, plan = self.xp, self.plan
-        operands = self.saved_arrays
+        g, *operands = lp.widen(xp, g, *self.saved_arrays)
         views = [_canonical(xp, a, d, u, plan.sizes) for a, d, u in zip(operands, plan.dims, plan.unique)]
-        return tuple(self._operand_grad(g, views, k) if need else None
+        return tuple(lp.narrow(xp, self._operand_grad(g, views, k), self._input_dtypes[k]) if need else None
                      for k, need in enumerate(self.needs_input_grad))
 
     def _operand_grad(self, g, views, k):

@@ -1,7 +1,11 @@
 """Matrix products: matmul (numpy semantics: 1-D, 2-D, batched, broadcast batch dims), mm (2-D only),
-bmm (3-D, equal batches) and baddbmm (beta * input + alpha * batch1 @ batch2)."""
+bmm (3-D, equal batches) and baddbmm (beta * input + alpha * batch1 @ batch2).
+
+float16/bfloat16 operands accumulate in float32 and every result (gradients included) is rounded once to the
+operands' dtype, as torch does; see low_precision.py."""
 from __future__ import annotations
 
+from . import low_precision as lp
 from .function import Op, op_error, sum_to
 
 __all__ = ["matmul", "mm", "bmm", "baddbmm"]
@@ -37,7 +41,7 @@ class Matmul(Op):
         _check_inner("matmul", a, b)
         _check_batch_broadcast("matmul", a, b)
         _check_dtypes("matmul", a, b)
-        return self.xp.matmul(a, b)
+        return lp.matmul(self.xp, a, b)
 
     def setup_context(self, inputs, output):
         a, b = inputs
@@ -48,7 +52,9 @@ class Matmul(Op):
         a, b = self.saved_arrays
         shape_a, shape_b = self._input_shapes
         need_a, need_b = self.needs_input_grad
+        dtype_a, dtype_b = self._input_dtypes
         xp = self.xp
+        g, a, b = lp.widen(xp, g, a, b)  # summing over broadcast batch dims happens before the one rounding too
         # promote 1-D operands to matrices, as forward did implicitly
         a_vec, b_vec = len(shape_a) == 1, len(shape_b) == 1
         if a_vec and b_vec:
@@ -61,11 +67,11 @@ class Matmul(Op):
         if need_a:
             b2 = b[:, None] if b_vec else b
             ga = xp.matmul(g, xp.swapaxes(b2, -1, -2))
-            ga = sum_to(ga, (1,) + shape_a if a_vec else shape_a).reshape(shape_a)
+            ga = lp.narrow(xp, sum_to(ga, (1,) + shape_a if a_vec else shape_a).reshape(shape_a), dtype_a)
         if need_b:
             a2 = a[None, :] if a_vec else a
             gb = xp.matmul(xp.swapaxes(a2, -1, -2), g)
-            gb = sum_to(gb, shape_b + (1,) if b_vec else shape_b).reshape(shape_b)
+            gb = lp.narrow(xp, sum_to(gb, shape_b + (1,) if b_vec else shape_b).reshape(shape_b), dtype_b)
         return ga, gb
 
     def backward_graph(self, g):
@@ -97,7 +103,7 @@ class Mm(Matmul):
                            "use matmul for 1-D, batched or broadcast operands")
         _check_inner("mm", a, b)
         _check_dtypes("mm", a, b)
-        return self.xp.matmul(a, b)
+        return lp.matmul(self.xp, a, b)
 
 
 def _check_batches(op, b1, b2):
@@ -115,7 +121,7 @@ def _check_batches(op, b1, b2):
 class Bmm(Matmul):
     def forward(self, a, b):
         _check_batches("bmm", a, b)
-        return self.xp.matmul(a, b)
+        return lp.matmul(self.xp, a, b)
 
 
 class Baddbmm(Op):
@@ -131,12 +137,14 @@ class Baddbmm(Op):
         if c.ndim > 3 or any(n != m and n != 1 for n, m in zip(reversed(c.shape), reversed(shape))):
             raise op_error("baddbmm", f"an input that broadcasts to the output shape {shape}", f"shape {c.shape}",
                            "the input is expanded to (batch, n, p), never the other way round")
+        dtype = b1.dtype
+        c, b1, b2 = lp.widen(self.xp, c, b1, b2)  # float16/bfloat16: scaled and added in float32, rounded once
         out = self.xp.matmul(b1, b2)
         if self.alpha != 1:
             out = out * self.alpha
         if self.beta != 0:  # beta = 0 ignores the input, nan and inf included
             out = out + (c if self.beta == 1 else self.beta * c)
-        return out.astype(b1.dtype, copy=False)
+        return lp.narrow(self.xp, out, dtype)
 
     def setup_context(self, inputs, output):
         _, b1, b2 = inputs
@@ -146,17 +154,19 @@ class Baddbmm(Op):
     def backward(self, g):
         b1, b2 = self.saved_arrays
         need_c, need_b1, need_b2 = self.needs_input_grad
+        dtype_c, dtype_b1, dtype_b2 = self._input_dtypes
         xp = self.xp
+        g, b1, b2 = lp.widen(xp, g, b1, b2)
         gc = g1 = g2 = None
         if need_c:
             shape = self._input_shapes[0]
-            gc = xp.zeros(shape, g.dtype) if self.beta == 0 else sum_to(g * self.beta, shape)
+            gc = xp.zeros(shape, dtype_c) if self.beta == 0 else lp.narrow(xp, sum_to(g * self.beta, shape), dtype_c)
         if self.alpha != 1:
             g = g * self.alpha
         if need_b1:
-            g1 = xp.matmul(g, xp.swapaxes(b2, -1, -2))
+            g1 = lp.narrow(xp, xp.matmul(g, xp.swapaxes(b2, -1, -2)), dtype_b1)
         if need_b2:
-            g2 = xp.matmul(xp.swapaxes(b1, -1, -2), g)
+            g2 = lp.narrow(xp, xp.matmul(xp.swapaxes(b1, -1, -2), g), dtype_b2)
         return gc, g1, g2
 
     def backward_graph(self, g):

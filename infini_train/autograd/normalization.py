@@ -1,11 +1,14 @@
 """layer_norm as one fused Op: forward keeps only the per-row mean and 1/std (float32 at least) next to the
 saved input; backward recomputes x-hat and applies the analytic gradient. Statistics are accumulated in
-float32 at least (float16/bfloat16 inputs are normalised in float32 and cast back)."""
+float32 at least (float16/bfloat16 inputs are normalised in float32 and rounded once). As in torch, weight and
+bias may be float32 next to a float16/bfloat16 input: the output has the input's dtype, each gradient its
+tensor's."""
 from __future__ import annotations
 
 import math
 
 from .function import Op, op_error
+from .low_precision import narrow
 from .softmax import row_dot, row_sum, upcast
 
 
@@ -56,7 +59,7 @@ class LayerNorm(Op):
         if bias is not None:
             out += bias.reshape(size)
         self.stash(mean, rstd)
-        return out.reshape(x.shape).astype(x.dtype, copy=False)
+        return narrow(xp, out.reshape(x.shape), x.dtype)
 
     def setup_context(self, inputs, output):
         weight = inputs[1] if inputs[1] is not None and self.needs_input_grad[0] else None
@@ -67,18 +70,18 @@ class LayerNorm(Op):
         x, weight = self.saved_arrays
         mean, rstd = self.stashed
         need_x, need_w, need_b = self.needs_input_grad
-        shapes = self._input_shapes
+        shapes, dtypes = self._input_shapes, self._input_dtypes
         if x.size == 0:
-            return tuple(xp.zeros(s, g.dtype) if n else None for s, n in zip(shapes, (need_x, need_w, need_b)))
+            return tuple(xp.zeros(s, d) if n else None for s, d, n in zip(shapes, dtypes, (need_x, need_w, need_b)))
         size = math.prod(self.normalized_shape)
         g_rows = upcast(g).reshape(-1, size)
         xhat = xp.subtract(upcast(x).reshape(-1, size), mean)
         xhat *= rstd
         gw = gb = gx = None
         if need_w:  # column sums: einsum / a vector-matrix product beat .sum(axis=0) by ~2x
-            gw = xp.einsum("ij,ij->j", g_rows, xhat).reshape(shapes[1]).astype(g.dtype, copy=False)
+            gw = narrow(xp, xp.einsum("ij,ij->j", g_rows, xhat).reshape(shapes[1]), dtypes[1])
         if need_b:
-            gb = (xp.ones(g_rows.shape[0], g_rows.dtype) @ g_rows).reshape(shapes[2]).astype(g.dtype, copy=False)
+            gb = narrow(xp, (xp.ones(g_rows.shape[0], g_rows.dtype) @ g_rows).reshape(shapes[2]), dtypes[2])
         if need_x:
             # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = g * weight
             dxhat = g_rows * weight.reshape(size) if weight is not None else g_rows
@@ -90,7 +93,7 @@ class LayerNorm(Op):
             gx = xp.subtract(dxhat, xhat, out=dxhat if weight is not None else xhat)
             gx -= mean_dxhat
             gx *= rstd
-            gx = gx.reshape(shapes[0]).astype(g.dtype, copy=False)
+            gx = narrow(xp, gx.reshape(shapes[0]), dtypes[0])
         return gx, gw, gb
 
 

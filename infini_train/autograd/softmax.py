@@ -13,6 +13,7 @@ import contextlib
 import numpy as np
 
 from .function import Op, op_error
+from .low_precision import narrow
 
 _INT_VIEW = {4: np.int32, 8: np.int64}
 # exp(x) without a shift is used when every row sum lands in [_SUM_MIN, finite]: no element overflowed, and
@@ -124,7 +125,7 @@ class _RowOp(Op):
         if x.size == 0:
             return x.copy()
         xr = x.reshape(1) if x.ndim == 0 else x
-        return self.rows_forward(xr).reshape(x.shape).astype(x.dtype, copy=False)
+        return narrow(self.xp, self.rows_forward(xr).reshape(x.shape), x.dtype)
 
     def setup_context(self, inputs, output):
         self.save_for_backward(output)  # both backward formulas need only the output
@@ -136,7 +137,7 @@ class _RowOp(Op):
         shape = y.shape
         if y.ndim == 0:
             y, g = y.reshape(1), g.reshape(1)
-        return self.rows_backward(upcast(g), upcast(y)).reshape(shape).astype(g.dtype, copy=False)
+        return narrow(self.xp, self.rows_backward(upcast(g), upcast(y)).reshape(shape), g.dtype)
 
 
 class Softmax(_RowOp):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 
 from .function import Op, op_error
+from .low_precision import narrow
+from .softmax import upcast
 
 
 def scatter_add_rows(xp, table, ids, rows):
@@ -14,10 +16,18 @@ def scatter_add_rows(xp, table, ids, rows):
     summing each run of equal ids by a segmented tree reduction (log2(longest run) vectorised rounds), then
     one fancy assignment per distinct id, takes ~0.5 ms whatever the repetition pattern (np.add.reduceat:
     1.5-3.8 ms). On GPUs one atomic scatter kernel is best.
+
+    ``rows`` may be wider than ``table`` (float32 rows for a float16/bfloat16 table): sums are taken in the rows'
+    dtype and each touched row of the table is rounded once.
     """
     if xp.__name__ != "numpy":
         import cupyx
-        cupyx.scatter_add(table, ids, rows)
+        if table.dtype == rows.dtype:
+            cupyx.scatter_add(table, ids, rows)
+        else:
+            wide = table.astype(rows.dtype)
+            cupyx.scatter_add(wide, ids, rows)
+            table[...] = narrow(xp, wide, table.dtype)
         return table
     n = ids.shape[0]
     if n == 0:
@@ -40,7 +50,11 @@ def scatter_add_rows(xp, table, ids, rows):
             summed[dst] += summed[dst + step]
             step *= 2
             active = active[left[active] > step]
-    table[sorted_ids[starts]] += summed[starts]
+    touched = sorted_ids[starts]
+    if table.dtype == summed.dtype:
+        table[touched] += summed[starts]
+    else:
+        table[touched] = narrow(xp, table[touched] + summed[starts], table.dtype)
     return table
 
 
@@ -70,8 +84,8 @@ class Embedding(Op):
         xp = self.xp
         (ids,) = self.stashed
         vocab, dim = self._input_shapes[1]
-        grad = xp.zeros((vocab, dim), dtype=g.dtype)  # lazily zeroed pages: only touched rows cost
-        scatter_add_rows(xp, grad, ids.reshape(-1), g.reshape(-1, dim))
+        grad = xp.zeros((vocab, dim), dtype=self._input_dtypes[1])  # lazily zeroed pages: only touched rows cost
+        scatter_add_rows(xp, grad, ids.reshape(-1), upcast(g).reshape(-1, dim))  # float16/bfloat16: float32 sums
         if self.padding_idx is not None:
             grad[self.padding_idx] = 0
         return None, grad

@@ -7,6 +7,7 @@ import torch
 
 import infini_train as it
 from infini_train.autograd.activations import normal_cdf
+from tests.autograd.test_low_precision import LOW, check_against_torch, normal
 from tests.op_check import check_op
 
 F = torch.nn.functional
@@ -111,3 +112,18 @@ def test_gelu_half_precision_keeps_dtype(approximate, dtype):
 def test_gelu_bad_approximate():
     with pytest.raises(ValueError, match="gelu: expected approximate='none' or 'tanh', got 'fast'"):
         it.gelu(it.ones(2), approximate="fast")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("name", ["gelu tanh", "gelu", "silu", "sigmoid"])
+def test_activations_low_precision_within_one_ulp_of_torch(name, dtype):
+    # both compute in float32 and round once; float32 tanh/exp/erf implementations differ by float32 ulps, which
+    # can tip the rounding to the neighbouring value. GELU(x) for x < -3 is 0.5 x (1 + tanh(..)), a cancellation
+    # whose float32 error (~2^-24 |x| absolute) exceeds the tiny result's own ulp: there elements under 2^-10 of
+    # the largest get the ulp at that floor
+    ours, theirs = {"gelu tanh": (lambda x: it.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
+                    "gelu": (it.gelu, F.gelu), "silu": (it.silu, F.silu), "sigmoid": (it.sigmoid, torch.sigmoid)}[name]
+    x = normal(np.random.default_rng(0), (64, 96), dtype, scale=3.0)
+    # torch's float16 sigmoid backward multiplies g (1 - y) y in float16, rounding twice more: 2 ulp there
+    ulps = 2 if (name, dtype) == ("sigmoid", "float16") else 1
+    check_against_torch(ours, theirs, [x], dtype, ulps=ulps, floor_fraction=2 ** -10, values=normal)

@@ -5,6 +5,8 @@ import torch
 import infini_train as it
 from infini_train import backend
 from infini_train.autograd import attention as attention_module
+from tests.autograd.test_low_precision import (LOW, assert_all_ulps, cotangent_for, float32_reference, normal,
+                                               outputs_and_grads)
 from tests.op_check import check_finite_differences, check_op, make_inputs
 
 F = torch.nn.functional
@@ -238,3 +240,36 @@ def test_sdpa_gqa_on_cuda_matches_cpu():
         results.append([t.grad.numpy() for t in (q, k, v)])
     for cpu, gpu in zip(*results):
         np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=ATOL)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("case", ["causal T=64", "causal T=300 (blocks)", "float mask", "bool mask"])
+def test_sdpa_low_precision_computes_in_float32_and_rounds_once(case, dtype):
+    rng = np.random.default_rng(0)
+    T = 300 if "300" in case else 64 if "64" in case else 20
+    arrays = [normal(rng, (2, 3, T, 16), dtype) for _ in range(3)]
+    kwargs = {"is_causal": True} if "causal" in case else {}
+    if case == "float mask":
+        arrays.append(normal(rng, (T, T), dtype))
+    if case == "bool mask":
+        kwargs["attn_mask"] = np.tril(np.ones((T, T), bool))
+
+    def ours(*ts):
+        return sdpa(*ts, **{k: it.tensor(v) if k == "attn_mask" else v for k, v in kwargs.items()})
+
+    def theirs(*ts):
+        return F.scaled_dot_product_attention(*ts, **{k: torch.tensor(v) if k == "attn_mask" else v
+                                                      for k, v in kwargs.items()})
+
+    cotangent = cotangent_for(ours, arrays, normal)
+    got, our_dtype = outputs_and_grads(it, ours, arrays, cotangent)
+    assert our_dtype == dtype and all(g.dtype == got[0].dtype for g in got)
+    # against torch's float32 attention on the same inputs, rounded once: the same value but for float32
+    # summation order, so <= 1 ulp; elements under 2^-8 of the largest get the ulp at that floor (there the float32
+    # rounding of sums of T terms of the largest size, ~T 2^-24 relative to it, exceeds the element's own ulp)
+    assert_all_ulps(got, float32_reference(theirs, arrays, cotangent, dtype), dtype, ulps=1, floor_fraction=2 ** -8)
+    # torch's own float16/bfloat16 CPU kernel rounds its (T, T) intermediates to the input dtype: its results are
+    # within 2 ulp of the largest magnitude of ours (measured <= 1.96 over seeds), not of each element
+    theirs_low, their_dtype = outputs_and_grads(torch, theirs, arrays, cotangent)
+    assert their_dtype == dtype
+    assert_all_ulps(got, theirs_low, dtype, ulps=2, floor_fraction=1.0)

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
+import torch
 
 import infini_train as it
+from tests.autograd.test_low_precision import LOW, from_torch, normal, to_torch
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -57,3 +59,22 @@ def test_dropout_identity_in_eval_or_p0_and_zeros_at_p1():
 def test_dropout_p_validation(p):
     with pytest.raises(ValueError, match=r"dropout: expected p in \[0, 1\], got .*\nHINT: p is the probability"):
         it.dropout(it.ones(2), p)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_low_precision_equals_torchs_formula_bit_for_bit(p, dtype):
+    # torch scales by its mask in the input dtype, i.e. by 1/(1-p) rounded to that dtype (1.109375 in bfloat16 for
+    # p = 0.1), and rounds x * factor once; float32 holds that product exactly, so ours must equal it bit for bit
+    it.manual_seed(0)
+    rng = np.random.default_rng(0)
+    x_np, g_np = normal(rng, (64, 300), dtype), normal(rng, (64, 300), dtype)
+    x = it.tensor(x_np, requires_grad=True)
+    y = it.dropout(x, p)
+    (keep,) = y.grad_fn.stashed
+    y.backward(it.tensor(g_np))
+    assert y.dtype == x.dtype and x.grad.dtype == x.dtype
+    noise = torch.from_numpy(keep).to(getattr(torch, dtype)).div_(1 - p)  # torch's native_dropout mask
+    np.testing.assert_array_equal(y.numpy().view(np.uint16), from_torch(to_torch(x_np) * noise).view(np.uint16))
+    np.testing.assert_array_equal(x.grad.numpy().view(np.uint16),
+                                  from_torch(to_torch(g_np) * noise).view(np.uint16))

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import infini_train as it
+from tests.autograd.test_low_precision import LOW, check_against_torch, dyadic
 from tests.op_check import check_op
 
 CASES = [
@@ -113,3 +114,19 @@ def test_einsum_errors_on_operands():
         it.einsum("i", np.ones(3))
     with pytest.raises(ValueError, match="einsum: expected integer or floating operands for a contraction"):
         it.einsum("i,i->", it.tensor([True]), it.tensor([False]))
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("equation,shapes", [
+    ("bij,bjk->bik", [(2, 6, 40), (2, 40, 5)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 5, 16), (2, 3, 7, 16)]),  # attention scores
+    ("ij,j->i", [(6, 40), (40,)]),
+    ("i,j->ij", [(6,), (5,)]),
+    ("ii->i", [(5, 5)]),
+    ("bij->j", [(3, 4, 5)]),
+], ids=str)
+def test_einsum_low_precision_equals_torch_bit_for_bit_on_exact_sums(equation, shapes, dtype):
+    # dyadic inputs: every float32 sum is exact, so the one rounding to the low dtype gives torch's bits
+    rng = np.random.default_rng(0)
+    check_against_torch(lambda *ts: it.einsum(equation, *ts), lambda *ts: torch.einsum(equation, *ts),
+                        [dyadic(rng, s, dtype) for s in shapes], dtype)

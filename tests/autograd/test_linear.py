@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import infini_train as it
+from tests.autograd.test_low_precision import LOW, check_against_torch, dyadic, normal
 from tests.op_check import check_op
 
 F = torch.nn.functional
@@ -61,3 +62,21 @@ def test_linear_errors():
         it.linear(it.ones(2, 5), it.ones(5))
     with pytest.raises(ValueError, match=r"linear: expected x of shape \(\.\.\., 5\)"):
         it.linear(it.tensor(1.0), it.ones(3, 5))
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_low_precision_equals_torch_bit_for_bit_on_exact_sums(bias, dtype):
+    # dyadic inputs make x W^T + b exact in float32: torch adds the bias in float32 and rounds once, so must we
+    # (rounding x W^T first and then adding b differs in ~1/4 of the elements)
+    rng = np.random.default_rng(0)
+    shapes = [(2, 7, 48), (24, 48), (24,)] if bias else [(2, 7, 48), (24, 48)]
+    check_against_torch(it.linear, F.linear, [dyadic(rng, s, dtype) for s in shapes], dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_linear_low_precision_within_one_ulp_of_torch(dtype):
+    # random inputs: float32 sums in another order may round to the neighbouring value
+    rng = np.random.default_rng(1)
+    arrays = [normal(rng, (2, 9, 96), dtype), normal(rng, (80, 96), dtype, 0.1), normal(rng, (80,), dtype)]
+    check_against_torch(it.linear, F.linear, arrays, dtype, ulps=1, values=normal)

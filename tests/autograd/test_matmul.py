@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import infini_train as it
+from tests.autograd.test_low_precision import (LOW, assert_all_ulps, check_against_torch, cotangent_for, dyadic,
+                                               float32_reference, normal, outputs_and_grads)
 from tests.op_check import check_op
 
 
@@ -163,3 +165,57 @@ def test_double_backward_matches_torch(name, shapes, kwargs):
     for g, e in zip(got, expect):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
     assert any(np.abs(e).sum() > 0 for e in expect)  # the second derivative of a product is not zero
+
+
+LOW_PRECISION_PRODUCTS = {
+    "matmul 2-D": ([(6, 40), (40, 5)], it.matmul, torch.matmul),
+    "matmul vector-matrix": ([(40,), (3, 40, 5)], it.matmul, torch.matmul),
+    "mm": ([(6, 40), (40, 5)], it.mm, torch.mm),
+    "bmm": ([(3, 6, 40), (3, 40, 5)], it.bmm, torch.bmm),
+    "baddbmm": ([(1, 6, 5), (3, 6, 40), (3, 40, 5)], lambda c, a, b: it.baddbmm(c, a, b, beta=0.5, alpha=2),
+                lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2)),
+}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("case", list(LOW_PRECISION_PRODUCTS))
+def test_low_precision_products_equal_torch_bit_for_bit_on_exact_sums(case, dtype):
+    # dyadic inputs: products and float32 sums are exact in any order, so both frameworks round one and the same
+    # float32 value (forward and every gradient; scaling by alpha = 2 commutes with rounding)
+    shapes, ours, theirs = LOW_PRECISION_PRODUCTS[case]
+    rng = np.random.default_rng(0)
+    check_against_torch(ours, theirs, [dyadic(rng, s, dtype) for s in shapes], dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("case", list(LOW_PRECISION_PRODUCTS))
+def test_low_precision_products_within_one_ulp_of_torch(case, dtype):
+    # random inputs: float32 sums taken in another order (sgemm vs oneDNN) may fall on the other side of a
+    # rounding boundary, 1 ulp apart
+    shapes, ours, theirs = LOW_PRECISION_PRODUCTS[case]
+    rng = np.random.default_rng(1)
+    check_against_torch(ours, theirs, [normal(rng, s, dtype) for s in shapes], dtype, ulps=1, values=normal)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_low_precision_baddbmm_with_any_alpha_within_one_ulp_of_torch(dtype):
+    # torch's backward rounds bmm(g, b2^T) and then again after * alpha; ours rounds (alpha g) b2^T once
+    rng = np.random.default_rng(2)
+    arrays = [normal(rng, s, dtype) for s in [(3, 6, 5), (3, 6, 40), (3, 40, 5)]]
+    check_against_torch(lambda c, a, b: it.baddbmm(c, a, b, beta=-0.75, alpha=1.5),
+                        lambda c, a, b: torch.baddbmm(c, a, b, beta=-0.75, alpha=1.5), arrays, dtype, ulps=1,
+                        values=normal)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_low_precision_matmul_sums_broadcast_batches_before_rounding(dtype):
+    # a's batch dim of 1 broadcasts against b's 2: its gradient sums two products. We sum them in float32 and round
+    # once (bit-equal to the rounded float32 computation on dyadic inputs); torch rounds each product first, so
+    # its gradient is within 1 ulp of the largest element of ours, not of each element
+    rng = np.random.default_rng(3)
+    arrays = [dyadic(rng, (3, 1, 6, 40), dtype), dyadic(rng, (2, 40, 5), dtype)]
+    cotangent = cotangent_for(it.matmul, arrays, dyadic)
+    ours, _ = outputs_and_grads(it, it.matmul, arrays, cotangent)
+    assert_all_ulps(ours, float32_reference(torch.matmul, arrays, cotangent, dtype), dtype)
+    theirs, _ = outputs_and_grads(torch, torch.matmul, arrays, cotangent)
+    assert_all_ulps(ours, theirs, dtype, ulps=1, floor_fraction=1.0)

@@ -4,6 +4,8 @@ import torch
 
 import infini_train as it
 from infini_train.autograd.softmax import exp_and_sum, row_max, row_sum
+from tests.autograd.test_low_precision import (LOW, assert_all_ulps, check_against_torch, cotangent_for,
+                                               float32_reference, normal, outputs_and_grads)
 from tests.op_check import check_op
 
 NAMES = ["softmax", "log_softmax"]
@@ -117,3 +119,30 @@ def test_errors(name):
         getattr(it, name)(it.ones(2, 3), 2)
     with pytest.raises(ValueError, match=f"{name}: expected a floating-point input"):
         getattr(it, name)(it.tensor([1, 2]), 0)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_softmax_low_precision_within_one_ulp_of_torch(dtype):
+    # float32 exp and sums, one rounding; backward from the rounded output, as torch's: the float32 exp
+    # implementations and summation orders differ, so the rounded results may be 1 ulp apart
+    x = normal(np.random.default_rng(0), (64, 64), dtype, scale=3.0)
+    check_against_torch(lambda t: it.softmax(t, -1), lambda t: torch.softmax(t, -1), [x], dtype, ulps=1,
+                        values=normal)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_log_softmax_low_precision_rounds_the_float32_result_once(dtype):
+    x = normal(np.random.default_rng(1), (64, 64), dtype, scale=3.0)
+    cotangent = cotangent_for(lambda t: it.log_softmax(t, -1), [x], normal)
+    ours, our_dtype = outputs_and_grads(it, lambda t: it.log_softmax(t, -1), [x], cotangent)
+    assert our_dtype == dtype
+    # forward: torch's float32 log_softmax rounded once gives our bits
+    reference = float32_reference(lambda t: torch.log_softmax(t, -1), [x], cotangent, dtype)
+    assert_all_ulps(ours[:1], reference[:1], dtype)
+    # torch's float16/bfloat16 kernel: outputs near 0 (the row's largest logit) lose float32 bits to
+    # x - max - log(sum) in its own order, so they match to 1 ulp at 2^-4 of the largest |output|; the gradient
+    # g - exp(y) sum(g) takes exp of the rounded y (relative error up to an ulp of |y| in exp(y)), so both
+    # frameworks are only within 1 ulp of the largest gradient of each other
+    theirs, _ = outputs_and_grads(torch, lambda t: torch.log_softmax(t, -1), [x], cotangent)
+    assert_all_ulps(ours[:1], theirs[:1], dtype, ulps=1, floor_fraction=2 ** -4)
+    assert_all_ulps(ours[1:], theirs[1:], dtype, ulps=1, floor_fraction=1.0)

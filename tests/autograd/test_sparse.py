@@ -4,6 +4,7 @@ import torch
 
 import infini_train as it
 from infini_train.autograd.sparse import one_hot, scatter_add_rows
+from tests.autograd.test_low_precision import LOW, check_against_torch, dyadic, outputs_and_grads
 from tests.op_check import check_op
 
 F = torch.nn.functional
@@ -110,3 +111,27 @@ def test_one_hot_errors_where_torch_errs(ids, num_classes, message):
         one_hot(it.tensor(ids), num_classes)
     with pytest.raises(RuntimeError):
         F.one_hot(torch.tensor(np.asarray(ids)), num_classes)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_embedding_low_precision_distinct_ids_equal_torch(dtype):
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(50)[:24].reshape(4, 6)  # no id twice: each gradient row is the upstream row as is
+    check_against_torch(it.embedding, F.embedding, [ids, dyadic(rng, (50, 8), dtype)], dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_embedding_low_precision_sums_repeated_ids_in_float32_and_rounds_once(dtype):
+    # |values| in [0.5, 2) carry 8 (11) significant bits: sums of ~12 of them are exact in float32 but not in the
+    # low dtype, so the expected gradient is the float32 sum rounded once. Accumulating in the low dtype (as
+    # torch's CPU kernel and our earlier one did) rounds after every add and drifts from it
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 4, size=(6, 8))  # 48 rows onto 4 ids
+    magnitudes = rng.uniform(0.5, 2.0, (6, 8, 8)) * rng.choice([-1.0, 1.0], (6, 8, 8))
+    weight, cotangent = dyadic(rng, (10, 8), dtype), magnitudes.astype(np.float32).astype(dtype)
+    (out, grad), out_dtype = outputs_and_grads(it, it.embedding, [ids, weight], cotangent)
+    assert out_dtype == dtype and grad.dtype == weight.dtype
+    np.testing.assert_array_equal(out, weight[ids])
+    expect = np.zeros((10, 8), np.float64)
+    np.add.at(expect, ids.reshape(-1), cotangent.reshape(-1, 8).astype(np.float64))
+    np.testing.assert_array_equal(grad.view(np.uint16), expect.astype(np.float32).astype(dtype).view(np.uint16))
