@@ -1,6 +1,7 @@
 """GPT-2 training step (forward, backward, AdamW) in infini_train and in torch eager, side by side.
 
     python benchmarks/bench_gpt2.py [--configs tiny d12-T64 d12-T256] [--steps 5] [--warmup 2] [--threads 2]
+        [--precision fp32 bf16-mixed fp16-mixed]   (one or more; each config runs in each)
 
 Both frameworks get the same config, the same weights (copied from infini_train's init) and the same
 batch. Timed steps alternate between the two so drifting machine load hits both alike. Reports tokens/s,
@@ -67,6 +68,8 @@ def _timed(fn):
 
 
 DEVICE = "cpu"  # --device; "cuda" runs both frameworks on the GPU (infini_train through cupy)
+PRECISION = "fp32"  # --precision: bf16-mixed / fp16-mixed run each forward under the framework's autocast
+LOW = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
 
 
 def _sync():
@@ -90,12 +93,20 @@ def build_it(spec):
     x = rng.integers(0, cfg.vocab_size, size=(spec["B"], spec["T"]))
     y = rng.integers(0, cfg.vocab_size, size=(spec["B"], spec["T"]))
     xt, yt = it.tensor(x, device=DEVICE), it.tensor(y, device=DEVICE)
+    low = LOW.get(PRECISION)
+    scaler = it.amp.GradScaler(device=DEVICE.split(":")[0]) if PRECISION == "fp16-mixed" else None
 
     def step():
         opt.zero_grad()
-        _, loss = model(xt, yt)
-        loss.backward()
-        opt.step()
+        with it.autocast(DEVICE.split(":")[0], dtype=getattr(it, low or "bfloat16"), enabled=low is not None):
+            _, loss = model(xt, yt)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         return loss.item()
 
     return model, step
@@ -127,13 +138,21 @@ def build_torch(spec, state):
     x = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])), device=dev)
     y = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])), device=dev)
     V = spec["vocab_size"]
+    low = LOW.get(PRECISION)
+    scaler = torch.amp.GradScaler(dev) if PRECISION == "fp16-mixed" else None
 
     def step():
         opt.zero_grad(set_to_none=True)
-        logits = hf(x).logits
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, V), y.view(-1))
-        loss.backward()
-        opt.step()
+        with torch.autocast(dev, dtype=getattr(torch, low or "bfloat16"), enabled=low is not None):
+            logits = hf(x).logits
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, V), y.view(-1))
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         return loss.item()
 
     return hf, step
@@ -142,7 +161,7 @@ def build_torch(spec, state):
 def memory_probe(framework, name, steps):
     """Run in a child process: RSS growth (MB) of building the model and running ``steps`` training steps."""
     code = (f"import sys; sys.path.insert(0, {REPO!r}); import benchmarks.bench_gpt2 as b; "
-            f"print(b._memory_child({framework!r}, {name!r}, {steps}))")
+            f"b.PRECISION = {PRECISION!r}; print(b._memory_child({framework!r}, {name!r}, {steps}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         return float("nan")
@@ -197,22 +216,26 @@ def main():
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda:N (needs cupy, and a CUDA build of torch)")
+    parser.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", *LOW],
+                        help="bf16-mixed / fp16-mixed: both frameworks' autocast (fp16 also a GradScaler)")
     args = parser.parse_args()
-    global DEVICE
+    global DEVICE, PRECISION
     DEVICE = args.device
     if DEVICE != "cpu":
         args.no_memory = True  # RSS says nothing about GPU memory
     peak = sgemm_peak() if DEVICE == "cpu" else gpu_sgemm_peak()
     print(f"sgemm peak (2048^2, numpy): {peak / 1e9:.1f} GFLOP/s")
-    header = f"{'config':10s}{'it tok/s':>10s}{'torch tok/s':>13s}{'ratio':>7s}{'it MFU':>8s}{'torch MFU':>10s}"
+    header = (f"{'config':10s}{'precision':>11s}{'it tok/s':>10s}{'torch tok/s':>13s}{'ratio':>7s}{'it MFU':>8s}"
+              f"{'torch MFU':>10s}")
     header += "" if args.no_memory else f"{'it MB':>8s}{'torch MB':>10s}"
     print(header)
     results = []
-    for name in args.configs:
+    for name, PRECISION in [(n, p) for n in args.configs for p in args.precision]:
         r = run(name, args.steps, args.warmup, args.threads, not args.no_memory)
+        r["precision"] = PRECISION
         r["it_mfu"] = r["flops_per_step"] / (r["it_ms"] / 1000) / peak
         r["torch_mfu"] = r["flops_per_step"] / (r["torch_ms"] / 1000) / peak
-        line = (f"{name:10s}{r['it_tok_s']:10.0f}{r['torch_tok_s']:13.0f}{r['ratio']:7.2f}"
+        line = (f"{name:10s}{PRECISION:>11s}{r['it_tok_s']:10.0f}{r['torch_tok_s']:13.0f}{r['ratio']:7.2f}"
                 f"{100 * r['it_mfu']:7.1f}%{100 * r['torch_mfu']:9.1f}%")
         if not args.no_memory:
             line += f"{r['it_mem_mb']:8.0f}{r['torch_mem_mb']:10.0f}"

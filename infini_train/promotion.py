@@ -113,17 +113,40 @@ def as_operand(x, dtype):
 _SAME_KIND_SCALARS = {"f": (float, int), "i": (int,), "u": (int,)}
 
 
+def is_low(dtype):
+    """float16 or bfloat16: elementwise math on them runs in float32 and rounds once (torch's opmath)."""
+    return dtype.itemsize == 2 and dtype.kind in "fV"
+
+
 def promote_pair(a, b):
-    """``promote_operands(a, b)`` without the dtype: the binary ops' hot path (arrays of one dtype, or an array
-    with a Python scalar that keeps its dtype) returns the operands untouched."""
+    """``(a, b, low)`` ready to combine: the hot path (arrays of one dtype, or an array with a Python scalar that
+    keeps its dtype) returns them untouched with low=None. When the result dtype is float16/bfloat16, ``low`` is
+    that dtype and the operands come back in float32 (scalars unrounded): compute, then ``.astype(low)``."""
     dtype = getattr(a, "dtype", None)
-    if dtype is not None and a.__class__ is not b.__class__:
-        if b.__class__ in _SAME_KIND_SCALARS.get(dtype.kind, ()):
-            return a, b
-    elif dtype is not None and dtype == getattr(b, "dtype", None) and dtype.kind != "V" and not isinstance(
-            a, np.generic):
-        return a, b
-    return promote_operands(a, b)[0]
+    if dtype is not None and not is_low(dtype):
+        if a.__class__ is not b.__class__:
+            if b.__class__ in _SAME_KIND_SCALARS.get(dtype.kind, ()):
+                return a, b, None
+        elif dtype == getattr(b, "dtype", None) and not isinstance(a, np.generic):
+            return a, b, None
+    (a, b), dtype, low = promote_for_compute(a, b)
+    return a, b, low
+
+
+def promote_for_compute(*operands):
+    """``(operands, result dtype, low)`` as ``promote_pair``, for any number of operands."""
+    dtype = result_type(*operands)
+    if is_low(dtype):
+        return tuple(_in_float32(x) for x in operands), dtype, dtype
+    return tuple(as_operand(x, dtype) for x in operands), dtype, None
+
+
+def _in_float32(x):
+    if x is None or isinstance(x, numbers.Number) and not isinstance(x, np.generic):
+        return x
+    if isinstance(x, np.generic):
+        return x.item()
+    return x if x.dtype == backend.float32 else x.astype(backend.float32)
 
 
 def promote_operands(*operands):
@@ -152,4 +175,5 @@ def promote_operands(*operands):
     return tuple(as_operand(x, dtype) for x in operands), dtype
 
 
-__all__ = ["promote_types", "result_type", "can_cast", "promote_operands"]
+__all__ = ["promote_types", "result_type", "can_cast", "promote_operands", "promote_pair", "promote_for_compute",
+           "is_low"]

@@ -20,6 +20,7 @@ from infini_train.utils.checkpoint import load_checkpoint  # noqa: E402
 
 DEVICE_FORMS = "cpu, cpu:N, cuda or cuda:N"
 DTYPES = ("float32", "float64")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 
 
 def parse_device(value):
@@ -37,6 +38,18 @@ def parse_dtype(value):
         return value
     raise SystemExit(f"error: --dtype: expected one of {', '.join(DTYPES)}, got {value!r}\nHINT: float32 (the "
                      "default) suits every model; float64 is slower and for checking numerics")
+
+
+def parse_precision(value, device):
+    """--precision as a context factory: the forward runs under autocast for bf16-mixed / fp16-mixed."""
+    if value not in PRECISIONS:
+        import difflib
+        close = difflib.get_close_matches(value, PRECISIONS, n=1, cutoff=0.4)
+        raise SystemExit(f"error: --precision: expected one of {', '.join(PRECISIONS)}, got {value!r}"
+                         + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + "\nHINT: bf16-mixed runs the matmuls in bfloat16 with float32 weights")
+    from infini_train.training.precision import autocast_for
+    return lambda: autocast_for(value, device)
 
 
 def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, dtype="float32"):

@@ -10,7 +10,8 @@ import math
 import sys
 
 import numpy as np
-from common import DEVICE_FORMS, DTYPES, load_model, parse_device, parse_dtype, to_tensor
+from common import (DEVICE_FORMS, DTYPES, PRECISIONS, load_model, parse_device, parse_dtype, parse_precision,
+                    to_tensor)
 
 import infini_train as it
 from infini_train.data.inputs import InputError, InputFile, read_documents
@@ -84,8 +85,10 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", help=f"{DEVICE_FORMS} (default cpu)")
     p.add_argument("--dtype", default="float32", help=f"{' or '.join(DTYPES)} (default float32)")
     p.add_argument("--tokenizer", default=None)
+    p.add_argument("--precision", default="fp32", help=f"{' | '.join(PRECISIONS)}: the forward under autocast")
     args = p.parse_args(argv)
     device, dtype = parse_device(args.device), parse_dtype(args.dtype)  # before the (slow) model load
+    amp = parse_precision(args.precision, device)
     for name in ("batch_size", "seq_len", "max_batches"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -100,7 +103,8 @@ def main(argv=None):
             batches = shard_batches(args.data, args.batch_size, seq_len, args.max_batches)
         else:
             batches = text_batches(text_tokens(args.text, tok), args.batch_size, seq_len, args.max_batches)
-        loss, n = evaluate_batches(model, batches, device, total=args.max_batches)
+        with amp():
+            loss, n = evaluate_batches(model, batches, device, total=args.max_batches)
     except ShardTooSmall as exc:
         raise SystemExit(f"error: {exc.path}: {exc.tokens} tokens, fewer than one batch needs ({exc.need})\n"
                          "HINT: lower --batch-size or --seq-len") from None

@@ -11,7 +11,8 @@ import argparse
 import sys
 import time
 
-from common import DEVICE_FORMS, DTYPES, load_model, parse_device, parse_dtype, to_tensor
+from common import (DEVICE_FORMS, DTYPES, PRECISIONS, load_model, parse_device, parse_dtype, parse_precision,
+                    to_tensor)
 
 import infini_train as it
 
@@ -52,8 +53,10 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32", help=f"{' or '.join(DTYPES)} (default float32)")
     p.add_argument("--tokenizer", default=None, help="override the tokenizer recorded with the model")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context for every token")
+    p.add_argument("--precision", default="fp32", help=f"{' | '.join(PRECISIONS)}: the forward under autocast")
     args = p.parse_args(argv)
     device, dtype = parse_device(args.device), parse_dtype(args.dtype)  # before the (slow) model load
+    amp = parse_precision(args.precision, device)
 
     model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
@@ -61,7 +64,7 @@ def main(argv=None):
     if len(ids) > block:
         raise SystemExit(f"error: the prompt is {len(ids)} tokens, more than the model's block_size {block}\n"
                          f"HINT: shorten the prompt to at most {block} tokens")
-    with it.no_grad():
+    with it.no_grad(), amp():
         for i in range(args.num_samples):
             if args.num_samples > 1:
                 print(f"--- sample {i + 1} ---")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import backend
-from ..promotion import category, promote_operands, promote_pair
+from ..promotion import category, promote_for_compute, promote_pair
 from ..tensor import Tensor
 from .function import Op, ignore_fp_errors, op_error, sum_to
 
@@ -49,6 +51,15 @@ class _Binary(Op):
         return (sum_to(ga, sa) if need_a else None), (sum_to(gb, sb) if need_b else None)
 
 
+def _rounded(out, low):
+    """The float32 result of an op whose result dtype is ``low`` (float16/bfloat16), rounded once (beyond the
+    low dtype's range it becomes inf, as in torch)."""
+    if low is None:
+        return out
+    with np.errstate(over="ignore"):
+        return out.astype(low)
+
+
 def _as_float(a):
     # float-valued math on integer/bool input gives the default float dtype, as in torch
     return a.astype(backend.get_default_dtype()) if a.dtype.kind in "biu" else a
@@ -56,8 +67,8 @@ def _as_float(a):
 
 class Add(Op):
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        return a + b
+        a, b, low = promote_pair(a, b)
+        return _rounded(a + b, low)
 
     def backward(self, g):
         sa, sb = self._input_shapes
@@ -69,8 +80,8 @@ class Add(Op):
 
 class Sub(Op):
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        return a - b
+        a, b, low = promote_pair(a, b)
+        return _rounded(a - b, low)
 
     def backward(self, g):
         sa, sb = self._input_shapes
@@ -82,8 +93,8 @@ class Sub(Op):
 
 class Mul(_Binary):
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        return a * b
+        a, b, low = promote_pair(a, b)
+        return _rounded(a * b, low)
 
     def backward(self, g):
         a, b = self.operands()
@@ -95,10 +106,10 @@ class Mul(_Binary):
 
 class Div(_Binary):
     def forward(self, a, b):
-        (a, b), dtype = promote_operands(a, b)
+        (a, b), dtype, low = promote_for_compute(a, b)
         if category(dtype) < 2:  # true division of integers gives the default float dtype
             a, b = _as_float(a) if hasattr(a, "dtype") else a, _as_float(b) if hasattr(b, "dtype") else b
-        return a / b
+        return _rounded(a / b, low)
 
     def backward(self, g):
         a, b = self.operands()
@@ -117,10 +128,10 @@ class RoundedDiv(Op):
         self.mode = mode
 
     def forward(self, a, b):
-        (a, b), dtype = promote_operands(a, b)
+        (a, b), dtype, low = promote_for_compute(a, b)
         xp = self.xp
         if category(dtype) >= 2:
-            return xp.floor(a / b) if self.mode == "floor" else xp.trunc(a / b)
+            return _rounded(xp.floor_divide(a, b) if self.mode == "floor" else xp.trunc(a / b), low)
         quotient = xp.floor_divide(a, b)
         if self.mode == "trunc":  # floor rounds negative inexact quotients down one more than trunc does
             quotient = quotient + ((xp.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
@@ -136,8 +147,8 @@ class FloorDivide(Op):
     """``a // b`` (torch.floor_divide); differentiating it is an error, as in torch."""
 
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        return self.xp.floor_divide(a, b)
+        a, b, low = promote_pair(a, b)
+        return _rounded(self.xp.floor_divide(a, b), low)
 
     def backward(self, g):
         raise RuntimeError("floor_divide: the derivative of floor_divide (//) is not implemented, as in torch.\n"
@@ -148,8 +159,8 @@ class Remainder(_Binary):
     """Python's modulo (the result takes the divisor's sign), as torch.remainder and ``%``."""
 
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        return self.xp.remainder(a, b)
+        a, b, low = promote_pair(a, b)
+        return _rounded(self.xp.remainder(a, b), low)
 
     def backward(self, g):
         a, b = self.operands()
@@ -166,8 +177,8 @@ class Pow(_Binary):
     """a ** b with a scalar exponent, a scalar base, or two tensors."""
 
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        out = a ** b
+        a, b, low = promote_pair(a, b)
+        out = _rounded(a ** b, low)
         self.stash(out)
         return out
 
@@ -351,13 +362,13 @@ class Clamp(_Binary):
         if lo is None and hi is None:
             raise op_error("Clamp", "at least one of min and max", "min=None and max=None",
                            "pass min=..., max=... or both")
-        (x, lo, hi), _ = promote_operands(x, lo, hi)
+        (x, lo, hi), _, low = promote_for_compute(x, lo, hi)
         out = x
         if lo is not None:
             out = self.xp.maximum(out, lo)
         if hi is not None:
             out = self.xp.minimum(out, hi)  # min > max gives max everywhere, as torch
-        return out
+        return _rounded(out, low)
 
     def backward(self, g):
         x, lo, hi = (_raw(v) for v in self.operands())
@@ -393,8 +404,8 @@ def _share_ties(xp, g, a, b, a_loses, b_loses, needs):
 
 class Maximum(_Binary):
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        return self.xp.maximum(a, b)
+        a, b, low = promote_pair(a, b)
+        return _rounded(self.xp.maximum(a, b), low)
 
     def backward(self, g):
         a, b = (_raw(v) for v in self.operands())
@@ -405,8 +416,8 @@ class Maximum(_Binary):
 
 class Minimum(_Binary):
     def forward(self, a, b):
-        a, b = promote_pair(a, b)
-        return self.xp.minimum(a, b)
+        a, b, low = promote_pair(a, b)
+        return _rounded(self.xp.minimum(a, b), low)
 
     def backward(self, g):
         a, b = (_raw(v) for v in self.operands())
@@ -422,7 +433,7 @@ class Where(Op):
         if cond.dtype != bool:
             raise op_error("Where", "a bool condition tensor", f"a condition of dtype {cond.dtype}",
                            "build the condition with a comparison (x > 0) or convert it with .bool()")
-        (a, b), dtype = promote_operands(a, b)
+        (a, b), dtype, _ = promote_for_compute(a, b)
         out = self.xp.where(cond, a, b)
         return out if out.dtype == dtype else out.astype(dtype)  # two Python scalars: numpy says float64
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import CPU, Device
+from .autocast import _state as _autocast
 from .grad_mode import _state
 
 _ndarray = np.ndarray
@@ -457,6 +458,9 @@ def _apply(fn, inputs, Tensor):
         dev = CPU
     fn.device = dev
     xp = fn.xp = dev.xp if dev.xp is not None else dev.array_module()
+    if _autocast.active and fn._arrays:
+        from .autocast import cast_inputs
+        inputs = cast_inputs(fn, inputs, dev)
     if not grad_on or not fn.differentiable:
         record = False
     _state.enabled = False

@@ -13,7 +13,7 @@ Either way the result must keep ``t``'s shape and be castable to its dtype, as t
 from __future__ import annotations
 
 from .. import backend
-from ..promotion import can_cast, promote_operands
+from ..promotion import can_cast, promote_for_compute
 from ..tensor import Tensor
 from .conversion import Copy
 from .function import op_error
@@ -154,7 +154,7 @@ def run(t, fn, args, op, ufunc=None):
         t.device.array_module().copyto(t.array, out.array, casting="unsafe")
     else:
         raws = [t.array] + [operand(t, a, op) for a in args]
-        raws, dtype = promote_operands(*raws)
+        raws, dtype, _ = promote_for_compute(*raws)  # low precision: float32 operands, rounded into t
         if dtype != t.dtype and not can_cast(dtype, t.dtype):
             check_result(t, t.shape, dtype, op)
         xp = t.device.array_module()

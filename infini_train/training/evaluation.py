@@ -27,11 +27,12 @@ def to_device_tensor(array, device):
 
 
 @no_grad()
-def evaluate(model, loader, steps, device):
-    """Mean loss over ``steps`` batches from the start of ``loader``, averaged over the ranks."""
+def evaluate(model, loader, steps, device, amp=None):
+    """Mean loss over ``steps`` batches from the start of ``loader``, averaged over the ranks; the forward runs
+    under ``amp()`` when given (the run's autocast)."""
     loader.reset()
     losses = []
-    with eval_mode(model):
+    with eval_mode(model), amp() if amp is not None else contextlib.nullcontext():
         for _ in range(steps):
             x, y = loader.next_batch()
             _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
@@ -42,9 +43,9 @@ def evaluate(model, loader, steps, device):
 
 
 @no_grad()
-def sample_text(model, tokenizer, length, seed, device):
+def sample_text(model, tokenizer, length, seed, device, amp=None):
     """``length`` tokens generated after the end-of-text token (top-k 40), decoded."""
     start = Tensor(np.array([[tokenizer.eot_token]], np.int64), device=device)
-    with eval_mode(model):
+    with eval_mode(model), amp() if amp is not None else contextlib.nullcontext():
         out = model.generate(start, length, temperature=1.0, top_k=40, seed=seed)
     return tokenizer.decode(out.numpy()[0, 1:].tolist())

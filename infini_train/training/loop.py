@@ -26,6 +26,7 @@ from ..utils import checkpoint as ckpt
 from ..utils.config import ConfigError
 from ..utils.metrics import MetricsLog, measure_sgemm_peak, plot_loss_curve
 from .evaluation import evaluate, sample_text
+from .precision import autocast_for, scaler_for
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .step import train_step
@@ -96,6 +97,8 @@ class Run:
             self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, self.rank,
                                                     self.world, config_key="data.val")
         self.tokenizer = get_tokenizer(self.tok_name)
+        self.amp = lambda: autocast_for(cfg.precision, self.device)
+        self.scaler = scaler_for(cfg.precision, self.device)
         self.start_step = 0
         self.skipped_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm
         self.skipped_in_a_row = 0
@@ -113,6 +116,8 @@ class Run:
         self.start_step = state["step"]
         self.skipped_total = state.get("skipped_steps", 0)
         self.skipped_in_a_row = state.get("skipped_in_a_row", 0)
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         print0(f"resumed from {path} at step {self.start_step}")
         return state
 
@@ -130,7 +135,8 @@ class Run:
             path = ckpt.save_checkpoint(cfg.out_dir, step, self.raw_model.state_dict(), self.optimizer.state_dict(), {
                 "config": cfg.to_dict(), "model_config": self.raw_model.config.to_dict(), "tokenizer": self.tok_name,
                 "rng": {"seed": cfg.seed, "per_step": "SeedSequence([seed, rank, step])"}, "data": data_states,
-                "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row},
+                "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
+                "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None},
                 keep_last=cfg.train.keep_last, run_id=self.run_id)
             print0(f"saved checkpoint {path}")
         wait_for_rank0()
@@ -164,13 +170,15 @@ class Run:
                     break
                 t0 = time.perf_counter()
                 result = train_step(self.model, self.raw_model.parameters(), self.optimizer, self.train_loader, t,
-                                    step, self.grad_accum, self.device, cfg.seed)
+                                    step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
                 tokens_per_s = tokens_per_step / dt
                 record.update(loss=result.loss, lr=result.lr, grad_norm=result.grad_norm, ms=dt * 1000,
                               tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / peak,
-                              skipped=not result.finite, skipped_steps=self.skipped_total)
+                              skipped=not result.updated, skipped_steps=self.skipped_total)
+                if result.loss_scale is not None:
+                    record["loss_scale"] = result.loss_scale
                 log.write(record)
                 self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar)
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.num_iterations:
@@ -185,17 +193,17 @@ class Run:
     def _evaluate_and_sample(self, step, last, record):
         t = self.cfg.train
         if self.val_loader is not None and (step % t.val_loss_every == 0 or last):
-            record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device)
+            record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device, self.amp)
             print0(f"step {step}: val loss {record['val_loss']:.4f}")
         if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
             if self.rank == 0:
                 text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
-                                   self.device)
+                                   self.device, self.amp)
                 print(f"--- sample at step {step} ---\n{text}\n---", flush=True)
             wait_for_rank0()
 
     def _count_nonfinite(self, step, result):
-        if result.finite:
+        if result.finite:  # (an overflow the GradScaler caught is not divergence: it backed off and goes on)
             self.skipped_in_a_row = 0
             return
         self.skipped_total += 1

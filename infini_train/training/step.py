@@ -31,14 +31,18 @@ class StepResult:
     loss: float
     grad_norm: float
     lr: float
-    finite: bool  # False: the update was skipped
+    finite: bool  # the loss (and, without a GradScaler, the gradient norm) was finite
+    updated: bool  # the optimizer stepped (False: skipped for a non-finite loss or an overflow the scaler caught)
+    loss_scale: float = None  # the GradScaler's scale for this step (fp16-mixed)
 
 
-def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, device, seed):
-    """Forward and backward over ``grad_accum`` micro-batches, then clip, schedule and (when finite) update."""
+def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, device, seed, amp=None, scaler=None):
+    """Forward and backward over ``grad_accum`` micro-batches (the forward under ``amp()``, the loss scaled by
+    ``scaler`` when given), then unscale, clip, schedule and (when finite) update."""
     world, rank = dist.get_world_size(), dist.get_rank()
     backend.manual_seed(step_seed(seed, rank, step))
     optimizer.zero_grad(set_to_none=True)
+    params = list(params)
     loss_sum = 0.0
     for micro in range(grad_accum):
         if train_cfg.overfit_single_batch:
@@ -46,21 +50,32 @@ def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, de
         x, y = loader.next_batch()
         last = micro == grad_accum - 1
         with model.no_sync() if world > 1 and not last else contextlib.nullcontext():
-            _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
+            with amp() if amp is not None else contextlib.nullcontext():
+                _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
             loss = loss / grad_accum
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
         loss_sum += loss.item()
     if world > 1:
         mean = Tensor(np.array([loss_sum], np.float64))
         dist.all_reduce(mean, "avg")
         loss_sum = float(mean.numpy()[0])
+    scale = None
+    if scaler is not None:
+        scale = scaler.get_scale()
+        scaler.unscale_(optimizer)  # clip the true gradients
     max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
     norm = float(clip_grad_norm_(params, max_norm).item())
     lr = cosine_with_warmup(step, train_cfg.learning_rate, train_cfg.warmup_iters, train_cfg.num_iterations,
                             train_cfg.learning_rate_decay_frac)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if scaler is not None:  # the scaler skips an overflowed step itself and backs off; only the loss can diverge
+        finite = math.isfinite(loss_sum)
+        scaler.step(optimizer)
+        scaler.update()
+        updated = finite and scaler.get_scale() >= scale
+        return StepResult(loss_sum, norm, lr, finite, updated, scale)
     finite = math.isfinite(loss_sum) and math.isfinite(norm)
     if finite:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         optimizer.step()
-    return StepResult(loss_sum, norm, lr, finite)
+    return StepResult(loss_sum, norm, lr, finite, finite)

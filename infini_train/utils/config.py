@@ -46,6 +46,7 @@ DTYPES = ("float32", "float64")
 TOKENIZERS = ("byte", "gpt2", "auto")
 TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # smallest model vocab_size each tokenizer needs
 BACKENDS = ("auto", "mpi", "nccl")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
 
 
@@ -158,6 +159,8 @@ class RunConfig:
     dtype: str = _key("float32", "parameter and activation dtype: float32 | float64")
     backend: str = _key("auto", "process-group backend under mpirun: auto (nccl on GPUs, else mpi), mpi, nccl")
     plot: bool = _key(True, "write out_dir/loss.png at the end")
+    precision: str = _key("fp32", "fp32 | bf16-mixed (forward under bfloat16 autocast, float32 master weights) | "
+                                  "fp16-mixed (float16 autocast and a GradScaler)")
 
     def grad_accum_steps(self, world_size=1):
         """Same as ``self.train.grad_accum_steps(world_size)``."""
@@ -358,6 +361,12 @@ class _Checker:
             self.bad.add(path)
 
 
+def _closest(value, choices):
+    """ " (did you mean 'bf16-mixed'?)" for a misspelt choice, or ""."""
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.4)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _finite(v):
     return math.isfinite(v)
 
@@ -394,6 +403,10 @@ def _check_ranges(cfg, errors, bad):
     c.need("out_dir", lambda v: v.strip() != "", "a directory path")
     c.need("dtype", lambda v: v in DTYPES, f"one of {DTYPES}")
     c.need("backend", lambda v: v in BACKENDS, f"one of {BACKENDS}")
+    c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{_closest(cfg.precision, PRECISIONS)}")
+    if c.ok("precision", "dtype") and cfg.precision != "fp32" and cfg.dtype != "float32":
+        errors.append(f"precision: expected 'fp32' with dtype {cfg.dtype!r} (mixed precision keeps float32 master "
+                      f"weights), got {cfg.precision!r}")
     c.need("device", _valid_device, "'auto', 'cpu', 'cpu:N', 'cuda' or 'cuda:N'")
     if c.ok("backend", "device") and cfg.backend == "nccl" and cfg.device.startswith("cpu"):
         errors.append(f"backend: expected 'mpi' or 'auto' with device {cfg.device!r} (NCCL needs GPUs), got 'nccl'")

@@ -12,6 +12,7 @@ import threading
 
 from ... import backend
 from ...autograd import comm
+from ...autograd import autocast
 from ...autograd.grad_mode import is_grad_enabled, set_grad_enabled
 from ...tensor import Tensor
 from ..module import Module
@@ -64,11 +65,13 @@ def _clone_structure(module, by_id):
 def parallel_apply(replicas, inputs, devices):
     """Run replica i on inputs[i] in its own thread; re-raise the first failure naming its replica/device."""
     grad_mode = is_grad_enabled()
+    autocast_settings = autocast.snapshot()  # thread-local, like grad mode: re-applied in each replica's thread
     results = [None] * len(replicas)
     errors = [None] * len(replicas)
 
     def run(i):
         try:
+            autocast.restore(autocast_settings)
             with set_grad_enabled(grad_mode), devices[i].context():
                 results[i] = replicas[i](*inputs[i])
         except BaseException as exc:  # re-raised in the caller

@@ -1,0 +1,162 @@
+"""Autocast: ops run in a lower precision where that is safe, as torch.autocast.
+
+``with it.autocast("cpu", it.bfloat16):`` (or "cuda", default float16 there) makes ``Function.apply`` cast the
+floating inputs of listed ops before they run: the matmul family to the low dtype, precision-sensitive ops to
+float32. Other ops run in their inputs' dtype, and mixed inputs promote as usual. Casts are autograd ops, so
+gradients reach float32 leaves (master weights) in float32. A leaf that requires grad is cast once per region
+(the cast cache, cleared when the outermost region exits). float64 tensors are never cast.
+
+The state is thread-local, like grad mode: a thread started inside a region does not inherit it (DataParallel
+re-applies it in its replica threads). Regions nest, ``enabled=False`` turns autocast off inside, and a guard
+works as ``with`` or as a decorator (generator functions included).
+
+The policy is one table per device type, each equal to torch's for that device type (``policy()``): on CUDA
+softmax, layer_norm, exp/log, pow, sums and the losses run in float32; torch's CPU autocast forces only the
+losses to float32 and leaves softmax, layer_norm and the reductions in their input's dtype (those kernels
+accumulate in float32 internally).
+"""
+from __future__ import annotations
+
+import threading
+
+from .. import backend
+from .grad_mode import _Guard
+
+LOW, FP32 = "low", "fp32"
+_DEFAULT_DTYPE = {"cpu": "bfloat16", "cuda": "float16"}
+
+
+class _AutocastState(threading.local):
+    def __init__(self):
+        self.enabled = {"cpu": False, "cuda": False}
+        self.dtype = {"cpu": backend.bfloat16, "cuda": backend.float16}
+        self.cache_enabled = True
+        self.active = False  # any device type enabled: the one check Function.apply makes when autocast is off
+        self.depth = 0
+        self.cache = {}  # (id(leaf), dtype) -> (leaf, its cast)
+
+
+_state = _AutocastState()
+
+
+def is_autocast_enabled(device_type="cuda"):
+    """Whether autocast is on for ``device_type`` ("cpu" or "cuda") in this thread."""
+    return _state.enabled[_device_type(device_type)]
+
+
+def get_autocast_dtype(device_type="cuda"):
+    """The low dtype autocast uses for ``device_type`` in this thread."""
+    return _state.dtype[_device_type(device_type)]
+
+
+def _device_type(device_type):
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"autocast: expected device_type 'cpu' or 'cuda', got {device_type!r}\n"
+                         "HINT: autocast('cpu', dtype=infini_train.bfloat16) or autocast('cuda')")
+    return device_type
+
+
+def snapshot():
+    """This thread's autocast settings, to re-apply in another thread (see ``restore``)."""
+    return dict(_state.enabled), dict(_state.dtype), _state.cache_enabled
+
+
+def restore(settings):
+    enabled, dtypes, cache_enabled = settings
+    _state.enabled, _state.dtype, _state.cache_enabled = dict(enabled), dict(dtypes), cache_enabled
+    _state.active = any(enabled.values())
+
+
+class autocast(_Guard):
+    """``autocast(device_type, dtype=None, enabled=True, cache_enabled=True)``: run the listed ops in ``dtype``
+    (bfloat16 or float16; default bfloat16 on CPU, float16 on CUDA) inside the region."""
+
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=True):
+        self.device_type = _device_type(device_type)
+        dtype = backend.as_dtype(dtype or _DEFAULT_DTYPE[device_type])
+        if dtype not in (backend.bfloat16, backend.float16):
+            raise ValueError(f"autocast: expected dtype bfloat16 or float16, got {dtype}\n"
+                             "HINT: float32 needs no autocast; use enabled=False to turn it off")
+        self.dtype = dtype
+        self.enabled = bool(enabled)
+        self.cache_enabled = bool(cache_enabled)
+
+    def _clone(self):
+        return autocast(self.device_type, self.dtype, self.enabled, self.cache_enabled)
+
+    def _enter(self):
+        saved = snapshot()
+        _state.enabled[self.device_type] = self.enabled
+        _state.dtype[self.device_type] = self.dtype
+        _state.cache_enabled = self.cache_enabled
+        _state.active = any(_state.enabled.values())
+        _state.depth += 1
+        return saved
+
+    def _exit(self, saved):
+        restore(saved)
+        _state.depth -= 1
+        if _state.depth == 0:
+            _state.cache.clear()
+
+
+# ----------------------------------------------------------------------------------------------- the policy
+_POLICIES = {}
+
+
+def policy(device_type):
+    """{Op class: LOW | FP32} for ``device_type``, torch's lists for that device type (built on first use)."""
+    table = _POLICIES.get(device_type)
+    if table is None:
+        from . import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization,
+                       reduction, scan, softmax)
+
+        low = [matmul.Matmul, matmul.Mm, matmul.Bmm, matmul.Baddbmm, linear.Linear, einsum.Einsum,
+               attention.ScaledDotProductAttention]
+        losses = [loss.CrossEntropy, loss.SoftCrossEntropy, loss.NLLLoss, loss.MSELoss,
+                  loss.BinaryCrossEntropyWithLogits]
+        fp32 = losses
+        if device_type == "cuda":
+            fp32 = losses + [softmax.Softmax, softmax.LogSoftmax, normalization.LayerNorm, elementwise.Exp,
+                             elementwise.Log, elementwise.Pow, elementwise.Rsqrt, elementwise.Reciprocal,
+                             activations.Softplus, reduction.Sum, scan.Cumsum, scan.Cumprod]
+        table = {cls: LOW for cls in low}
+        table.update({cls: FP32 for cls in fp32})
+        _POLICIES[device_type] = table
+    return table
+
+
+def _eligible(dtype):
+    return dtype == backend.float32 or dtype == backend.float16 or dtype == backend.bfloat16
+
+
+def cast_inputs(fn, inputs, device):
+    """The inputs ``fn`` runs on under autocast on ``device`` (the same tuple when the policy leaves them)."""
+    kind = device.type
+    if not _state.enabled.get(kind):
+        return inputs
+    rule = policy(kind).get(type(fn))
+    if rule is None:
+        return inputs
+    from ..tensor import Tensor
+
+    target = _state.dtype[kind] if rule == LOW else backend.float32
+    return tuple(_cast(x, target) if isinstance(x, Tensor) and x.dtype != target and _eligible(x.dtype) else x
+                 for x in inputs)
+
+
+def _cast(t, dtype):
+    from .conversion import cast
+
+    if not (_state.cache_enabled and t.grad_fn is None and t._requires_grad):
+        return cast(t, dtype)
+    key = (id(t), dtype)
+    hit = _state.cache.get(key)
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    out = cast(t, dtype)
+    _state.cache[key] = (t, out)
+    return out
+
+
+__all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype"]
