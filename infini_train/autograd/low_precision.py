@@ -44,6 +44,9 @@ def narrow(xp, array, dtype):
         return array
     if xp is np and dtype == np.float16 and array.dtype == np.float32 and _mostly_subnormal(array):
         return _float16_via_bits(array)
+    if xp is np:
+        with np.errstate(over="ignore"):  # beyond float16's range is inf, as in torch (a GradScaler expects it)
+            return array.astype(dtype)
     return array.astype(dtype)
 
 
