@@ -122,6 +122,7 @@ def _check_exit(comm):
             sys.stderr.write(f"[rank {rank}] exited before the other ranks (sys.exit, or the end of the script "
                              f"without destroy_process_group()): aborting the job ({size} ranks)\n")
             sys.stderr.flush()
+            time.sleep(_ABORT_GRACE_SECONDS)  # let the launcher forward the message before Abort ends everything
             comm.Abort(1)
         time.sleep(0.005)
 
