@@ -3,6 +3,7 @@
     dist.init_process_group()              # under mpirun -n N (or launch/run.sh); rank/size from MPI
     dist.all_reduce(t, dist.ReduceOp.AVG)  # in place on t.array, on every rank
     work = dist.all_reduce(t, async_op=True); ...; work.wait()
+    dist.all_gather_into_tensor(flat, flat[rank * n:(rank + 1) * n])  # flat buffers, in place (ZeRO)
 
 Backends: "mpi" (mpi4py on host arrays; cupy arrays are staged through the host) and "nccl" (cupy's NCCL on
 each rank's GPU). ``init_process_group()`` picks NCCL when every rank sees a GPU and cupy, MPI otherwise. A
@@ -33,8 +34,9 @@ from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_tim
 
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
            "get_local_rank", "get_local_world_size", "get_backend", "new_group", "default_group", "ReduceOp",
-           "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "barrier",
-           "send", "recv", "isend", "irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
+           "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_into_tensor",
+           "reduce_scatter_tensor", "reduce", "barrier", "send", "recv", "isend", "irecv", "DEFAULT_TIMEOUT",
+           "TIMEOUT_ENV"]
 
 _BACKENDS = (None, "auto", "mpi", "nccl", "single")
 _world = None  # the default (world) group
@@ -217,6 +219,18 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
     return (group or default_group()).reduce_scatter(output, input_list, op, async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """Every rank's ``input_tensor`` gathered into ``output_tensor`` (chunk r from rank r); ``input_tensor`` may be
+    this rank's own chunk of ``output_tensor`` (in place)."""
+    return (group or default_group()).all_gather_into_tensor(output_tensor, input_tensor, async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """``output`` on rank r: the reduction over ranks of chunk r of their ``input``; ``output`` may be this rank's
+    own chunk of ``input`` (in place)."""
+    return (group or default_group()).reduce_scatter_tensor(output, input, op, async_op)
 
 
 def reduce(tensor, dst=0, op=ReduceOp.SUM, group=None, async_op=False):

@@ -10,6 +10,11 @@ arrays are staged in a host buffer and copied back once the operation completed:
 
 Operations that do not compute (broadcast, all_gather, send/recv) move raw bytes (MPI.BYTE), which is exact
 for every dtype. Booleans reduce with logical or (SUM, MAX) and logical and (PRODUCT, MIN).
+
+The flat collectives take contiguous buffers, so host arrays travel as they are: ``all_gather_into_tensor``
+is one Iallgather into the output (MPI.IN_PLACE when the input is this rank's chunk of it) and
+``reduce_scatter_tensor`` one Ireduce_scatter_block (in place, the input is copied first: MPI may not read
+the memory it writes).
 """
 from __future__ import annotations
 
@@ -162,6 +167,29 @@ class MPIProcessGroup(ProcessGroup):
         scale = self.size if op is ReduceOp.AVG else None
         return self._start("reduce_scatter", lambda: self.comm.Ireduce_scatter_block(stacked, recv.host, mpi_op),
                            self._finisher(recv, scale), (recv, stacked))
+
+    def _all_gather_into_tensor(self, out, arr, in_place):
+        recv = _Staged(out, reduce=False, read=False)
+        send = None
+        if in_place:
+            if recv.copied:  # a cupy output: this rank's chunk goes out from its host copy
+                recv.host[self.rank * arr.size:(self.rank + 1) * arr.size] = _to_host(arr)
+            sendbuf = self.MPI.IN_PLACE
+        else:
+            send = _Staged(arr, reduce=False)
+            sendbuf = send.raw(self.MPI)
+        return self._start("all_gather_into_tensor", lambda: self.comm.Iallgather(sendbuf, recv.raw(self.MPI)),
+                           self._finisher(recv), (recv, send))
+
+    def _reduce_scatter_tensor(self, out, arr, op, in_place):
+        recv = _Staged(out, reduce=True, read=False)
+        send = _Staged(arr, reduce=True)
+        sendbuf = arr.copy() if in_place and not send.copied else send.host  # never read what MPI writes
+        mpi_op = self._mpi_op(op, recv.host.dtype)
+        scale = self.size if op is ReduceOp.AVG else None
+        return self._start("reduce_scatter_tensor",
+                           lambda: self.comm.Ireduce_scatter_block(sendbuf, recv.host, mpi_op),
+                           self._finisher(recv, scale), (recv, send, sendbuf))
 
     def _reduce(self, arr, dst, op):
         buf = _Staged(arr, reduce=True)

@@ -7,6 +7,10 @@ that event is. ``wait()`` makes the caller's current stream wait for the event (
 result), and, by default, also waits on the host with the collective timeout so that a hang becomes an
 error (INFINI_TRAIN_NCCL_BLOCKING_WAIT=0 keeps waits stream-only, without timeout, like torch's default).
 
+The flat collectives run on the caller's contiguous buffers directly; their in-place forms (the input is this
+rank's chunk of the output, or the output this rank's chunk of the input) are NCCL's own in-place calls
+(sendbuff == recvbuff + rank * count, recvbuff == sendbuff + rank * count): one code path for both.
+
 Host (numpy) tensors and barriers go through the group's MPI communicator, so a training script may
 all-reduce a host scalar on an NCCL group. NCCL has no message tags: send/recv pair up in call order.
 """
@@ -215,6 +219,21 @@ class NCCLProcessGroup(ProcessGroup):
         return self._launch("reduce_scatter", lambda c, s: c.reduceScatter(send.data.ptr, view.data.ptr, view.size,
                                                                            dtype, nccl_op, s),
                             self._post(out, buf, op), (buf, stacked))
+
+    def _all_gather_into_tensor(self, out, arr, in_place):
+        if self._on_host(out):
+            return self.host._all_gather_into_tensor(out, arr, in_place)
+        return self._launch("all_gather_into_tensor", lambda c, s: c.allGather(arr.data.ptr, out.data.ptr, arr.nbytes,
+                                                                               self._bytes, s), None, (out, arr))
+
+    def _reduce_scatter_tensor(self, out, arr, op, in_place):
+        if self._on_host(out):
+            return self.host._reduce_scatter_tensor(out, arr, op, in_place)
+        dtype, nccl_op, view = self._reduction(out, op, "reduce_scatter_tensor")
+        send = arr.view(view.dtype)
+        return self._launch("reduce_scatter_tensor", lambda c, s: c.reduceScatter(send.data.ptr, view.data.ptr,
+                                                                                  view.size, dtype, nccl_op, s),
+                            self._post(out, out, op), (view, send))
 
     def _reduce(self, arr, dst, op):
         if self._on_host(arr):

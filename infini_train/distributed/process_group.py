@@ -6,8 +6,14 @@ tensor saved for backward and then overwritten by a collective is caught. A raw 
 accepted too. Every call is asynchronous underneath and returns a Work; ``async_op=False`` waits on it, so
 sync calls get the collective timeout as well.
 
+The flat collectives ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` work on one contiguous buffer
+that holds a chunk per rank (chunk r is elements [r*n, (r+1)*n) of the flattened buffer, whatever its shape),
+and accept the in-place form where the per-rank tensor is this rank's own chunk of that buffer (ZeRO
+all-gathers its updated shard straight into the flat parameters this way).
+
 A backend subclass implements ``_all_reduce``, ``_broadcast``, ``_all_gather``, ``_reduce_scatter``,
-``_reduce``, ``_barrier``, ``_send`` and ``_recv`` on arrays, each returning a Work.
+``_all_gather_into_tensor``, ``_reduce_scatter_tensor``, ``_reduce``, ``_barrier``, ``_send`` and ``_recv``
+on arrays, each returning a Work. The flat ones get 1-D views and whether the call is in place.
 """
 from __future__ import annotations
 
@@ -58,6 +64,17 @@ def _array_of(tensor, what, writes):
                          "HINT: collectives write in place; pass a tensor that owns its memory (t.contiguous() "
                          "or a copy), not a broadcast view")
     return arr
+
+
+def _place(tensor, arr):
+    """Where ``arr`` lives, for device checks: the Tensor's device, or "cpu" / "cuda:N" for a raw array."""
+    if tensor is not arr:
+        return str(tensor.device)
+    return "cpu" if isinstance(arr, np.ndarray) else f"cuda:{arr.device.id}"
+
+
+def _address(arr):
+    return arr.__array_interface__["data"][0] if isinstance(arr, np.ndarray) else arr.data.ptr
 
 
 def _bump(*tensors):
@@ -133,6 +150,30 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
+    def all_gather_into_tensor(self, output, input, async_op=False):
+        """Rank r's ``input`` lands in chunk r of ``output`` (``output.numel() == size * input.numel()``, e.g.
+        shape ``(size * n,)``, ``(size * d0, ...)`` or ``(size, *input.shape)``), on every rank. ``input`` may be
+        this rank's own chunk of ``output`` (in place)."""
+        what = "all_gather_into_tensor"
+        out = _array_of(output, what, writes=True)
+        arr = _array_of(input, what, writes=False)
+        out, arr, in_place = self._check_flat(what, out, arr, output, input, "output", "input")
+        work = self._all_gather_into_tensor(out, arr, in_place)
+        _bump(output)
+        return _result(work, async_op)
+
+    def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
+        """``output`` on rank r receives the reduction over ranks of chunk r of their ``input``
+        (``input.numel() == size * output.numel()``). ``output`` may be this rank's own chunk of ``input``."""
+        what = "reduce_scatter_tensor"
+        out = _array_of(output, what, writes=True)
+        arr = _array_of(input, what, writes=False)
+        op = self._reduce_op(op, out.dtype, what)
+        arr, out, in_place = self._check_flat(what, arr, out, input, output, "input", "output")
+        work = self._reduce_scatter_tensor(out, arr, op, in_place)
+        _bump(output)
+        return _result(work, async_op)
+
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor`` (the others' stay unchanged)."""
         arr = _array_of(tensor, "reduce", writes=self.rank == dst)
@@ -194,6 +235,42 @@ class ProcessGroup:
                                  f"{like.dtype}, got shape {tuple(a.shape)} and dtype {a.dtype}")
         return arrays
 
+    def _check_flat(self, what, whole, part, whole_tensor, part_tensor, whole_name, part_name):
+        """The flat collectives' checks: ``whole`` holds ``size`` chunks the size of ``part``, both contiguous, of
+        one dtype, on one device. Returns both as 1-D views, and whether ``part`` is ``whole``'s chunk for this
+        rank (in place). Any other overlap of the two is refused: the result would depend on the backend."""
+        for name, a in ((whole_name, whole), (part_name, part)):
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{what}: expected a contiguous {name}, got a strided view of shape "
+                                 f"{tuple(a.shape)} (strides {tuple(a.strides)})\nHINT: the flat collectives use "
+                                 "memory as one block; pass a contiguous tensor (t.contiguous()) or a slice of one")
+        if part.dtype != whole.dtype:
+            raise ValueError(f"{what}: expected {part_name} and {whole_name} of one dtype, got {part_name} "
+                             f"{part.dtype} and {whole_name} {whole.dtype}\nHINT: cast one of them with t.to(dtype)")
+        where_whole, where_part = _place(whole_tensor, whole), _place(part_tensor, part)
+        if where_whole != where_part:
+            raise ValueError(f"{what}: expected {part_name} and {whole_name} on one device, got {part_name} on "
+                             f"{where_part} and {whole_name} on {where_whole}\nHINT: move one with t.to(device)")
+        n = part.size
+        if whole.size != self.size * n:
+            raise ValueError(f"{what}: expected {whole_name} to hold group size x {part_name}.numel() = {self.size} "
+                             f"x {n} = {self.size * n} elements, got {whole_name} of shape {tuple(whole.shape)} "
+                             f"({whole.size} elements) for {part_name} of shape {tuple(part.shape)}\nHINT: allocate "
+                             f"{whole_name} as it.empty({self.size * n}) or it.empty(({self.size},) + "
+                             f"{part_name}.shape): the group has {self.size} rank(s)")
+        whole, part = whole.reshape(-1), part.reshape(-1)
+        start, end = _address(whole), _address(whole) + whole.nbytes
+        mine = _address(part)
+        if n == 0 or mine + part.nbytes <= start or mine >= end:
+            return whole, part, False
+        if mine == start + self.rank * part.nbytes:
+            return whole, part, True
+        offset = (mine - start) / part.itemsize
+        raise ValueError(f"{what}: expected {part_name} to be separate from {whole_name} or exactly this rank's "
+                         f"chunk of it (elements [{self.rank * n}, {(self.rank + 1) * n}) for group rank {self.rank}), "
+                         f"got {part_name} overlapping {whole_name} from element {offset:g}\nHINT: in place, "
+                         f"pass {whole_name}[rank * n:(rank + 1) * n] with rank = get_rank(group)")
+
 
 class SingleProcessGroup(ProcessGroup):
     """The world of one process (a plain ``python script.py``): every collective is the identity."""
@@ -214,6 +291,12 @@ class SingleProcessGroup(ProcessGroup):
 
     def _reduce_scatter(self, out, ins, op):
         return CompletedWork(self, "reduce_scatter", lambda: _copy_into(out, ins[0]))
+
+    def _all_gather_into_tensor(self, out, arr, in_place):
+        return CompletedWork(self, "all_gather_into_tensor", None if in_place else lambda: _copy_into(out, arr))
+
+    def _reduce_scatter_tensor(self, out, arr, op, in_place):
+        return CompletedWork(self, "reduce_scatter_tensor", None if in_place else lambda: _copy_into(out, arr))
 
     def _reduce(self, arr, dst, op):
         return CompletedWork(self, "reduce")

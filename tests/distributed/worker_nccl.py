@@ -1,6 +1,7 @@
 """Run under ``mpiexec -n 1`` or ``-n 2`` on a GPU machine (one GPU per rank): the NCCL backend's collectives on
-cupy arrays against numpy references, async Work, host tensors on an NCCL group (through MPI), stream-only
-waits, an MPI group staging cupy arrays through the host, and the all-reduce hook on GPU gradients.
+cupy arrays against numpy references (the flat all_gather_into_tensor / reduce_scatter_tensor in place and not),
+async Work, host tensors on an NCCL group (through MPI), stream-only waits, an MPI group staging cupy arrays
+through the host, and the all-reduce hook on GPU gradients.
 Prints "rank R NCCL OK <checks>"."""
 import os
 
@@ -108,6 +109,67 @@ if world == 2:
         check(host(got).tolist() == [0.0, 1.0, 2.0, 3.0], "send/recv")
 dist.barrier()
 
+
+def flat_checks(group, label):
+    """all_gather_into_tensor and reduce_scatter_tensor on cupy arrays, in place (a chunk of the flat buffer) and
+    not, sync and async, every ReduceOp."""
+    global checks
+    me = group.rank
+    for dtype in (np.float32, np.float16, np.int64, np.bool_):
+        for in_place in (False, True):
+            for async_op in (False, True):
+                parts = [np.array(inputs(r, (2, 3), dtype)) for r in range(world)]
+                with cp.cuda.Device(dev.index):
+                    out = cp.zeros((world, 2, 3), dtype)
+                    mine = out[me] if in_place else cp.empty((2, 3), dtype)
+                    mine[...] = cp.asarray(parts[me])
+                out_t = it.Tensor._make(out, dev)
+                work = dist.all_gather_into_tensor(out_t, it.Tensor._make(mine, dev), group=group, async_op=async_op)
+                if async_op:
+                    check(work.wait() and work.timeout == group.timeout, "async wait")
+                what = f"{label} all_gather_into_tensor {np.dtype(dtype)} in_place={in_place} async={async_op}"
+                check(cp.asnumpy(out).tobytes() == np.stack(parts).tobytes(), what)
+                check(out_t.version == 1, f"{what}: version bumped")
+    for dtype in (np.float32, np.float64, np.float16, np.int32, np.bool_):
+        for op in OPS:
+            if (op == "avg" and np.dtype(dtype).kind != "f") or (np.dtype(dtype).kind == "b" and op != "max"):
+                continue
+            full = [np.array(inputs(10 + r, (world * 5,), dtype, op)) for r in range(world)]
+            chunks = [f[me * 5:(me + 1) * 5] for f in full]
+            ref = np.logical_or.reduce(chunks) if np.dtype(dtype).kind == "b" else reference(chunks, op)
+            for in_place in (False, True):
+                for async_op in (False, True):
+                    with cp.cuda.Device(dev.index):
+                        arr = cp.asarray(full[me])
+                        out = arr[me * 5:(me + 1) * 5] if in_place else cp.zeros(5, dtype)
+                    work = dist.reduce_scatter_tensor(it.Tensor._make(out, dev), it.Tensor._make(arr, dev), op,
+                                                      group=group, async_op=async_op)
+                    if async_op:
+                        check(work.wait(), "async wait")
+                    tol = TOL.get(np.dtype(dtype), 0)
+                    np.testing.assert_allclose(cp.asnumpy(out), ref, rtol=tol, atol=tol,
+                                               err_msg=f"{label} reduce_scatter_tensor {op} {np.dtype(dtype)} "
+                                                       f"in_place={in_place} async={async_op}")
+                    checks += 1
+
+
+flat_checks(world_group, "nccl")
+with cp.cuda.Device(dev.index):
+    gpu_out = cp.zeros(world * 2, np.float32)
+try:
+    dist.all_gather_into_tensor(it.Tensor._make(gpu_out, dev), it.Tensor._make(np.zeros(2, np.float32), CPU))
+except ValueError as exc:
+    check(f"expected input and output on one device, got input on cpu and output on {dev}" in str(exc), str(exc))
+else:
+    raise AssertionError("a host input with a GPU output must be refused")
+host_out = np.zeros(world * 3)  # host arrays on an NCCL group go through MPI (here in place)
+host_out[rank * 3:(rank + 1) * 3] = rank
+dist.all_gather_into_tensor(host_out, host_out[rank * 3:(rank + 1) * 3])
+check(np.array_equal(host_out, np.repeat(np.arange(world, dtype=np.float64), 3)), "host all_gather_into_tensor")
+host_rs = np.zeros(2)
+dist.reduce_scatter_tensor(host_rs, np.arange(world * 2, dtype=np.float64) * (rank + 1), "sum")
+check(np.array_equal(host_rs, np.arange(rank * 2, rank * 2 + 2) * sum(range(1, world + 1))), "host reduce_scatter")
+
 # a host tensor on an NCCL group goes through MPI
 cpu_t = it.Tensor._make(np.full(3, rank + 1.0), CPU)
 dist.all_reduce(cpu_t, "avg")
@@ -127,6 +189,7 @@ check(np.all(host(t) == world * (world + 1) / 2), "stream-ordered result")
 mpi_group = dist.new_group(range(world), backend="mpi")
 check(mpi_group.backend == "mpi", "mpi sub-group")
 all_reduce_checks(mpi_group, "mpi-on-cupy")
+flat_checks(mpi_group, "mpi-on-cupy")
 
 # the autograd hook on a GPU gradient
 w = it.tensor([1.0, 2.0], device=str(dev), requires_grad=True)
