@@ -164,15 +164,18 @@ class GPT2(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), eps=1e-8):
-        """AdamW with weight decay on 2-D parameters (matmul weights, embeddings) only."""
-        from ..optim import AdamW
-
+    def optimizer_groups(self, weight_decay):
+        """Param groups with weight decay on 2-D parameters (matmul weights, embeddings) only."""
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return AdamW(groups, lr=learning_rate, betas=betas, eps=eps)
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), eps=1e-8):
+        """AdamW over ``optimizer_groups(weight_decay)``."""
+        from ..optim import AdamW
+
+        return AdamW(self.optimizer_groups(weight_decay), lr=learning_rate, betas=betas, eps=eps)
 
     def num_params(self, non_embedding=False):
         n = sum(p.numel() for p in self.parameters())

@@ -74,6 +74,34 @@ def build_gpt2(cfg, device):
     return GPT2(gpt_cfg).to(device=device, dtype=cfg.dtype), tok_name
 
 
+def build_optimizer(model, train_cfg, zero_stage):
+    """AdamW over the model's param groups; with ZeRO (stage 1 or 2) sharded across the data-parallel ranks."""
+    from ..distributed.optim import ZeroRedundancyOptimizer
+    from ..optim import AdamW
+
+    groups = model.optimizer_groups(train_cfg.weight_decay)
+    options = dict(lr=train_cfg.learning_rate, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
+    if zero_stage:
+        return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, flat_order=model.parameters(), **options)
+    return AdamW(groups, **options)
+
+
+def _state_bytes(optimizer):
+    return sum(v.nbytes for st in optimizer.state.values() for v in st.values() if hasattr(v, "nbytes"))
+
+
+def peak_rss_bytes():
+    """This process's peak resident memory (VmHWM; 0 where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 class Run:
     """One run: ``Run(cfg).train()`` returns the process exit status (0, or EXIT_STOPPED after a stop signal)."""
 
@@ -87,9 +115,12 @@ class Run:
             ensure_default_data(cfg.data)
         wait_for_rank0()
         self.raw_model, self.tok_name = build_gpt2(cfg, self.device)
-        self.model = DistributedDataParallel(self.raw_model) if self.world > 1 else self.raw_model
-        self.optimizer = self.raw_model.configure_optimizers(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
-                                                             t.eps)
+        self.zero_stage = cfg.parallel.zero_stage
+        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage)
+        self.model = self.raw_model
+        if self.world > 1:
+            zero = self.optimizer if self.zero_stage else None
+            self.model = DistributedDataParallel(self.raw_model, zero_optimizer=zero, zero_stage=self.zero_stage or 2)
         self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, self.rank,
                                                   self.world, config_key="data.train")
         self.val_loader = None
@@ -130,6 +161,8 @@ class Run:
             dist.all_gather(parts, mine)
             data_states = [{"shard": int(p.numpy()[0]), "position": int(p.numpy()[1])} for p in parts]
         path = None
+        if self.zero_stage:
+            self.optimizer.consolidate_state_dict(to=0)  # checkpoints hold the unsharded optimizer state
         if self.rank == 0:
             cfg = self.cfg
             path = ckpt.save_checkpoint(cfg.out_dir, step, self.raw_model.state_dict(), self.optimizer.state_dict(), {
@@ -173,6 +206,8 @@ class Run:
                                     step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
+                if step == self.start_step:
+                    self._report_memory()
                 tokens_per_s = tokens_per_step / dt
                 record.update(loss=result.loss, lr=result.lr, grad_norm=result.grad_norm, ms=dt * 1000,
                               tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / peak,
@@ -189,6 +224,16 @@ class Run:
             self.save(t.num_iterations)
         self._plot()
         return 0
+
+    def _report_memory(self):
+        """Once, after the first step: optimizer state bytes and peak resident memory of every rank."""
+        state = self.optimizer.state_bytes() if self.zero_stage else _state_bytes(self.optimizer)
+        mine = Tensor(np.array([state, peak_rss_bytes()], np.int64))
+        parts = [Tensor(np.zeros(2, np.int64)) for _ in range(self.world)]
+        dist.all_gather(parts, mine)
+        rows = ", ".join(f"rank {r}: optimizer state {int(p.numpy()[0]) / 2 ** 20:.1f} MB, peak RSS "
+                         f"{int(p.numpy()[1]) / 2 ** 20:.0f} MB" for r, p in enumerate(parts))
+        print0(f"memory (ZeRO stage {self.zero_stage}): {rows}")
 
     def _evaluate_and_sample(self, step, last, record):
         t = self.cfg.train

@@ -64,7 +64,8 @@ def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, de
         scale = scaler.get_scale()
         scaler.unscale_(optimizer)  # clip the true gradients
     max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
-    norm = float(clip_grad_norm_(params, max_norm).item())
+    sharded_clip = getattr(optimizer, "clip_grad_norm_", None)  # ZeRO: the norm over every rank's shard
+    norm = float((sharded_clip(max_norm) if sharded_clip else clip_grad_norm_(params, max_norm)).item())
     lr = cosine_with_warmup(step, train_cfg.learning_rate, train_cfg.warmup_iters, train_cfg.num_iterations,
                             train_cfg.learning_rate_decay_frac)
     for group in optimizer.param_groups:

@@ -146,12 +146,21 @@ class TrainConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How the ranks of a job share the work. The data-parallel size is the world size."""
+
+    zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
+                              "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too")
+
+
+@dataclass
 class RunConfig:
     """A whole run: the three sections plus where it writes, how it resumes and where it runs."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     out_dir: str = _key("runs/default", "config.yaml, metrics.jsonl, loss.png, checkpoints/")
     resume: str = _key("", '"" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path')
     seed: int = _key(1337, "seeds parameter init, dropout and sampling")
@@ -206,7 +215,7 @@ class RunConfig:
         return path
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig}
 
 
 def _key_docs():
@@ -403,6 +412,9 @@ def _check_ranges(cfg, errors, bad):
     c.need("out_dir", lambda v: v.strip() != "", "a directory path")
     c.need("dtype", lambda v: v in DTYPES, f"one of {DTYPES}")
     c.need("backend", lambda v: v in BACKENDS, f"one of {BACKENDS}")
+    c.need("parallel.zero_stage", lambda v: v in (0, 1, 2),
+           "0, 1 or 2 (stage 3, sharding the parameters themselves, is not supported; stage 2 shards optimizer "
+           "state and gradients)")
     c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{_closest(cfg.precision, PRECISIONS)}")
     if c.ok("precision", "dtype") and cfg.precision != "fp32" and cfg.dtype != "float32":
         errors.append(f"precision: expected 'fp32' with dtype {cfg.dtype!r} (mixed precision keeps float32 master "

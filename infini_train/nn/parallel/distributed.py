@@ -137,10 +137,14 @@ class DistributedDataParallel(Module):
 
     Construction broadcasts parameters and buffers from rank 0; each backward averages gradients across
     ranks. Use ``no_sync()`` for the micro-steps of gradient accumulation.
+
+    ``zero_optimizer`` (a ZeroRedundancyOptimizer over this module's parameters) with ``zero_stage``: 1 all-reduces
+    the gradients in place in the optimizer's flat gradient buffer (no bucket copies); 2 reduces each bucket only to
+    the ranks owning its elements, which keep just their gradient shard (see zero_reducer.py).
     """
 
     def __init__(self, module, process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
-                 broadcast_buffers=True, first_bucket_mb=1):
+                 broadcast_buffers=True, first_bucket_mb=1, zero_optimizer=None, zero_stage=2):
         super().__init__()
         from ...distributed import default_group
 
@@ -152,7 +156,20 @@ class DistributedDataParallel(Module):
         with no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 self.process_group.broadcast(t, 0)
-        self.reducer = Reducer(params, self.process_group, bucket_cap_mb, first_bucket_mb, find_unused_parameters)
+        if zero_optimizer is not None:
+            if {id(p) for p in params} != {id(p) for p in zero_optimizer.params}:
+                raise ValueError("DistributedDataParallel: zero_optimizer must optimize exactly this module's "
+                                 "parameters that require grad\nHINT: build it from module.parameters() (or their "
+                                 "param groups) before wrapping")
+            if zero_stage not in (1, 2):
+                raise ValueError(f"DistributedDataParallel: expected zero_stage 1 or 2 with a zero_optimizer, got "
+                                 f"{zero_stage!r}\nHINT: stage 3 (sharded parameters) is not supported")
+            from .zero_reducer import ZeroReducer
+            self.reducer = ZeroReducer(zero_optimizer, self.process_group, zero_stage == 2, bucket_cap_mb,
+                                       first_bucket_mb, find_unused_parameters)
+        else:
+            self.reducer = Reducer(params, self.process_group, bucket_cap_mb, first_bucket_mb,
+                                   find_unused_parameters)
         self.require_sync = True
 
     def forward(self, *args, **kwargs):

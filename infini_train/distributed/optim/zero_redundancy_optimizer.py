@@ -1,0 +1,347 @@
+"""ZeroRedundancyOptimizer: optimizer state (and, with DDP, gradients) sharded across data-parallel ranks.
+
+The parameters of each (device, dtype) are laid out in one flat buffer that every parameter views. The flat
+space is cut into ``world`` equal contiguous shards (the last padded); rank r owns shard r. An inner optimizer
+(``optimizer_class``, e.g. AdamW) steps 1-D views of the owned pieces of the parameters, so its state (AdamW's
+two moments) covers 1/world of the model, and param groups (weight decay / no decay) keep their options. After
+the update each rank's shard is all-gathered in place into the flat buffer, so every rank holds the whole
+model again.
+
+Gradients: with ZeRO-1 they stay whole on every rank (DDP all-reduces them as usual) and live in a flat
+buffer of the same layout, so the inner optimizer reads its shard of them without a copy. With ZeRO-2
+(``DistributedDataParallel(module, zero_optimizer=opt)``) DDP reduces each bucket only to the ranks owning its
+elements, which accumulate their shard in ``grad_shard``; the whole gradients are dropped as soon as they are
+reduced.
+
+``state_dict`` / ``load_state_dict`` use the unsharded layout of ``optimizer_class`` over the same parameters
+(``consolidate_state_dict`` gathers it to one rank first): a checkpoint written under ZeRO loads without it,
+at another number of ranks, and the reverse.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...autograd.grad_mode import no_grad
+from ...tensor import Tensor
+
+_CONSOLIDATED = "_consolidated"
+
+
+class FlatSpace:
+    """The parameters of one (device, dtype) in one flat buffer, and this rank's shard of it."""
+
+    def __init__(self, params, rank, world):
+        self.params = params
+        self.device, self.dtype = params[0].device, params[0].dtype
+        self.offsets = []
+        total = 0
+        for p in params:
+            self.offsets.append(total)
+            total += p.numel()
+        self.numel = total
+        self.position = {id(p): k for k, p in enumerate(params)}  # by identity: == is elementwise on Tensors
+        self.shard_size = max(1, math.ceil(total / world))
+        xp = self.device.array_module()
+        with self.device.context():
+            self.flat = xp.zeros(self.shard_size * world, self.dtype)
+            self.flat_grad = xp.zeros(self.shard_size * world, self.dtype)
+            self.grad_shard = xp.zeros(self.shard_size, self.dtype)
+        for p, start in zip(params, self.offsets):
+            region = self.flat[start:start + p.numel()].reshape(p.shape)
+            region[...] = p.array
+            p.array = region  # the parameter now views the flat buffer (its version is bumped)
+        self.lo = min(rank * self.shard_size, total)
+        self.hi = min((rank + 1) * self.shard_size, total)
+
+    def owned_pieces(self):
+        """(param, flat start, start, stop) for each parameter's elements inside this rank's shard: elements
+        [start, stop) of the flattened parameter, at ``flat start`` in the flat space."""
+        for p, offset in zip(self.params, self.offsets):
+            a, b = max(offset, self.lo), min(offset + p.numel(), self.hi)
+            if a < b:
+                yield p, a, a - offset, b - offset
+
+    def owner_segments(self, start, stop):
+        """(rank, a, b): the part [a, b) of the flat range [start, stop) that each rank owns."""
+        first, last = start // self.shard_size, (stop - 1) // self.shard_size
+        for r in range(first, last + 1):
+            yield r, max(start, r * self.shard_size), min(stop, (r + 1) * self.shard_size)
+
+
+class ZeroRedundancyOptimizer:
+    """``ZeroRedundancyOptimizer(params, optimizer_class=AdamW, process_group=None, **defaults)``: the
+    optimizer ``optimizer_class(pieces, **defaults)`` runs on this rank's 1/N shard of the parameters.
+
+    ``param_groups`` are the inner optimizer's (the same options, over the owned pieces), so learning-rate
+    schedules and a GradScaler work unchanged. ``flat_order`` (e.g. ``model.parameters()``) lays the flat buffers
+    out in that order instead of the param groups': DistributedDataParallel's buckets follow the flat layout, and in
+    module order they fill as backward produces gradients, so their reductions overlap it.
+
+    Use ``clip_grad_norm_`` (the norm over every rank's shard) rather than the module-level function, whose norm
+    would count one shard only under ZeRO-2.
+    """
+
+    def __init__(self, params, optimizer_class=None, process_group=None, flat_order=None, **defaults):
+        from ... import distributed as dist
+        from ...optim import AdamW
+
+        self.optimizer_class = optimizer_class or AdamW
+        self.group = process_group or dist.default_group()
+        self.rank, self.world = self.group.rank, self.group.size
+        groups = _as_groups(params)
+        self.param_groups_full = groups
+        ordered = []
+        seen = set()
+        for p in list(flat_order or ()) + [p for g in groups for p in g["params"]]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                ordered.append(p)
+        listed = {id(p) for g in groups for p in g["params"]}
+        ordered = [p for p in ordered if id(p) in listed]
+        self.params = ordered
+        self.spaces = []
+        for key in dict.fromkeys((p.device, p.dtype) for p in ordered):
+            members = [p for p in ordered if (p.device, p.dtype) == key]
+            self.spaces.append(FlatSpace(members, self.rank, self.world))
+        self.sharded_gradients = False  # set by DistributedDataParallel(zero_optimizer=...) for ZeRO-2
+        self._attach_full_grads()
+        self.pieces = []  # (view, space, param, flat start, start, stop) for each owned piece
+        group_of = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
+        views_by_group = [[] for _ in groups]
+        for space in self.spaces:
+            for p, flat_start, a, b in space.owned_pieces():
+                view = self._view(p, a, b)
+                self.pieces.append((view, space, p, flat_start, a, b))
+                views_by_group[group_of[id(p)]].append(view)
+        inner_groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": views}
+                        for g, views in zip(groups, views_by_group)]
+        self.optim = self.optimizer_class(inner_groups, **defaults)  # a rank may own nothing: empty groups
+        self.param_groups = self.optim.param_groups
+        self.defaults = self.optim.defaults
+        self._point_grads()
+
+    # -------------------------------------------------------------------------------------------- layout
+    @staticmethod
+    def _view(p, a, b):
+        view = Tensor._make(p.array.reshape(-1)[a:b], p.device)
+        view._requires_grad = True
+        return view
+
+    def _attach_full_grads(self):
+        """ZeRO-1: every parameter's .grad is a fixed view into the flat gradient buffer (zeroed, never freed)."""
+        for space in self.spaces:
+            for p, start in zip(space.params, space.offsets):
+                p.grad = Tensor._make(space.flat_grad[start:start + p.numel()].reshape(p.shape), p.device)
+
+    def use_sharded_gradients(self):
+        """ZeRO-2: gradients live only as this rank's shard (``grad_shard``), filled by DDP's reducer."""
+        self.sharded_gradients = True
+        for space in self.spaces:
+            space.flat_grad = None
+            for p in space.params:
+                p.grad = None
+        self._point_grads()
+
+    def _point_grads(self):
+        """Give each owned piece its gradient: a view into the flat gradients (ZeRO-1) or into grad_shard."""
+        for view, space, p, flat_start, a, b in self.pieces:
+            if self.sharded_gradients:
+                local = flat_start - space.lo
+                source = space.grad_shard[local:local + (b - a)]
+            else:
+                source = space.flat_grad[flat_start:flat_start + (b - a)]
+            view.grad = Tensor._make(source, p.device)
+
+    def accumulate_shard(self, space, start, values):
+        """ZeRO-2: add reduced gradients for the flat range [start, start + len(values)) of this rank's shard."""
+        local = start - space.lo
+        space.grad_shard[local:local + values.shape[0]] += values
+
+    # ------------------------------------------------------------------------------------------- stepping
+    def zero_grad(self, set_to_none=True):
+        """Zero the gradients (flat buffers are zeroed in place, never freed, whatever ``set_to_none``)."""
+        for space in self.spaces:
+            space.grad_shard[...] = 0
+            if space.flat_grad is not None:
+                space.flat_grad[...] = 0
+                for p in space.params:
+                    p.grad._version[0] += 1
+
+    @no_grad()
+    def step(self, closure=None):
+        """Step this rank's shard, then all-gather every rank's updated shard into the flat parameters."""
+        self._point_grads()
+        loss = self.optim.step(closure)
+        self.all_gather_parameters()
+        return loss
+
+    def all_gather_parameters(self):
+        from ... import distributed as dist
+
+        works = []
+        for space in self.spaces:
+            flat = Tensor._make(space.flat, space.device)
+            mine = Tensor._make(space.flat[self.rank * space.shard_size:(self.rank + 1) * space.shard_size],
+                                space.device)
+            works.append(dist.all_gather_into_tensor(flat, mine, group=self.group, async_op=True))
+        for work in works:
+            work.wait()
+        for p in self.params:
+            p._version[0] += 1
+
+    @no_grad()
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Scale every rank's gradient shard so that the global norm is at most ``max_norm``; returns the
+        global norm (over the whole model) as a 0-d float32 tensor, the same on every rank."""
+        from ... import distributed as dist
+
+        norm_type = float(norm_type)
+        self._point_grads()
+        pieces = [view.grad.array for view, *_ in self.pieces]
+        if norm_type == math.inf:
+            local = max((float(abs(g).max()) for g in pieces if g.size), default=0.0)
+            total = Tensor(np.array([local], np.float64))
+            dist.all_reduce(total, dist.ReduceOp.MAX, group=self.group)
+            norm = float(total.numpy()[0])
+        else:
+            local = sum(float((abs(g.astype(np.float64) if g.dtype.itemsize < 8 else g) ** norm_type).sum())
+                        for g in pieces)
+            total = Tensor(np.array([local], np.float64))
+            dist.all_reduce(total, dist.ReduceOp.SUM, group=self.group)
+            norm = float(total.numpy()[0]) ** (1.0 / norm_type)
+        coef = float(np.float32(max_norm) / (np.float32(norm) + np.float32(1e-6)))  # torch's formula
+        if not coef >= 1.0:  # below 1, or nan (a nan norm turns the gradients nan, as in torch)
+            for g in pieces:
+                g *= coef
+        return Tensor(np.array(norm, np.float32))
+
+    # ---------------------------------------------------------------------------------------- state dicts
+    def state_bytes(self):
+        """Bytes of optimizer state this rank holds (the inner optimizer's arrays)."""
+        return sum(v.nbytes for st in self.optim.state.values() for v in st.values() if hasattr(v, "nbytes"))
+
+    def _state_keys(self):
+        """The names of the array entries of the inner optimizer's per-parameter state (the same on every rank,
+        also on a rank that owns nothing: they are AdamW's after its first step)."""
+        from ... import distributed as dist
+
+        mine = sorted({k for st in self.optim.state.values() for k, v in st.items() if getattr(v, "ndim", 0)})
+        code = Tensor(np.frombuffer(",".join(mine).encode().ljust(256, b" "), np.uint8).copy())
+        parts = [Tensor(np.zeros(256, np.uint8)) for _ in range(self.world)]
+        dist.all_gather(parts, code, group=self.group)
+        return sorted({k for part in parts for k in bytes(part.numpy()).decode().strip().split(",") if k})
+
+    def consolidate_state_dict(self, to=0):
+        """Gather the whole unsharded optimizer state to rank ``to`` (collective: every rank calls it)."""
+        setattr(self, _CONSOLIDATED, (to, self._gather_state(to)))
+
+    def state_dict(self):
+        """The unsharded state dict (``optimizer_class``'s layout over all parameters); after
+        ``consolidate_state_dict`` on the rank it was gathered to, or at any time in a world of one."""
+        consolidated = getattr(self, _CONSOLIDATED, None)
+        if consolidated is None and self.world == 1:
+            return self._gather_state(0)
+        if consolidated is None or consolidated[0] != self.rank:
+            raise RuntimeError(f"ZeroRedundancyOptimizer.state_dict: rank {self.rank} holds only a shard of the "
+                               "optimizer state\nHINT: call consolidate_state_dict(to=r) on every rank first, then "
+                               "state_dict() on rank r")
+        delattr(self, _CONSOLIDATED)
+        return consolidated[1]
+
+    def _gather_state(self, to):
+        from ... import distributed as dist
+
+        keys = self._state_keys()
+        steps = [st.get("step", 0) for st in self.optim.state.values()]
+        step = Tensor(np.array([max(steps, default=0)], np.int64))
+        dist.all_reduce(step, dist.ReduceOp.MAX, group=self.group)
+        full = {}  # (space index, key) -> whole flat array
+        for s, space in enumerate(self.spaces):
+            for key in keys:
+                xp = space.device.array_module()
+                with space.device.context():
+                    flat = xp.zeros(space.shard_size * self.world, space.dtype)
+                mine = flat[self.rank * space.shard_size:(self.rank + 1) * space.shard_size]
+                for view, sp, _, flat_start, a, b in self.pieces:
+                    st = self.optim.state.get(view)
+                    if sp is space and st and key in st:
+                        local = flat_start - self.rank * space.shard_size
+                        mine[local:local + (b - a)] = st[key]
+                dist.all_gather_into_tensor(Tensor._make(flat, space.device), Tensor._make(mine, space.device),
+                                            group=self.group)
+                full[(s, key)] = flat
+        index = {id(p): i for i, p in enumerate(self.params)}
+        state = {}
+        if self.rank == to or self.world == 1:
+            for s, space in enumerate(self.spaces):
+                for p, start in zip(space.params, space.offsets):
+                    entry = {"step": int(step.numpy()[0])} if steps else {}
+                    for key in keys:
+                        entry[key] = Tensor._make(full[(s, key)][start:start + p.numel()].reshape(p.shape).copy(),
+                                                  p.device)
+                    if entry:
+                        state[index[id(p)]] = entry
+        groups = []
+        for g_full, g_inner in zip(self.param_groups_full, self.optim.param_groups):
+            packed = {k: v for k, v in g_inner.items() if k != "params"}
+            packed["params"] = [index[id(p)] for p in g_full["params"]]
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
+    @no_grad()
+    def load_state_dict(self, state_dict):
+        """Load an unsharded state dict (from this optimizer, or ``optimizer_class`` without ZeRO, at any number
+        of ranks): each rank keeps its shard."""
+        saved_sizes = [len(g["params"]) for g in state_dict["param_groups"]]
+        own_sizes = [len(g["params"]) for g in self.param_groups_full]
+        if saved_sizes != own_sizes:
+            raise ValueError(f"ZeroRedundancyOptimizer.load_state_dict: the saved param groups hold {saved_sizes} "
+                             f"parameters, this optimizer's hold {own_sizes}\nHINT: build the optimizer over the same "
+                             "model with the same param groups as the one that was saved")
+        saved_of = {}  # id(param) -> its saved state
+        for saved, group in zip(state_dict["param_groups"], self.param_groups_full):
+            for i, p in zip(saved["params"], group["params"]):
+                st = state_dict["state"].get(i, state_dict["state"].get(int(i)))
+                if st is not None:
+                    saved_of[id(p)] = st
+        inner_state = {}
+        for view, _, p, _, a, b in self.pieces:
+            saved = saved_of.get(id(p))
+            if saved is None:
+                continue
+            entry = {}
+            for key, value in saved.items():
+                if isinstance(value, Tensor):
+                    value = value.array
+                if hasattr(value, "shape") and getattr(value, "ndim", 0):
+                    flat = np.asarray(value.get() if hasattr(value, "get") else value).reshape(-1)[a:b]
+                    entry[key] = Tensor(flat.astype(p.dtype), device=p.device)
+                else:
+                    entry[key] = value
+            inner_state[len(inner_state)] = (view, entry)
+        index = {}
+        groups = []
+        for g in self.optim.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(v), len(index)) for v in g["params"]]
+            groups.append(packed)
+        for saved, packed in zip(state_dict["param_groups"], groups):
+            for k, v in saved.items():
+                if k != "params":
+                    packed[k] = v
+        self.optim.load_state_dict({"state": {index[id(v)]: e for v, e in inner_state.values()},
+                                    "param_groups": groups})
+
+    def __repr__(self):
+        return f"ZeroRedundancyOptimizer(rank {self.rank} of {self.world}, {self.optim!r})"
+
+
+def _as_groups(params):
+    params = list(params)
+    if not params:
+        raise ValueError("ZeroRedundancyOptimizer: got an empty parameter list")
+    if isinstance(params[0], dict):
+        return [dict(g, params=list(g["params"])) for g in params]
+    return [{"params": params}]
