@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import fnmatch
 import glob
-import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -36,20 +34,14 @@ from typing import Optional
 
 import yaml
 
+from .config_checks import (BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB,  # noqa: F401 (re-exported)
+                            TOKENIZERS, check_ranges)
 from .config_yaml import apply_overrides, load_yaml
 from .config_yaml import merge as _merge  # noqa: F401  (callers and tests use config._merge)
 from .config_yaml import parse_value as parse_value  # re-exported: part of this module's interface
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = "configs/gpt2_tiny.yaml"
-DTYPES = ("float32", "float64")
-TOKENIZERS = ("byte", "gpt2", "auto")
-TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # smallest model vocab_size each tokenizer needs
-BACKENDS = ("auto", "mpi", "nccl")
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
-SOURCES = ("stdlib",)
-
-
 class ConfigError(ValueError):
     """An invalid run configuration; ``errors`` holds one line per problem."""
 
@@ -344,156 +336,10 @@ def _build(cls, raw, prefix, errors, bad):
     return cls(**kwargs)
 
 
-class _Checker:
-    """Range checks on fields that passed the type checks."""
-
-    def __init__(self, cfg, errors, bad):
-        self.cfg, self.errors, self.bad = cfg, errors, bad
-
-    def value(self, path):
-        node = self.cfg
-        for part in path.split("."):
-            node = getattr(node, part)
-        return node
-
-    def ok(self, *paths):
-        return not any(p in self.bad or p.split(".")[0] in self.bad for p in paths)
-
-    def need(self, path, predicate, expected):
-        if not self.ok(path):
-            return
-        value = self.value(path)
-        if value is None:
-            return
-        if not predicate(value):
-            self.errors.append(f"{path}: expected {expected}, got {value!r}")
-            self.bad.add(path)
-
-
-def _closest(value, choices):
-    """ " (did you mean 'bf16-mixed'?)" for a misspelt choice, or ""."""
-    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.4)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _finite(v):
-    return math.isfinite(v)
-
-
-def _check_ranges(cfg, errors, bad):
-    from ..models.gpt2_config import GPT2_PRESETS
-
-    c = _Checker(cfg, errors, bad)
-    for name in ("batch_size", "sequence_length", "num_iterations", "sample_length", "log_every"):
-        c.need(f"train.{name}", lambda v: v >= 1, "an integer >= 1")
-    for name in ("total_batch_size", "warmup_iters", "val_loss_every", "val_max_steps", "sample_every",
-                 "save_every", "keep_last"):
-        c.need(f"train.{name}", lambda v: v >= 0, "an integer >= 0 (0 disables)" if name.endswith("every")
-               else "an integer >= 0")
-    c.need("train.learning_rate", lambda v: _finite(v) and v > 0, "a number > 0")
-    c.need("train.eps", lambda v: _finite(v) and v > 0, "a number > 0")
-    c.need("train.weight_decay", lambda v: _finite(v) and v >= 0, "a number >= 0")
-    c.need("train.grad_clip", lambda v: _finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")
-    c.need("train.skip_nonfinite", lambda v: v >= 0, "an integer >= 0 (0: stop at the first non-finite step)")
-    for name in ("beta1", "beta2"):
-        c.need(f"train.{name}", lambda v: 0 <= v < 1, "a number in [0, 1)")
-    c.need("train.learning_rate_decay_frac", lambda v: 0 <= v <= 1, "a number in [0, 1]")
-    t = cfg.train
-    if c.ok("train.val_loss_every", "train.val_max_steps") and t.val_loss_every and not t.val_max_steps:
-        errors.append("train.val_max_steps: expected >= 1 when train.val_loss_every is set, got 0")
-    if c.ok("train.batch_size", "train.sequence_length", "train.total_batch_size") and t.total_batch_size:
-        per = t.batch_size * t.sequence_length
-        if t.total_batch_size % per:
-            errors.append(f"train.total_batch_size: expected a multiple of batch_size * sequence_length = "
-                          f"{t.batch_size} * {t.sequence_length} = {per} (times grad-accumulation steps and "
-                          f"ranks), got {t.total_batch_size}")
-
-    c.need("seed", lambda v: 0 <= v < 2 ** 63, "an integer in [0, 2**63)")
-    c.need("out_dir", lambda v: v.strip() != "", "a directory path")
-    c.need("dtype", lambda v: v in DTYPES, f"one of {DTYPES}")
-    c.need("backend", lambda v: v in BACKENDS, f"one of {BACKENDS}")
-    c.need("parallel.zero_stage", lambda v: v in (0, 1, 2),
-           "0, 1 or 2 (stage 3, sharding the parameters themselves, is not supported; stage 2 shards optimizer "
-           "state and gradients)")
-    c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{_closest(cfg.precision, PRECISIONS)}")
-    if c.ok("precision", "dtype") and cfg.precision != "fp32" and cfg.dtype != "float32":
-        errors.append(f"precision: expected 'fp32' with dtype {cfg.dtype!r} (mixed precision keeps float32 master "
-                      f"weights), got {cfg.precision!r}")
-    c.need("device", _valid_device, "'auto', 'cpu', 'cpu:N', 'cuda' or 'cuda:N'")
-    if c.ok("backend", "device") and cfg.backend == "nccl" and cfg.device.startswith("cpu"):
-        errors.append(f"backend: expected 'mpi' or 'auto' with device {cfg.device!r} (NCCL needs GPUs), got 'nccl'")
-    _check_data(cfg, c, errors)
-    _check_model(cfg, c, errors, GPT2_PRESETS)
-
-
-def _valid_device(dev):
-    kind, sep, idx = dev.partition(":")
-    return dev == "auto" or (kind in ("cpu", "cuda") and (not sep or idx.isdigit()))
-
-
-def _check_data(cfg, c, errors):
-    d = cfg.data
-    c.need("data.tokenizer", lambda v: v in TOKENIZERS, f"one of {TOKENIZERS}")
-    c.need("data.source", lambda v: v in SOURCES, f"one of {SOURCES} or null")
-    c.need("data.max_corpus_bytes", lambda v: v >= 1, "an integer >= 1")
-    c.need("data.train", lambda v: v.strip() != "", "a glob of token shards")
-    if not c.ok("data.source", "data.train", "data.val") or d.source != "stdlib":
-        return
-    # the default corpus is written as <dir>/train_000000.bin ... and <dir>/val_000000.bin
-    train_name = os.path.basename(d.train)
-    if not fnmatch.fnmatch("train_000000.bin", train_name) or fnmatch.fnmatch("val_000000.bin", train_name):
-        errors.append(f"data.train: expected a pattern matching the default corpus's train_NNNNNN.bin (and not "
-                      f"val_NNNNNN.bin) with data.source=stdlib, got {d.train!r}; use <dir>/train_*.bin, or "
-                      "data.source=null for shards of your own")
-    elif d.val:
-        val_name = os.path.basename(d.val)
-        if os.path.dirname(d.val) != os.path.dirname(d.train):
-            errors.append(f"data.val: expected the directory of data.train ({os.path.dirname(d.train) or '.'!r}) "
-                          f"with data.source=stdlib, got {d.val!r}")
-        elif not fnmatch.fnmatch("val_000000.bin", val_name) or fnmatch.fnmatch("train_000000.bin", val_name):
-            errors.append(f"data.val: expected a pattern matching the default corpus's val_NNNNNN.bin (and not "
-                          f"train_NNNNNN.bin) with data.source=stdlib, got {d.val!r}; use <dir>/val_*.bin")
-
-
-def _check_model(cfg, c, errors, presets):
-    m, t = cfg.model, cfg.train
-    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-        c.need(f"model.{name}", lambda v: v >= 1, "an integer >= 1")
-    c.need("model.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")
-    if c.ok("model.preset") and m.preset is not None and m.preset not in presets:
-        close = difflib.get_close_matches(m.preset, presets, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        errors.append(f"model.preset: expected one of {sorted(presets)} or null, got {m.preset!r}{hint}")
-        return
-    names = ("model.preset", "model.block_size", "model.vocab_size", "model.n_layer", "model.n_head",
-             "model.n_embd", "model.dropout", "model.bias")
-    if not c.ok(*names):
-        return
-    shape = {**(presets[m.preset] if m.preset else {}), **m.overrides()}
-    n_embd, n_head = shape.get("n_embd", 768), shape.get("n_head", 12)
-    if n_embd % n_head:
-        key = "model.n_head" if m.n_head is not None or m.n_embd is None else "model.n_embd"
-        errors.append(f"{key}: expected n_embd ({n_embd}) divisible by n_head ({n_head}), got n_embd % n_head = "
-                      f"{n_embd % n_head}")
-        return
-    try:
-        gpt = m.to_gpt2_config()
-    except (ValueError, TypeError) as exc:
-        errors.append(f"model: {' '.join(str(exc).split())}")
-        return
-    if c.ok("train.sequence_length") and t.sequence_length > gpt.block_size:
-        errors.append(f"train.sequence_length: expected <= model block_size ({gpt.block_size}), "
-                      f"got {t.sequence_length}")
-    need = TOKENIZER_VOCAB.get(cfg.data.tokenizer)
-    if need and c.ok("data.tokenizer") and gpt.vocab_size < need:
-        errors.append(f"model.vocab_size: expected >= {need} for data.tokenizer {cfg.data.tokenizer!r}, "
-                      f"got {gpt.vocab_size}")
-
-
 def _validated(raw, source, errors):
     bad = set()
     cfg = _build(RunConfig, raw, "", errors, bad)
-    _check_ranges(cfg, errors, bad)
+    check_ranges(cfg, errors, bad)
     if errors:
         raise ConfigError(f"invalid run configuration ({source}), {len(errors)} problem"
                           f"{'s' if len(errors) > 1 else ''}:\n  " + "\n  ".join(errors), errors)
