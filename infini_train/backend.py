@@ -247,6 +247,38 @@ def generator_for(dev: Device):
     return gen
 
 
+_forks: dict = {}  # name -> (host generator, {cuda index: generator}): separate random streams
+
+
+def seed_fork(name, seed):
+    """(Re)seed the random stream ``name``, kept apart from the default one (see ``fork_rng``)."""
+    _forks[name] = (np.random.Generator(np.random.PCG64(int(seed))), {})
+
+
+class fork_rng:
+    """``with fork_rng(name):`` draws from the stream ``name`` (host and GPUs) instead of the default one; the
+    default stream is untouched, and the fork's state carries over to its next use. Tensor parallelism uses it
+    for dropout on sharded activations: the default stream is the same on every rank of a tensor group (masks of
+    replicated tensors agree), the fork differs per rank (masks of shards are independent)."""
+
+    def __init__(self, name):
+        if name not in _forks:
+            raise KeyError(f"fork_rng: no random stream named {name!r}\nHINT: seed it first with seed_fork(name, seed)")
+        self.name = name
+
+    def __enter__(self):
+        global _host_generator, _cuda_generators
+        self._saved = (_host_generator, _cuda_generators)
+        _host_generator, _cuda_generators = _forks[self.name]
+        return self
+
+    def __exit__(self, *exc):
+        global _host_generator, _cuda_generators
+        _forks[self.name] = (_host_generator, _cuda_generators)
+        _host_generator, _cuda_generators = self._saved
+        return False
+
+
 def get_rng_state():
     """A JSON-serialisable snapshot of the host generator (for checkpoints)."""
     return host_generator().bit_generator.state

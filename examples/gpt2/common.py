@@ -88,5 +88,25 @@ def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, d
     return model, tok
 
 
+def join_tensor_parallel(size, device):
+    """Join the job's world (a world of one without mpirun) and split the model over ``size`` ranks (default:
+    all of them). Returns (tensor-parallel group or None, this rank's device): ``--device cuda`` means
+    cuda:<local rank> under mpirun, as in training."""
+    from infini_train import distributed as dist
+    from infini_train.distributed.mesh import ProcessMesh
+
+    dist.init_process_group()
+    world = dist.get_world_size()
+    size = world if size is None else size
+    if size != world:
+        raise SystemExit(f"error: --tensor-parallel: expected the number of ranks ({world}), got {size}\nHINT: start "
+                         f"as many ranks as tensor-parallel parts (mpirun -n {size}), or leave --tensor-parallel out")
+    if world > 1 and str(device).strip() == "cuda":
+        device = f"cuda:{dist.get_local_rank()}"
+    if size == 1:
+        return None, device
+    return ProcessMesh(tensor=size).tensor_group, device
+
+
 def to_tensor(tokens, device):
     return it.tensor(np.asarray(tokens, dtype=np.int64), device=device)

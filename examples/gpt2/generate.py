@@ -2,17 +2,22 @@
 
     python examples/gpt2/generate.py --checkpoint runs/gpt2_tiny --prompt "def main(" --max-new-tokens 200
     python examples/gpt2/generate.py --pretrained path/to/gpt2_124M.bin --prompt "Hello" --top-k 40
+    mpirun -n 2 python examples/gpt2/generate.py --checkpoint runs/gpt2_tiny --prompt "def main("
+
+Under mpirun the model is split over the ranks with tensor parallelism (attention heads, MLP and vocabulary); every
+rank generates the same tokens and rank 0 prints them.
 
 Tokens are streamed to stdout as they are produced.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
-from common import (DEVICE_FORMS, DTYPES, PRECISIONS, load_model, parse_device, parse_dtype, parse_precision,
-                    to_tensor)
+from common import (DEVICE_FORMS, DTYPES, PRECISIONS, join_tensor_parallel, load_model, parse_device, parse_dtype,
+                    parse_precision, to_tensor)
 
 import infini_train as it
 
@@ -20,8 +25,9 @@ import infini_train as it
 class StreamPrinter:
     """Writes each new token as it comes, holding back bytes that do not yet form whole characters."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, out=sys.stdout):
         self.tokenizer = tokenizer
+        self.out = out
         self.pending = []
 
     def __call__(self, token_ids):
@@ -32,8 +38,8 @@ class StreamPrinter:
 
     def flush(self):
         if self.pending:
-            sys.stdout.write(self.tokenizer.decode(self.pending))
-            sys.stdout.flush()
+            self.out.write(self.tokenizer.decode(self.pending))
+            self.out.flush()
             self.pending = []
 
 
@@ -54,11 +60,20 @@ def main(argv=None):
     p.add_argument("--tokenizer", default=None, help="override the tokenizer recorded with the model")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context for every token")
     p.add_argument("--precision", default="fp32", help=f"{' | '.join(PRECISIONS)}: the forward under autocast")
+    p.add_argument("--tensor-parallel", type=int, default=None,
+                   help="under mpirun: ranks the model is split over (default and only value: all of them)")
     args = p.parse_args(argv)
-    device, dtype = parse_device(args.device), parse_dtype(args.dtype)  # before the (slow) model load
+    tp_group, device_name = join_tensor_parallel(args.tensor_parallel, args.device)
+    device, dtype = parse_device(device_name), parse_dtype(args.dtype)  # before the (slow) model load
     amp = parse_precision(args.precision, device)
+    printing = it.distributed.get_rank() == 0
+    out = sys.stdout if printing else open(os.devnull, "w")  # every rank generates, rank 0 prints
 
     model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
+    if tp_group is not None:
+        from infini_train.models.gpt2_parallel import parallelize_gpt2
+
+        parallelize_gpt2(model, tp_group)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
     block = model.config.block_size
     if len(ids) > block:
@@ -66,20 +81,22 @@ def main(argv=None):
                          f"HINT: shorten the prompt to at most {block} tokens")
     with it.no_grad(), amp():
         for i in range(args.num_samples):
-            if args.num_samples > 1:
+            if args.num_samples > 1 and printing:
                 print(f"--- sample {i + 1} ---")
-            sys.stdout.write(args.prompt)
-            sys.stdout.flush()
-            stream = StreamPrinter(tok)
+            out.write(args.prompt)
+            out.flush()
+            stream = StreamPrinter(tok, out)
             t0 = time.perf_counter()
             model.generate(to_tensor([ids], device), args.max_new_tokens, temperature=args.temperature,
                            top_k=args.top_k, top_p=args.top_p, seed=args.seed + i, use_cache=not args.no_cache,
                            stream=stream)
             dt = time.perf_counter() - t0
             stream.flush()
-            sys.stdout.write("\n")
-            print(f"[{args.max_new_tokens} tokens in {dt:.2f} s: {args.max_new_tokens / dt:.1f} tokens/s]",
-                  file=sys.stderr)
+            out.write("\n")
+            if printing:
+                print(f"[{args.max_new_tokens} tokens in {dt:.2f} s: {args.max_new_tokens / dt:.1f} tokens/s]",
+                      file=sys.stderr)
+    it.distributed.destroy_process_group()
     return 0
 
 

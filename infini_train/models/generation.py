@@ -52,8 +52,6 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
     ``stream(tokens)`` is called with each step's new token ids (numpy, shape (B,)) as they are produced.
     """
-    from .gpt2 import KVCache
-
     if not isinstance(idx, Tensor):
         idx = Tensor(np.asarray(idx, dtype=np.int64))
     if idx.ndim == 1:
@@ -73,7 +71,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     model.eval()
     try:
         dtype = next(iter(model.parameters())).dtype  # the cache holds keys and values in the model's dtype
-        cache = KVCache(model.config, B, device, dtype) if use_cache else None
+        cache = model.new_kv_cache(B, device, dtype) if use_cache else None
         length = T0
         logits, _ = model(idx, kv_cache=cache, last_only=True)
         for _ in range(max_new_tokens):

@@ -5,6 +5,7 @@ nn.Linear's (out, in) layout; the HF Conv1D transpose happens in the loaders (gp
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 from .. import backend
@@ -22,10 +23,10 @@ class KVCache:
     instead of re-running it. Buffers are preallocated to ``block_size`` and written in place (no_grad only).
     """
 
-    def __init__(self, config: GPT2Config, batch_size: int, device, dtype=backend.float32):
+    def __init__(self, config: GPT2Config, batch_size: int, device, dtype=backend.float32, n_head=None):
         dev = backend.Device.parse(device)
         xp = dev.array_module()
-        shape = (batch_size, config.n_head, config.block_size, config.head_dim)
+        shape = (batch_size, n_head or config.n_head, config.block_size, config.head_dim)
         with dev.context():
             self.keys = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
             self.values = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
@@ -49,10 +50,32 @@ class KVCache:
         self.length = 0
 
 
+def sharded_random(tp, dropout_p, whole_sequence_split=False):
+    """Where dropout draws its mask. Under tensor parallelism, activations split across the group (attention
+    heads; with sequence parallelism, the residual stream too: ``whole_sequence_split``) draw each rank's own
+    mask from a stream seeded per rank; elsewhere the default stream, the same on every rank of the group."""
+    if tp is None or not dropout_p or (whole_sequence_split and not tp.sequence_parallel):
+        return contextlib.nullcontext()
+    return backend.fork_rng(TP_RANDOM)
+
+
+TP_RANDOM = "tensor-parallel shards"
+
+
+def _whole_numel(param, tp_size):
+    spec = getattr(param, "tp_spec", None)
+    if spec is None:
+        return param.numel()
+    length = param.shape[spec.dim]
+    return param.numel() // length * (spec.full_size if spec.full_size is not None else length * tp_size)
+
+
 class CausalSelfAttention(nn.Module):
+    tp = None  # set by parallelize_gpt2: the TensorParallel this layer's heads are split over
+
     def __init__(self, config: GPT2Config):
         super().__init__()
-        self.n_head = config.n_head
+        self.n_head = config.n_head  # this rank's heads under tensor parallelism
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
@@ -61,9 +84,11 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, kv_cache=None, layer=0):
-        B, T, C = x.shape
+        qkv = self.c_attn(x)  # (B, T, 3C) or, split over a tensor group, this rank's heads (and whole sequence)
+        B, T, three_c = qkv.shape
+        C = three_c // 3
         nh, hd = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = qkv.split(C, dim=2)
         q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(B, T, nh, hd).transpose(1, 2)
         v = v.view(B, T, nh, hd).transpose(1, 2)
@@ -76,12 +101,17 @@ class CausalSelfAttention(nn.Module):
                 if T > 1:  # new queries sit at the end of the key range: bottom-right aligned causal mask
                     mask = (arange(T).view(T, 1) + past >= arange(past + T).view(1, past + T)).to(x.device)
         dropout_p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+        with sharded_random(self.tp, dropout_p):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         y = y.transpose(1, 2).reshape(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        y = self.c_proj(y)
+        with sharded_random(self.tp, self.resid_dropout.p if self.training else 0, whole_sequence_split=True):
+            return self.resid_dropout(y)
 
 
 class MLP(nn.Module):
+    tp = None  # set by parallelize_gpt2
+
     def __init__(self, config: GPT2Config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
@@ -91,7 +121,9 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        y = self.c_proj(self.gelu(self.c_fc(x)))
+        with sharded_random(self.tp, self.dropout.p if self.training else 0, whole_sequence_split=True):
+            return self.dropout(y)
 
 
 class Block(nn.Module):
@@ -108,6 +140,8 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
+    tp = None  # a TensorParallel after parallelize_gpt2 (models/gpt2_parallel.py)
+
     def __init__(self, config: GPT2Config):
         super().__init__()
         self.config = config
@@ -150,7 +184,12 @@ class GPT2(nn.Module):
                 f"GPT2.forward: sequence of length {start + T} exceeds block_size {self.config.block_size}\n"
                 "HINT: crop the context to the last block_size tokens (generate() does this)")
         pos = arange(start, start + T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        tp = self.tp
+        if tp is not None and tp.sequence_parallel:  # each rank keeps its part of the sequence between blocks
+            x = tp.scatter_sequence(x)
+        with sharded_random(tp, self.transformer.drop.p if self.training else 0, whole_sequence_split=True):
+            x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, layer)
         if kv_cache is not None:
@@ -159,10 +198,16 @@ class GPT2(nn.Module):
         if last_only:
             x = x[:, -1:, :]
         logits = self.lm_head(x)
+        if tp is not None:  # logits hold this rank's part of the vocabulary
+            return tp.logits_and_loss(logits, targets, self.config.vocab_size)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
         return logits, loss
+
+    def new_kv_cache(self, batch_size, device, dtype=backend.float32):
+        """A KV cache for this model's (local) attention heads."""
+        return KVCache(self.config, batch_size, device, dtype, n_head=self.transformer.h[0].attn.n_head)
 
     def optimizer_groups(self, weight_decay):
         """Param groups with weight decay on 2-D parameters (matmul weights, embeddings) only."""
@@ -178,7 +223,10 @@ class GPT2(nn.Module):
         return AdamW(self.optimizer_groups(weight_decay), lr=learning_rate, betas=betas, eps=eps)
 
     def num_params(self, non_embedding=False):
-        n = sum(p.numel() for p in self.parameters())
+        """Parameters of the whole model; split over a tensor group, a shard counts as the tensor it is part of
+        (without the vocabulary padding)."""
+        size = self.tp.size if self.tp is not None else 1
+        n = sum(_whole_numel(p, size) for p in self.parameters())
         if non_embedding:
             n -= self.transformer.wpe.weight.numel()
         return n

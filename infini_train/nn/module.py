@@ -80,11 +80,13 @@ class Module:
                 raise AttributeError(f"cannot assign {type(value).__name__} {name!r} before "
                                      f"Module.__init__() was called\nHINT: call super().__init__() first in "
                                      f"{type(self).__name__}.__init__")
+            target = params if isinstance(value, Parameter) else modules
             for table in (params, modules, buffers):
-                table.pop(name, None)
+                if table is not target:  # re-assigning keeps the entry's place in the order, as in torch
+                    table.pop(name, None)
             d.pop(name, None)
             self._non_persistent.discard(name)
-            (params if isinstance(value, Parameter) else modules)[name] = value
+            target[name] = value
         elif params is not None and (name in params or name in modules):
             if value is not None:
                 kind, want = ("parameter", "Parameter") if name in params else ("submodule", "Module")

@@ -11,6 +11,8 @@ import sys
 
 from .. import distributed as dist
 from ..data.shards import ShardError
+from ..distributed.mesh import MeshError
+from ..models.gpt2_parallel import TensorParallelError
 from ..utils.checkpoint import CheckpointError
 from ..utils.config import ConfigError, parse_args
 from .loop import Run, TrainingDiverged
@@ -22,7 +24,7 @@ def main(argv=None):
     dist.init_process_group(None if cfg.backend == "auto" else cfg.backend)
     try:
         status = Run(cfg).train()
-    except (ConfigError, CheckpointError, ShardError, TrainingDiverged) as exc:
+    except (ConfigError, CheckpointError, ShardError, MeshError, TensorParallelError, TrainingDiverged) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         if dist.get_world_size() > 1:
             from mpi4py import MPI

@@ -20,16 +20,24 @@ from ..data.corpus import ensure_default_data, read_meta
 from ..data.loader import DistributedDataLoader
 from ..data.tokenizer import get_tokenizer
 from ..models.gpt2 import GPT2
+from ..models.gpt2_parallel import parallelize_gpt2, without_sequence_parallel
 from ..nn.parallel import DistributedDataParallel
+from ..nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state, unsharded_optimizer_state,
+                                         unsharded_state_dict)
 from ..tensor import Tensor
 from ..utils import checkpoint as ckpt
 from ..utils.config import ConfigError
 from ..utils.metrics import MetricsLog, measure_sgemm_peak, plot_loss_curve
 from .evaluation import evaluate, sample_text
+from .layout import Layout
 from .precision import autocast_for, scaler_for
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .step import train_step
+
+
+PER_STEP_SEEDS = ("SeedSequence([seed, data-parallel rank, step]); tensor-parallel shards: SeedSequence([seed, "
+                  "data-parallel rank, step, 1 + tensor-parallel rank])")
 
 
 class TrainingDiverged(RuntimeError):
@@ -64,17 +72,21 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_gpt2(cfg, device):
+def build_gpt2(cfg, device, layout=None):
+    """The run's GPT-2, initialised as in one process (seeded), then split over the tensor group if any."""
     gpt_cfg = cfg.model.to_gpt2_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
     if vocab_needed > gpt_cfg.vocab_size:
         raise ConfigError(f"model.vocab_size: the data's tokenizer has {vocab_needed} tokens, more than the "
                           f"model's vocab_size {gpt_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
     backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
-    return GPT2(gpt_cfg).to(device=device, dtype=cfg.dtype), tok_name
+    model = GPT2(gpt_cfg).to(device=device, dtype=cfg.dtype)
+    if layout is not None and layout.tensor_parallel:
+        parallelize_gpt2(model, layout.tp_group, layout.sequence_parallel)
+    return model, tok_name
 
 
-def build_optimizer(model, train_cfg, zero_stage):
+def build_optimizer(model, train_cfg, zero_stage, group=None):
     """AdamW over the model's param groups; with ZeRO (stage 1 or 2) sharded across the data-parallel ranks."""
     from ..distributed.optim import ZeroRedundancyOptimizer
     from ..optim import AdamW
@@ -82,12 +94,20 @@ def build_optimizer(model, train_cfg, zero_stage):
     groups = model.optimizer_groups(train_cfg.weight_decay)
     options = dict(lr=train_cfg.learning_rate, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
     if zero_stage:
-        return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, flat_order=model.parameters(), **options)
+        return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, process_group=group,
+                                       flat_order=model.parameters(), **options)
     return AdamW(groups, **options)
 
 
 def _state_bytes(optimizer):
     return sum(v.nbytes for st in optimizer.state.values() for v in st.values() if hasattr(v, "nbytes"))
+
+
+def _grad_bytes(model, zero=None):
+    """Bytes of gradient storage: the parameters' .grad arrays, or ZeRO's flat gradient buffers and shards."""
+    if zero is not None:
+        return sum((s.flat_grad.nbytes if s.flat_grad is not None else 0) + s.grad_shard.nbytes for s in zero.spaces)
+    return sum(p.grad.array.nbytes for p in model.parameters() if p.grad is not None)
 
 
 def peak_rss_bytes():
@@ -109,24 +129,26 @@ class Run:
         self.cfg = cfg
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         t = cfg.train
-        self.grad_accum = cfg.grad_accum_steps(self.world)
+        self.layout = layout = Layout(cfg.parallel.tensor, cfg.parallel.sequence)
+        self.grad_accum = cfg.grad_accum_steps(layout.dp_size)
         self.device = pick_device(cfg)
         if self.rank == 0:
             ensure_default_data(cfg.data)
         wait_for_rank0()
-        self.raw_model, self.tok_name = build_gpt2(cfg, self.device)
+        self.raw_model, self.tok_name = build_gpt2(cfg, self.device, layout)
         self.zero_stage = cfg.parallel.zero_stage
-        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage)
+        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, layout.dp_group)
         self.model = self.raw_model
-        if self.world > 1:
+        if layout.dp_size > 1:
             zero = self.optimizer if self.zero_stage else None
-            self.model = DistributedDataParallel(self.raw_model, zero_optimizer=zero, zero_stage=self.zero_stage or 2)
-        self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, self.rank,
-                                                  self.world, config_key="data.train")
+            self.model = DistributedDataParallel(self.raw_model, process_group=layout.dp_group, zero_optimizer=zero,
+                                                 zero_stage=self.zero_stage or 2)
+        self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, layout.dp_rank,
+                                                  layout.dp_size, config_key="data.train")
         self.val_loader = None
         if cfg.data.val and t.val_loss_every:
-            self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, self.rank,
-                                                    self.world, config_key="data.val")
+            self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, layout.dp_rank,
+                                                    layout.dp_size, config_key="data.val")
         self.tokenizer = get_tokenizer(self.tok_name)
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device)
@@ -140,10 +162,15 @@ class Run:
     def _resume(self, path):
         model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
         check_same_model(state, self.raw_model.config.to_dict(), path)
-        self.raw_model.load_state_dict(model_state)
-        self.optimizer.load_state_dict(opt_state)
-        data = state["data"]
-        self.train_loader.load_state_dict(data[self.rank] if self.world == len(data) else data[0])
+        tp_group = self.layout.tp_group
+        if tp_group is None:
+            self.raw_model.load_state_dict(model_state)
+            self.optimizer.load_state_dict(opt_state)
+        else:  # the checkpoint holds whole tensors: each rank keeps its shards
+            load_unsharded_state_dict(self.raw_model, model_state, tp_group)
+            self.optimizer.load_state_dict(sharded_optimizer_state(opt_state, self.optimizer, tp_group))
+        data, dp_rank = state["data"], self.layout.dp_rank
+        self.train_loader.load_state_dict(data[dp_rank] if self.layout.dp_size == len(data) else data[0])
         self.start_step = state["step"]
         self.skipped_total = state.get("skipped_steps", 0)
         self.skipped_in_a_row = state.get("skipped_in_a_row", 0)
@@ -154,20 +181,14 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self, step):
-        data_states = [self.train_loader.state_dict()]
-        if self.world > 1:  # every rank's loader position, gathered as small int tensors
-            mine = Tensor(np.array([data_states[0]["shard"], data_states[0]["position"]], np.int64))
-            parts = [Tensor(np.zeros(2, np.int64)) for _ in range(self.world)]
-            dist.all_gather(parts, mine)
-            data_states = [{"shard": int(p.numpy()[0]), "position": int(p.numpy()[1])} for p in parts]
+        data_states = self._data_states()
+        model_state, opt_state = self._unsharded_state()
         path = None
-        if self.zero_stage:
-            self.optimizer.consolidate_state_dict(to=0)  # checkpoints hold the unsharded optimizer state
         if self.rank == 0:
             cfg = self.cfg
-            path = ckpt.save_checkpoint(cfg.out_dir, step, self.raw_model.state_dict(), self.optimizer.state_dict(), {
+            path = ckpt.save_checkpoint(cfg.out_dir, step, model_state, opt_state, {
                 "config": cfg.to_dict(), "model_config": self.raw_model.config.to_dict(), "tokenizer": self.tok_name,
-                "rng": {"seed": cfg.seed, "per_step": "SeedSequence([seed, rank, step])"}, "data": data_states,
+                "rng": {"seed": cfg.seed, "per_step": PER_STEP_SEEDS}, "data": data_states,
                 "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
                 "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None},
                 keep_last=cfg.train.keep_last, run_id=self.run_id)
@@ -175,14 +196,42 @@ class Run:
         wait_for_rank0()
         return path
 
+    def _data_states(self):
+        """Every data-parallel rank's loader position (the tensor ranks of a group read the same batches)."""
+        mine = self.train_loader.state_dict()
+        if self.world == 1:
+            return [mine]
+        packed = Tensor(np.array([mine["shard"], mine["position"], self.layout.dp_rank, self.layout.tp_rank],
+                                 np.int64))
+        parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]
+        dist.all_gather(parts, packed)
+        by_dp = {int(p.numpy()[2]): p.numpy() for p in parts if int(p.numpy()[3]) == 0}
+        return [{"shard": int(by_dp[r][0]), "position": int(by_dp[r][1])} for r in range(self.layout.dp_size)]
+
+    def _unsharded_state(self):
+        """The model and optimizer state of a one-process run (collective); None, None on ranks that do not
+        hold it (all but the first data-parallel rank of each tensor group)."""
+        layout = self.layout
+        if self.zero_stage:
+            self.optimizer.consolidate_state_dict(to=0)  # checkpoints hold the unsharded optimizer state
+        model_state = (unsharded_state_dict(self.raw_model, layout.tp_group) if layout.tensor_parallel
+                       else self.raw_model.state_dict())
+        if layout.dp_rank != 0:
+            return model_state, None
+        opt_state = self.optimizer.state_dict()
+        if layout.tensor_parallel:
+            opt_state = unsharded_optimizer_state(opt_state, self.optimizer, layout.tp_group)
+        return model_state, opt_state
+
     # --------------------------------------------------------------------------------------------- the loop
     def train(self):
         cfg, t = self.cfg, self.cfg.train
         if self.rank == 0:
             print(f"run config:\n{cfg.to_yaml()}")
             cfg.save_resolved()
-        tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.world
-        print0(f"world {self.world} ({dist.get_backend()}), device {self.device}, grad_accum {self.grad_accum}, "
+        tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.layout.dp_size
+        print0(f"world {self.world} ({dist.get_backend()}; {self.layout.describe()}), device {self.device}, "
+               f"grad_accum {self.grad_accum}, "
                f"{tokens_per_step} tokens/step, {self.raw_model.num_params():,} parameters, tokenizer "
                f"{self.tok_name}")
         peak = measure_sgemm_peak() * self.world
@@ -203,7 +252,8 @@ class Run:
                     break
                 t0 = time.perf_counter()
                 result = train_step(self.model, self.raw_model.parameters(), self.optimizer, self.train_loader, t,
-                                    step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler)
+                                    step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler,
+                                    self.layout)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
                 if step == self.start_step:
@@ -226,14 +276,18 @@ class Run:
         return 0
 
     def _report_memory(self):
-        """Once, after the first step: optimizer state bytes and peak resident memory of every rank."""
+        """Once, after the first step: each rank's parameter, gradient and optimizer-state bytes (from the
+        tensors it holds) and its peak resident memory."""
         state = self.optimizer.state_bytes() if self.zero_stage else _state_bytes(self.optimizer)
-        mine = Tensor(np.array([state, peak_rss_bytes()], np.int64))
-        parts = [Tensor(np.zeros(2, np.int64)) for _ in range(self.world)]
+        params = sum(p.array.nbytes for p in self.raw_model.parameters())
+        grads = _grad_bytes(self.raw_model, self.optimizer if self.zero_stage else None)
+        mine = Tensor(np.array([params, grads, state, peak_rss_bytes()], np.int64))
+        parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]
         dist.all_gather(parts, mine)
-        rows = ", ".join(f"rank {r}: optimizer state {int(p.numpy()[0]) / 2 ** 20:.1f} MB, peak RSS "
-                         f"{int(p.numpy()[1]) / 2 ** 20:.0f} MB" for r, p in enumerate(parts))
-        print0(f"memory (ZeRO stage {self.zero_stage}): {rows}")
+        mb = [[int(v) / 2 ** 20 for v in p.numpy()] for p in parts]
+        rows = ", ".join(f"rank {r}: parameters {m[0]:.2f} MB, gradients {m[1]:.2f} MB, optimizer state "
+                         f"{m[2]:.2f} MB, peak RSS {m[3]:.0f} MB" for r, m in enumerate(mb))
+        print0(f"memory (ZeRO stage {self.zero_stage}, {self.layout.describe()}): {rows}")
 
     def _evaluate_and_sample(self, step, last, record):
         t = self.cfg.train
@@ -241,10 +295,11 @@ class Run:
             record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device, self.amp)
             print0(f"step {step}: val loss {record['val_loss']:.4f}")
         if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
-            if self.rank == 0:
-                text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
-                                   self.device, self.amp)
-                print(f"--- sample at step {step} ---\n{text}\n---", flush=True)
+            if self.layout.dp_rank == 0:  # rank 0's tensor group generates together (its layers are split)
+                with without_sequence_parallel(self.raw_model):
+                    text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
+                                       self.device, self.amp)
+                print0(f"--- sample at step {step} ---\n{text}\n---")
             wait_for_rank0()
 
     def _count_nonfinite(self, step, result):

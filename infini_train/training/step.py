@@ -10,20 +10,9 @@ import contextlib
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
-from .. import backend
-from .. import distributed as dist
-from ..nn.utils import clip_grad_norm_
 from ..optim.lr_scheduler import cosine_with_warmup
-from ..tensor import Tensor
 from .evaluation import to_device_tensor
-
-
-def step_seed(seed, rank, step):
-    """The seed of one step's randomness (dropout) on one rank: different per rank, and a function of the
-    step alone, so a resumed run draws exactly what the uninterrupted run drew."""
-    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+from .layout import Layout, step_seed  # noqa: F401  (step_seed is part of this module's interface)
 
 
 @dataclass
@@ -36,36 +25,36 @@ class StepResult:
     loss_scale: float = None  # the GradScaler's scale for this step (fp16-mixed)
 
 
-def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, device, seed, amp=None, scaler=None):
+def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, device, seed, amp=None, scaler=None,
+               layout=None):
     """Forward and backward over ``grad_accum`` micro-batches (the forward under ``amp()``, the loss scaled by
-    ``scaler`` when given), then unscale, clip, schedule and (when finite) update."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    backend.manual_seed(step_seed(seed, rank, step))
+    ``scaler`` when given), then unscale, clip, schedule and (when finite) update. ``layout``: the run's
+    Layout (default: data parallel over the world)."""
+    layout = layout or Layout()
+    layout.seed_step(seed, step)
     optimizer.zero_grad(set_to_none=True)
     params = list(params)
     loss_sum = 0.0
+    ddp = hasattr(model, "no_sync")
     for micro in range(grad_accum):
         if train_cfg.overfit_single_batch:
             loader.reset()
         x, y = loader.next_batch()
         last = micro == grad_accum - 1
-        with model.no_sync() if world > 1 and not last else contextlib.nullcontext():
+        with model.no_sync() if ddp and not last else contextlib.nullcontext():
             with amp() if amp is not None else contextlib.nullcontext():
                 _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
             loss = loss / grad_accum
             (loss if scaler is None else scaler.scale(loss)).backward()
         loss_sum += loss.item()
-    if world > 1:
-        mean = Tensor(np.array([loss_sum], np.float64))
-        dist.all_reduce(mean, "avg")
-        loss_sum = float(mean.numpy()[0])
+    loss_sum = layout.mean_over_data(loss_sum)
+    layout.finish_gradients(model, optimizer)
     scale = None
     if scaler is not None:
         scale = scaler.get_scale()
         scaler.unscale_(optimizer)  # clip the true gradients
     max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
-    sharded_clip = getattr(optimizer, "clip_grad_norm_", None)  # ZeRO: the norm over every rank's shard
-    norm = float((sharded_clip(max_norm) if sharded_clip else clip_grad_norm_(params, max_norm)).item())
+    norm = layout.clip(params, optimizer, max_norm)
     lr = cosine_with_warmup(step, train_cfg.learning_rate, train_cfg.warmup_iters, train_cfg.num_iterations,
                             train_cfg.learning_rate_decay_frac)
     for group in optimizer.param_groups:

@@ -139,8 +139,12 @@ class TrainConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the ranks of a job share the work. The data-parallel size is the world size."""
+    """How the ranks of a job share the work: world = tensor x data-parallel ranks, laid out tensor-fastest
+    (ranks 0..tensor-1 form the first tensor-parallel group); the data-parallel size is world / tensor."""
 
+    tensor: int = _key(1, "tensor-parallel size: attention heads, MLP and vocabulary split over this many ranks")
+    sequence: bool = _key(False, "sequence parallelism: layer norms and dropout on slices of the sequence "
+                                 "(needs tensor > 1)")
     zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
                               "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too")
 

@@ -86,6 +86,7 @@ def check_ranges(cfg, errors, bad):
     c.need("parallel.zero_stage", lambda v: v in (0, 1, 2),
            "0, 1 or 2 (stage 3, sharding the parameters themselves, is not supported; stage 2 shards optimizer "
            "state and gradients)")
+    _check_parallel(cfg, c, errors)
     c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{_closest(cfg.precision, PRECISIONS)}")
     if c.ok("precision", "dtype") and cfg.precision != "fp32" and cfg.dtype != "float32":
         errors.append(f"precision: expected 'fp32' with dtype {cfg.dtype!r} (mixed precision keeps float32 master "
@@ -95,6 +96,19 @@ def check_ranges(cfg, errors, bad):
         errors.append(f"backend: expected 'mpi' or 'auto' with device {cfg.device!r} (NCCL needs GPUs), got 'nccl'")
     _check_data(cfg, c, errors)
     _check_model(cfg, c, errors, GPT2_PRESETS)
+
+
+def _check_parallel(cfg, c, errors):
+    p, t = cfg.parallel, cfg.train
+    c.need("parallel.tensor", lambda v: v >= 1, "an integer >= 1")
+    if c.ok("parallel.tensor", "parallel.sequence") and p.sequence and p.tensor == 1:
+        errors.append("parallel.sequence: expected parallel.tensor > 1 (sequence parallelism splits the sequence "
+                      "over the tensor-parallel group), got parallel.sequence=true with parallel.tensor=1")
+    if c.ok("parallel.tensor", "parallel.sequence", "train.sequence_length") and p.sequence \
+            and t.sequence_length % p.tensor:
+        errors.append(f"train.sequence_length: expected a multiple of parallel.tensor ({p.tensor}) with "
+                      f"parallel.sequence=true (each rank holds sequence_length / tensor positions), got "
+                      f"{t.sequence_length}")
 
 
 def _valid_device(dev):
@@ -147,6 +161,11 @@ def _check_model(cfg, c, errors, presets):
         errors.append(f"{key}: expected n_embd ({n_embd}) divisible by n_head ({n_head}), got n_embd % n_head = "
                       f"{n_embd % n_head}")
         return
+    tensor = cfg.parallel.tensor
+    if c.ok("parallel.tensor") and tensor > 1 and n_head % tensor:
+        divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
+        errors.append(f"parallel.tensor: expected a divisor of model n_head ({n_head}; each rank takes "
+                      f"n_head / tensor heads), got {tensor}; HINT: use one of {divisors}")
     try:
         gpt = m.to_gpt2_config()
     except (ValueError, TypeError) as exc:

@@ -40,7 +40,7 @@ def test_train_script_on_two_ranks_matches_one_rank_with_twice_the_batch(tmp_pat
     two = mpirun(2, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "two", *common, "train.batch_size=2"),
                  timeout=300)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
-    assert "world 2 (mpi)" in two.stdout
+    assert "world 2 (mpi; data parallel 2)" in two.stdout
     one = subprocess.run([sys.executable, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "one", *common)],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert one.returncode == 0, one.stderr[-2000:]

@@ -49,7 +49,7 @@ def test_stages_0_1_2_give_the_losses_of_one_process(data_dir, single, tmp_path,
         out = tmp_path / f"stage{stage}"
         proc = _train(data_dir, out, ranks, stage, 10, total)
         np.testing.assert_allclose(_losses(out), single[total], rtol=1e-5, err_msg=f"stage {stage}, {ranks} ranks")
-        line = next(x for x in proc.stdout.splitlines() if x.startswith(f"memory (ZeRO stage {stage}):"))
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(f"memory (ZeRO stage {stage},"))
         assert line.count("optimizer state") == ranks
 
 

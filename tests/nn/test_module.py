@@ -90,6 +90,17 @@ def test_setattr_rules():
         Early()
 
 
+def test_reassigning_a_submodule_or_parameter_keeps_its_place_as_in_torch():
+    ours, theirs = nn.Module(), torch.nn.Module()
+    for m, lib in ((ours, nn), (theirs, torch.nn)):
+        m.a, m.b, m.c = lib.Linear(1, 1), lib.Linear(1, 1), lib.Linear(1, 1)
+        m.b = lib.Linear(1, 2)  # e.g. a layer swapped for its tensor-parallel shard
+        m.a.weight = lib.Parameter(m.a.weight.detach().clone())
+    assert list(ours._modules) == list(theirs._modules) == ["a", "b", "c"]
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()][:2] == ["a.weight", "a.bias"]
+
+
 def test_load_state_dict_copies_in_place_and_accepts_arrays():
     a, b = build_net(nn), build_net(nn)
     w = b.fc.weight

@@ -154,6 +154,12 @@ class ZeroRedundancyOptimizer:
                 source = space.flat_grad[flat_start:flat_start + (b - a)]
             view.grad = Tensor._make(source, p.device)
 
+    def owned_grads(self):
+        """(parameter, gradient of its owned piece) for each piece this rank owns; the gradients are views into
+        the flat buffers, so changing them in place changes what the next ``step`` uses."""
+        self._point_grads()
+        return [(p, view.grad) for view, _, p, *_ in self.pieces]
+
     def accumulate_shard(self, space, start, values):
         """ZeRO-2: add reduced gradients for the flat range [start, start + len(values)) of this rank's shard."""
         local = start - space.lo
@@ -192,24 +198,33 @@ class ZeroRedundancyOptimizer:
             p._version[0] += 1
 
     @no_grad()
-    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, tensor_group=None):
         """Scale every rank's gradient shard so that the global norm is at most ``max_norm``; returns the
-        global norm (over the whole model) as a 0-d float32 tensor, the same on every rank."""
+        global norm (over the whole model) as a 0-d float32 tensor, the same on every rank.
+
+        ``tensor_group``: the parameters are also split over this tensor-parallel group; a parameter with a
+        ``tp_spec`` counts its shard on every rank of it, a replicated one only on tensor rank 0."""
         from ... import distributed as dist
 
         norm_type = float(norm_type)
         self._point_grads()
         pieces = [view.grad.array for view, *_ in self.pieces]
+        counted = pieces
+        if tensor_group is not None and tensor_group.rank != 0:
+            counted = [g for g, (_, _, p, *_) in zip(pieces, self.pieces) if getattr(p, "tp_spec", None) is not None]
+        groups = [self.group] + ([tensor_group] if tensor_group is not None and tensor_group.size > 1 else [])
         if norm_type == math.inf:
-            local = max((float(abs(g).max()) for g in pieces if g.size), default=0.0)
+            local = max((float(abs(g).max()) for g in counted if g.size), default=0.0)
             total = Tensor(np.array([local], np.float64))
-            dist.all_reduce(total, dist.ReduceOp.MAX, group=self.group)
+            for group in groups:
+                dist.all_reduce(total, dist.ReduceOp.MAX, group=group)
             norm = float(total.numpy()[0])
         else:
             local = sum(float((abs(g.astype(np.float64) if g.dtype.itemsize < 8 else g) ** norm_type).sum())
-                        for g in pieces)
+                        for g in counted)
             total = Tensor(np.array([local], np.float64))
-            dist.all_reduce(total, dist.ReduceOp.SUM, group=self.group)
+            for group in groups:
+                dist.all_reduce(total, dist.ReduceOp.SUM, group=group)
             norm = float(total.numpy()[0]) ** (1.0 / norm_type)
         coef = float(np.float32(max_norm) / (np.float32(norm) + np.float32(1e-6)))  # torch's formula
         if not coef >= 1.0:  # below 1, or nan (a nan norm turns the gradients nan, as in torch)

@@ -1,6 +1,9 @@
-"""Data parallelism: DataParallel (one process, many devices) and DistributedDataParallel (one per rank)."""
+"""Parallel modules: DataParallel (one process, many devices), DistributedDataParallel (one per rank), and tensor
+(+ sequence) parallelism: the conjugate communication mappings, column/row-parallel linears, the vocab-parallel
+embedding and cross-entropy, clipping by the whole model's norm, and unsharded state dicts for checkpoints."""
 from .data_parallel import DataParallel, parallel_apply, replicate
 from .distributed import DistributedDataParallel, Reducer
+from .grad_norm import clip_grad_norm_tensor_parallel_
 from .mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
@@ -15,9 +18,17 @@ from .tensor_parallel import (
     ParallelParameter,
     RowParallelLinear,
     ShardSpec,
+    all_reduce_grads,
     all_reduce_sequence_parallel_grads,
     full_from_shards,
     mark_sequence_parallel,
     shard_from_full,
 )
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from .sharded_state import (
+    load_unsharded_state_dict,
+    sharded_optimizer_state,
+    sharded_state_dict,
+    unsharded_optimizer_state,
+    unsharded_state_dict,
+)

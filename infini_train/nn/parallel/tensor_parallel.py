@@ -154,8 +154,14 @@ def mark_sequence_parallel(module):
 @no_grad()
 def all_reduce_sequence_parallel_grads(module, group):
     """Sum over ``group`` the gradients of the parameters marked ``sequence_parallel`` (one all-reduce per dtype)."""
-    grads = [p.grad for p in module.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
-    if group.size == 1 or not grads:
+    all_reduce_grads([p.grad for p in module.parameters()
+                      if getattr(p, "sequence_parallel", False) and p.grad is not None], group)
+
+
+@no_grad()
+def all_reduce_grads(grads, group):
+    """Sum the gradient Tensors ``grads`` over ``group`` in place, coalesced: one all-reduce per (dtype, device)."""
+    if group is None or group.size == 1 or not grads:
         return
     by_kind = {}
     for g in grads:
@@ -284,5 +290,5 @@ class RowParallelLinear(Module):
 
 
 __all__ = ["ShardSpec", "shard_from_full", "full_from_shards", "ParallelParameter", "shard_parameter",
-           "mark_sequence_parallel", "all_reduce_sequence_parallel_grads", "ColumnParallelLinear",
+           "mark_sequence_parallel", "all_reduce_sequence_parallel_grads", "all_reduce_grads", "ColumnParallelLinear",
            "RowParallelLinear"]

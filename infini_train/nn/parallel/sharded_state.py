@@ -1,0 +1,118 @@
+"""Unsharded state of a tensor-parallel model and its optimizer: checkpoints hold the whole tensors, in the same
+files and under the same names as a one-process run, so they load at any tensor-parallel size.
+
+A parameter split over the tensor group carries ``tp_spec`` (a ShardSpec); unsharding all-gathers it over the
+group and puts the shards back in order (vocabulary padding dropped); sharding slices the whole tensor. Optimizer
+state follows its parameter: every array entry shaped like the parameter (AdamW's moments) uses the parameter's
+spec, scalars (``step``) are kept. Every rank of ``group`` calls the gathers (they are collectives).
+"""
+from __future__ import annotations
+
+from ...tensor import Tensor
+from .tensor_parallel import full_from_shards, shard_from_full
+
+
+def _spec(t):
+    return getattr(t, "tp_spec", None)
+
+
+def _as_array(value):
+    return value.array if isinstance(value, Tensor) else value
+
+
+def unsharded_state_dict(model, group):
+    """``model.state_dict()`` with every sharded parameter replaced by the whole tensor (a new Tensor); tied
+    parameters are gathered once. In a group of one it is the plain state dict."""
+    own = model.state_dict(keep_vars=True)
+    gathered = {}
+    out = type(own)()
+    for name, t in own.items():
+        spec = _spec(t)
+        if spec is None or group.size == 1:
+            out[name] = t.detach()
+            continue
+        if id(t) not in gathered:
+            gathered[id(t)] = Tensor._make(full_from_shards(t.array, spec, group), t.device)
+        out[name] = gathered[id(t)]
+    return out
+
+
+def sharded_state_dict(model, full_state, group):
+    """This rank's part of ``full_state`` (an unsharded state dict, e.g. a checkpoint's) for the sharded
+    ``model``: entries of sharded parameters are sliced by their spec, the rest are passed through."""
+    own = model.state_dict(keep_vars=True)
+    out = dict(full_state)
+    for name, t in own.items():
+        spec = _spec(t)
+        if spec is None or name not in full_state or group.size == 1:
+            continue
+        out[name] = _shard_value(full_state[name], t, spec, group, f"model state {name!r}")
+    return out
+
+
+def load_unsharded_state_dict(model, full_state, group, strict=True):
+    """Load an unsharded state dict into the sharded ``model`` (each rank keeps its shards)."""
+    return model.load_state_dict(sharded_state_dict(model, full_state, group), strict=strict)
+
+
+def params_by_index(state_dict, optimizer):
+    """{state index: parameter of ``optimizer``}: the saved param groups' indices paired, group by group and in
+    order, with the optimizer's parameters (as ``load_state_dict`` pairs them)."""
+    groups = getattr(optimizer, "param_groups_full", None) or optimizer.param_groups
+    saved = state_dict["param_groups"]
+    sizes = ([len(g["params"]) for g in saved], [len(g["params"]) for g in groups])
+    if sizes[0] != sizes[1]:
+        raise ValueError(f"optimizer state: the saved param groups hold {sizes[0]} parameters, this optimizer's hold "
+                         f"{sizes[1]}\nHINT: the checkpoint was written for another model; resume with its own config")
+    return {int(i): p for s, g in zip(saved, groups) for i, p in zip(s["params"], g["params"])}
+
+
+def unsharded_optimizer_state(state_dict, optimizer, group):
+    """``state_dict`` (torch's layout, of ``optimizer`` over a sharded model) with the state of every sharded
+    parameter gathered whole. Every rank of ``group`` calls it, with the same layout."""
+    if group.size == 1:
+        return state_dict
+    return _map_state(state_dict, optimizer, lambda value, p, spec, where: Tensor._make(
+        full_from_shards(_as_array(value), spec, group), p.device))
+
+
+def sharded_optimizer_state(state_dict, optimizer, group):
+    """This rank's part of an unsharded optimizer state dict, for ``optimizer`` over the sharded model."""
+    if group.size == 1:
+        return state_dict
+    return _map_state(state_dict, optimizer,
+                      lambda value, p, spec, where: _shard_value(value, p, spec, group, where))
+
+
+def _map_state(state_dict, optimizer, convert):
+    params = params_by_index(state_dict, optimizer)
+    state = {}
+    for index, entry in state_dict["state"].items():
+        p = params.get(int(index))
+        if p is None:
+            raise ValueError(f"optimizer state: entry {index} names no parameter of the param groups\nHINT: the "
+                             "checkpoint was written for another model; resume with its own config")
+        spec = _spec(p)
+        state[index] = {key: (convert(value, p, spec, f"optimizer state {key!r} of parameter {index}")
+                              if spec is not None and getattr(_as_array(value), "ndim", 0) else value)
+                        for key, value in entry.items()}
+    return {**state_dict, "state": state}
+
+
+def _shard_value(value, param, spec, group, where):
+    array = _as_array(value)
+    if hasattr(array, "get") and param.device.type == "cpu":
+        array = array.get()
+    xp = param.device.array_module()
+    with param.device.context():
+        array = xp.asarray(array)
+        shard = shard_from_full(array, spec, group.rank, group.size, xp)
+    if tuple(shard.shape) != tuple(param.shape):
+        raise ValueError(f"{where}: the whole tensor of shape {tuple(array.shape)} gives a shard of shape "
+                         f"{tuple(shard.shape)}, the parameter's is {tuple(param.shape)}\nHINT: the checkpoint "
+                         "was written for another model shape; resume with its own config")
+    return Tensor._make(shard, param.device)
+
+
+__all__ = ["unsharded_state_dict", "sharded_state_dict", "load_unsharded_state_dict", "params_by_index",
+           "unsharded_optimizer_state", "sharded_optimizer_state"]

@@ -1,0 +1,99 @@
+"""Under ``mpiexec -n N`` (N = 2 or 4, one tensor group): a tiny GPT-2 split with parallelize_gpt2 against the whole
+model built from the same seed, on the same batch:
+
+- the loss, and every gradient once unsharded, equal the whole model's (with sequence parallelism too);
+- clip_grad_norm_tensor_parallel_ (2-norm and inf-norm) gives the whole model's norm and scaling;
+- unsharded_state_dict is the whole model's state dict; loading it back gives every rank its shards;
+- the AdamW state after a step, unsharded, is the whole model's; sharded again, it is what the rank holds.
+"""
+import sys
+
+import numpy as np
+
+import infini_train as it
+from infini_train import distributed as dist
+from infini_train.models.gpt2 import GPT2, GPT2Config
+from infini_train.models.gpt2_parallel import parallelize_gpt2
+from infini_train.nn.parallel import all_reduce_sequence_parallel_grads, full_from_shards
+from infini_train.nn.parallel.grad_norm import clip_grad_norm_tensor_parallel_
+from infini_train.nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state,
+                                                    unsharded_optimizer_state, unsharded_state_dict)
+from infini_train.nn.utils import clip_grad_norm_
+
+dist.init_process_group("mpi")
+rank, world = dist.get_rank(), dist.get_world_size()
+group = dist.default_group()
+sequence_parallel = "--sequence-parallel" in sys.argv
+config = GPT2Config(block_size=16, vocab_size=67, n_layer=2, n_head=4, n_embd=32)  # 67: padded at every size
+rng = np.random.default_rng(0)
+x = it.tensor(rng.integers(0, 67, (2, 16)))
+y = it.tensor(rng.integers(0, 67, (2, 16)))
+
+
+def build():
+    it.manual_seed(0)
+    return GPT2(config)
+
+
+def close(a, b, what, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol, err_msg=what)
+
+
+whole, split = build(), parallelize_gpt2(build(), group, sequence_parallel)
+_, loss_whole = whole(x, y)
+_, loss_split = split(x, y)
+close(loss_split.item(), loss_whole.item(), "loss")
+loss_whole.backward()
+loss_split.backward()
+all_reduce_sequence_parallel_grads(split, group)
+names_whole = dict(whole.named_parameters())
+for name, p in split.named_parameters():
+    spec = getattr(p, "tp_spec", None)
+    grad = full_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
+    close(grad, names_whole[name].grad.numpy(), f"gradient of {name}")
+
+for norm_type in (2.0, float("inf")):
+    whole_grads = {n: p.grad.numpy().copy() for n, p in whole.named_parameters()}
+    split_grads = {n: p.grad.numpy().copy() for n, p in split.named_parameters()}
+    expected = clip_grad_norm_(whole.parameters(), 0.01, norm_type).item()
+    got = clip_grad_norm_tensor_parallel_(split.parameters(), 0.01, group, norm_type).item()
+    close(got, expected, f"{norm_type}-norm")
+    ratio = {n: p.grad.numpy() / np.where(split_grads[n] == 0, 1, split_grads[n]) for n, p in split.named_parameters()}
+    scale = 0.01 / (expected + 1e-6)
+    for n in ratio:
+        close(ratio[n][split_grads[n] != 0], scale, f"scaling of {n}", rtol=1e-4)
+    for n, p in whole.named_parameters():  # undo, for the next norm
+        p.grad.array[...] = whole_grads[n]
+    for n, p in split.named_parameters():
+        p.grad.array[...] = split_grads[n]
+
+state = unsharded_state_dict(split, group)
+reference = whole.state_dict()
+assert list(state) == list(reference), (list(state), list(reference))
+for name in reference:
+    close(state[name].numpy(), reference[name].numpy(), f"unsharded {name}", rtol=0, atol=0)
+shards_before = {n: p.numpy().copy() for n, p in split.named_parameters()}
+for p in split.parameters():
+    p.array[...] = 0
+load_unsharded_state_dict(split, reference, group)
+for n, p in split.named_parameters():
+    close(p.numpy(), shards_before[n], f"reloaded shard {n}", rtol=0, atol=0)
+
+opt_whole = it.optim.AdamW(whole.optimizer_groups(0.1), lr=1e-3)
+opt_split = it.optim.AdamW(split.optimizer_groups(0.1), lr=1e-3)
+opt_whole.step()
+opt_split.step()
+full_state = unsharded_optimizer_state(opt_split.state_dict(), opt_split, group)
+ref_state = opt_whole.state_dict()
+assert full_state["param_groups"] == ref_state["param_groups"]
+for i, entry in ref_state["state"].items():
+    for key, value in entry.items():
+        close(np.asarray(full_state["state"][i][key]), np.asarray(value), f"{key} of parameter {i}", rtol=1e-4)
+mine = opt_split.state_dict()
+again = sharded_optimizer_state(full_state, opt_split, group)
+for i, entry in mine["state"].items():
+    for key, value in entry.items():
+        close(np.asarray(again["state"][i][key]), np.asarray(value), f"resharded {key} of {i}", rtol=0, atol=0)
+
+print(f"rank {rank}: tp state ok", flush=True)
+dist.destroy_process_group()
