@@ -209,18 +209,18 @@ class Run:
         return [{"shard": int(by_dp[r][0]), "position": int(by_dp[r][1])} for r in range(self.layout.dp_size)]
 
     def _unsharded_state(self):
-        """The model and optimizer state of a one-process run (collective); None, None on ranks that do not
-        hold it (all but the first data-parallel rank of each tensor group)."""
+        """The model and optimizer state of a one-process run (collective), whole on rank 0 (None where a rank
+        does not hold it)."""
         layout = self.layout
         if self.zero_stage:
             self.optimizer.consolidate_state_dict(to=0)  # checkpoints hold the unsharded optimizer state
-        model_state = (unsharded_state_dict(self.raw_model, layout.tp_group) if layout.tensor_parallel
-                       else self.raw_model.state_dict())
+        if not layout.tensor_parallel:
+            return self.raw_model.state_dict(), self.optimizer.state_dict() if self.rank == 0 else None
         if layout.dp_rank != 0:
-            return model_state, None
-        opt_state = self.optimizer.state_dict()
-        if layout.tensor_parallel:
-            opt_state = unsharded_optimizer_state(opt_state, self.optimizer, layout.tp_group)
+            return None, None
+        # rank 0's tensor group gathers (a collective over its ranks); only rank 0 keeps what it gathered
+        model_state = unsharded_state_dict(self.raw_model, layout.tp_group, to=0)
+        opt_state = unsharded_optimizer_state(self.optimizer.state_dict(), self.optimizer, layout.tp_group, to=0)
         return model_state, opt_state
 
     # --------------------------------------------------------------------------------------------- the loop

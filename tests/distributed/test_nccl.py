@@ -24,3 +24,29 @@ def test_nccl_collectives_on_the_gpus():
     assert proc.returncode == 0, output(proc)
     for rank in range(ranks):
         assert f"rank {rank} NCCL OK" in proc.stdout, output(proc)
+
+
+needs_two_gpus = pytest.mark.skipif(_gpus() < 2, reason="tensor parallelism over NCCL needs a GPU per rank (2)")
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("sequence", [False, True], ids=["tp2", "tp2-sp"])
+def test_tensor_parallel_gpt2_over_nccl_is_the_whole_model(sequence):
+    proc = mpirun(2, "worker_tp_state.py", "--cuda", *(["--sequence-parallel"] if sequence else []), timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.count("tp state ok") == 2, output(proc)
+
+
+@needs_two_gpus
+def test_tp2_training_on_two_gpus_gives_the_losses_of_one_gpu(tmp_path):
+    import numpy as np
+
+    from tests.training.tiny_run import make_data, metrics, run, tiny_args
+
+    data = make_data(tmp_path / "data")
+    common = ["model.n_head=4", "train.num_iterations=10", "train.total_batch_size=256", "train.val_loss_every=0"]
+    run(tiny_args(data, tmp_path / "one", *common, "device=cuda:0"))
+    run(tiny_args(data, tmp_path / "tp2", *common, "device=cuda", "backend=nccl", "parallel.tensor=2",
+                  "parallel.sequence=true"), ranks=2)
+    losses = [np.array([r["loss"] for r in metrics(tmp_path / name) if "loss" in r]) for name in ("one", "tp2")]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)

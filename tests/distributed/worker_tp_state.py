@@ -1,5 +1,5 @@
-"""Under ``mpiexec -n N`` (N = 2 or 4, one tensor group): a tiny GPT-2 split with parallelize_gpt2 against the whole
-model built from the same seed, on the same batch:
+"""Under ``mpiexec -n N`` (N = 2 or 4, one tensor group; ``--cuda``: one GPU per rank over NCCL): a tiny GPT-2
+split with parallelize_gpt2 against the whole model built from the same seed, on the same batch:
 
 - the loss, and every gradient once unsharded, equal the whole model's (with sequence parallelism too);
 - clip_grad_norm_tensor_parallel_ (2-norm and inf-norm) gives the whole model's norm and scaling;
@@ -20,23 +20,30 @@ from infini_train.nn.parallel.sharded_state import (load_unsharded_state_dict, s
                                                     unsharded_optimizer_state, unsharded_state_dict)
 from infini_train.nn.utils import clip_grad_norm_
 
-dist.init_process_group("mpi")
+on_gpu = "--cuda" in sys.argv  # one GPU per rank over NCCL
+dist.init_process_group("nccl" if on_gpu else "mpi")
 rank, world = dist.get_rank(), dist.get_world_size()
 group = dist.default_group()
+device = f"cuda:{dist.get_local_rank()}" if on_gpu else "cpu"
 sequence_parallel = "--sequence-parallel" in sys.argv
 config = GPT2Config(block_size=16, vocab_size=67, n_layer=2, n_head=4, n_embd=32)  # 67: padded at every size
 rng = np.random.default_rng(0)
-x = it.tensor(rng.integers(0, 67, (2, 16)))
-y = it.tensor(rng.integers(0, 67, (2, 16)))
+x = it.tensor(rng.integers(0, 67, (2, 16)), device=device)
+y = it.tensor(rng.integers(0, 67, (2, 16)), device=device)
 
 
 def build():
     it.manual_seed(0)
-    return GPT2(config)
+    return GPT2(config).to(device)
+
+
+def host(a):
+    a = a.array if hasattr(a, "array") else a
+    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 def close(a, b, what, rtol=1e-5, atol=1e-6):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol, err_msg=what)
+    np.testing.assert_allclose(host(a), host(b), rtol=rtol, atol=atol, err_msg=what)
 
 
 whole, split = build(), parallelize_gpt2(build(), group, sequence_parallel)
@@ -63,15 +70,20 @@ for norm_type in (2.0, float("inf")):
     for n in ratio:
         close(ratio[n][split_grads[n] != 0], scale, f"scaling of {n}", rtol=1e-4)
     for n, p in whole.named_parameters():  # undo, for the next norm
-        p.grad.array[...] = whole_grads[n]
+        p.grad.copy_(it.tensor(whole_grads[n], device=device))
     for n, p in split.named_parameters():
-        p.grad.array[...] = split_grads[n]
+        p.grad.copy_(it.tensor(split_grads[n], device=device))
 
 state = unsharded_state_dict(split, group)
 reference = whole.state_dict()
 assert list(state) == list(reference), (list(state), list(reference))
 for name in reference:
     close(state[name].numpy(), reference[name].numpy(), f"unsharded {name}", rtol=0, atol=0)
+kept = unsharded_state_dict(split, group, to=0)  # only group rank 0 keeps the whole tensors
+assert (kept is None) == (rank != 0)
+if kept is not None:
+    for name in reference:
+        close(kept[name].numpy(), reference[name].numpy(), f"kept {name}", rtol=0, atol=0)
 shards_before = {n: p.numpy().copy() for n, p in split.named_parameters()}
 for p in split.parameters():
     p.array[...] = 0
@@ -88,12 +100,13 @@ ref_state = opt_whole.state_dict()
 assert full_state["param_groups"] == ref_state["param_groups"]
 for i, entry in ref_state["state"].items():
     for key, value in entry.items():
-        close(np.asarray(full_state["state"][i][key]), np.asarray(value), f"{key} of parameter {i}", rtol=1e-4)
+        close(full_state["state"][i][key], value, f"{key} of parameter {i}", rtol=1e-4)
+assert (unsharded_optimizer_state(opt_split.state_dict(), opt_split, group, to=0) is None) == (rank != 0)
 mine = opt_split.state_dict()
 again = sharded_optimizer_state(full_state, opt_split, group)
 for i, entry in mine["state"].items():
     for key, value in entry.items():
-        close(np.asarray(again["state"][i][key]), np.asarray(value), f"resharded {key} of {i}", rtol=0, atol=0)
+        close(again["state"][i][key], value, f"resharded {key} of {i}", rtol=0, atol=0)
 
 print(f"rank {rank}: tp state ok", flush=True)
 dist.destroy_process_group()

@@ -217,6 +217,10 @@ def test_shipped_configs_have_the_intended_batch_arithmetic():
                                                        "gpt2_124m_ddp.yaml"))
     assert tiny.train.grad_accum_steps(1) == 1 and tiny.model.vocab_size == 257 and tiny.data.source == "stdlib"
     assert tiny_ddp.train.grad_accum_steps(2) == 1
+    tiny_tp = cfg("gpt2_tiny_tp.yaml")  # TP2 x DP2 on 4 ranks: the global batch of tiny_ddp on 2
+    assert (tiny_tp.parallel.tensor, tiny_tp.parallel.sequence) == (2, True)
+    assert tiny_tp.train.grad_accum_steps(4 // tiny_tp.parallel.tensor) == 1
+    assert tiny_tp.train.total_batch_size == tiny_ddp.train.total_batch_size
     assert tiny_ddp.train.total_batch_size == 2 * tiny.train.batch_size * tiny.train.sequence_length
     assert big.train.grad_accum_steps(1) == 8 and big.train.total_batch_size == 524288
     assert big_ddp.train.grad_accum_steps(8) == 1 and big_ddp.backend == "nccl"

@@ -20,21 +20,27 @@ def _as_array(value):
     return value.array if isinstance(value, Tensor) else value
 
 
-def unsharded_state_dict(model, group):
+def unsharded_state_dict(model, group, to=None):
     """``model.state_dict()`` with every sharded parameter replaced by the whole tensor (a new Tensor); tied
-    parameters are gathered once. In a group of one it is the plain state dict."""
+    parameters are gathered once. In a group of one it is the plain state dict. With ``to`` (a group rank) only
+    that rank keeps the result and the others get None: each whole tensor lives on them only while it is
+    gathered, so a checkpoint costs the other ranks no more than the largest tensor."""
     own = model.state_dict(keep_vars=True)
+    if group.size == 1:
+        return type(own)((name, t.detach()) for name, t in own.items())
+    keep = to is None or group.rank == to
     gathered = {}
     out = type(own)()
     for name, t in own.items():
         spec = _spec(t)
-        if spec is None or group.size == 1:
+        if spec is None:
             out[name] = t.detach()
             continue
         if id(t) not in gathered:
-            gathered[id(t)] = Tensor._make(full_from_shards(t.array, spec, group), t.device)
+            whole = full_from_shards(t.array, spec, group)
+            gathered[id(t)] = Tensor._make(whole, t.device) if keep else None
         out[name] = gathered[id(t)]
-    return out
+    return out if keep else None
 
 
 def sharded_state_dict(model, full_state, group):
@@ -67,13 +73,20 @@ def params_by_index(state_dict, optimizer):
     return {int(i): p for s, g in zip(saved, groups) for i, p in zip(s["params"], g["params"])}
 
 
-def unsharded_optimizer_state(state_dict, optimizer, group):
+def unsharded_optimizer_state(state_dict, optimizer, group, to=None):
     """``state_dict`` (torch's layout, of ``optimizer`` over a sharded model) with the state of every sharded
-    parameter gathered whole. Every rank of ``group`` calls it, with the same layout."""
+    parameter gathered whole. Every rank of ``group`` calls it, with the same layout; with ``to`` only that group
+    rank keeps the result (the others get None)."""
     if group.size == 1:
         return state_dict
-    return _map_state(state_dict, optimizer, lambda value, p, spec, where: Tensor._make(
-        full_from_shards(_as_array(value), spec, group), p.device))
+    keep = to is None or group.rank == to
+
+    def gather(value, p, spec, where):
+        whole = full_from_shards(_as_array(value), spec, group)
+        return Tensor._make(whole, p.device) if keep else None
+
+    state = _map_state(state_dict, optimizer, gather)
+    return state if keep else None
 
 
 def sharded_optimizer_state(state_dict, optimizer, group):
