@@ -17,6 +17,8 @@ mpi4py is imported lazily: the package imports without it.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .launch_utils import (
@@ -29,14 +31,15 @@ from .launch_utils import (
     node_local_rank,
     uninstall_abort_on_failure,
 )
+from .p2p import P2POp, batch_isend_irecv
 from .process_group import ProcessGroup, ReduceOp, SingleProcessGroup
-from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_timeout
+from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_timeout, set_oversubscribed
 
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
            "get_local_rank", "get_local_world_size", "get_backend", "new_group", "default_group", "ReduceOp",
            "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_into_tensor",
-           "reduce_scatter_tensor", "reduce", "barrier", "send", "recv", "isend", "irecv", "DEFAULT_TIMEOUT",
-           "TIMEOUT_ENV"]
+           "reduce_scatter_tensor", "reduce", "barrier", "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
+           "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
 
 _BACKENDS = (None, "auto", "mpi", "nccl", "single")
 _world = None  # the default (world) group
@@ -84,6 +87,8 @@ def _init_world(backend, seconds, lazy):
     if backend == "single" and size > 1:
         raise ValueError(f"init_process_group: backend 'single' is a world of one process, got {size} ranks")
     _local_rank, _local_size = node_local_rank(MPI, comm)
+    set_oversubscribed(_local_size > len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                       else _local_size > (os.cpu_count() or 1))
     if size > 1:
         install_abort_on_failure(comm)  # from here on, an error on any rank ends the job
     if backend is None:

@@ -61,6 +61,16 @@ _saved_hooks = None
 _ABORT_GRACE_SECONDS = 0.5  # lets the launcher forward the traceback before Abort tears the job down
 
 
+def abort_job(status=1):
+    """End every rank of the job now (after a reported error), once the launcher had time to forward what this
+    rank printed."""
+    MPI = import_mpi("abort_job")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(_ABORT_GRACE_SECONDS)
+    MPI.COMM_WORLD.Abort(status)
+
+
 def install_abort_on_failure(comm):
     """Make an uncaught exception (main thread or any other) print its traceback tagged with the rank and
     call ``comm.Abort(1)``: mpirun then ends every rank, so no peer waits forever in a collective."""

@@ -5,7 +5,8 @@ pipeline (as Megatron-LM does):
 
 so the ranks 0..TP-1 form the first tensor-parallel group and a tensor group never spans nodes before a data
 group does. The data-parallel size is derived: DP = world / (TP x PP). Each rank belongs to one group of each kind,
-made once with ``new_group`` (every rank walks every group in the same order, members join theirs).
+made once with ``new_group`` (every rank walks every group in the same order, members join theirs). With pipeline
+stages, the ``embedding_group`` of a rank on the first or last stage holds both (Megatron-LM's embedding group).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ class MeshError(ValueError):
 
 
 class ProcessMesh:
-    """``ProcessMesh(tensor=1, pipeline=1)``: this rank's coordinates and its tensor / data / pipeline groups."""
+    """``ProcessMesh(tensor=1, pipeline=1)``: this rank's coordinates and its tensor / data / pipeline groups (and,
+    on the first and last stage, its embedding group)."""
 
     def __init__(self, tensor=1, pipeline=1):
         from . import get_rank, get_world_size, new_group
@@ -38,7 +40,7 @@ class ProcessMesh:
         self.tp_rank = rank % tensor
         self.dp_rank = (rank // tensor) % self.dp_size
         self.pp_rank = rank // (tensor * self.dp_size)
-        self.tensor_group = self.data_group = self.pipeline_group = None
+        self.tensor_group = self.data_group = self.pipeline_group = self.embedding_group = None
         for kind, members in self._all_groups():
             group = new_group(members)
             if rank in members:
@@ -59,6 +61,10 @@ class ProcessMesh:
         for d in range(dp):
             for t in range(tp):
                 yield "pipeline", [self.rank_of(t, d, p) for p in range(pp)]
+        if pp > 1:  # the first and last stage: the tied embedding / output weight lives on both
+            for d in range(dp):
+                for t in range(tp):
+                    yield "embedding", [self.rank_of(t, d, 0), self.rank_of(t, d, pp - 1)]
 
     def __repr__(self):
         return (f"ProcessMesh(world {self.world} = pipeline {self.pp_size} x data {self.dp_size} x tensor "

@@ -254,6 +254,46 @@ class NCCLProcessGroup(ProcessGroup):
         return self._launch(f"send to {dst}", lambda c, s: c.send(buf.data.ptr, buf.nbytes, self._bytes, dst, s),
                             None, buf)
 
+    def batch_isend_irecv(self, ops):
+        """Device tensors' sends and receives launched inside one ncclGroupStart/End (so paired transfers between
+        two ranks progress together), recorded by one event; host tensors go through MPI."""
+        from .process_group import _array_of, _bump
+
+        works, device_ops = [None] * len(ops), []
+        for k, (kind, tensor, peer, tag) in enumerate(ops):
+            if kind not in ("send", "recv"):
+                raise ValueError(f"batch_isend_irecv: expected ops of kind 'send' or 'recv', got {kind!r}")
+            arr = _array_of(tensor, kind, writes=kind == "recv")
+            self._check_peer(peer, kind, "dst" if kind == "send" else "src")
+            if self._on_host(arr):
+                works[k] = self.isend(tensor, peer, tag) if kind == "send" else self.irecv(tensor, peer, tag)
+            else:
+                device_ops.append((k, kind, tensor, arr, self._contiguous(arr), peer))
+        if not device_ops:
+            return works
+        cp, nccl = self.cp, _nccl()
+        comm = self._comm("batch_isend_irecv")
+        with self.device:
+            ready = cp.cuda.Event(disable_timing=True)
+            ready.record(cp.cuda.get_current_stream())
+            self.stream.wait_event(ready)
+            nccl.groupStart()
+            try:
+                for _, kind, _, _, buf, peer in device_ops:
+                    call = comm.send if kind == "send" else comm.recv
+                    call(buf.data.ptr, buf.nbytes, self._bytes, peer, self.stream.ptr)
+            finally:
+                nccl.groupEnd()
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(self.stream)  # after groupEnd: the group's kernels are enqueued
+        for k, kind, tensor, arr, buf, peer in device_ops:
+            name = f"{kind} {'to' if kind == 'send' else 'from'} {peer}"
+            finish = self._post(arr, buf, None) if kind == "recv" else None
+            works[k] = _NCCLWork(self, name, done, finish, buf, self.blocking_wait)
+            if kind == "recv":
+                _bump(tensor)
+        return works
+
     def _recv(self, arr, src, tag):
         if self._on_host(arr):
             return self.host._recv(arr, src, tag)

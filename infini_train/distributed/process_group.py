@@ -200,6 +200,17 @@ class ProcessGroup:
         _bump(tensor)
         return work
 
+    def batch_isend_irecv(self, ops):
+        """Start the point-to-point ops ``[(kind, tensor, peer, tag)]`` (kind "send" or "recv") together; returns
+        their Works in order. Backends whose p2p calls block in turn (NCCL) launch them as one group, so two ranks
+        that each send to and receive from the other in the same batch cannot deadlock."""
+        works = []
+        for kind, tensor, peer, tag in ops:
+            if kind not in ("send", "recv"):
+                raise ValueError(f"batch_isend_irecv: expected ops of kind 'send' or 'recv', got {kind!r}")
+            works.append(self.isend(tensor, peer, tag) if kind == "send" else self.irecv(tensor, peer, tag))
+        return works
+
     def send(self, tensor, dst, tag=0):
         self.isend(tensor, dst, tag).wait()
 

@@ -2,7 +2,8 @@
 
 A Work polls a backend's completion test (``MPI_Request.Test``, ``cudaEventQuery``). ``wait()`` spins on
 that test, as MPI's own blocking calls do, so communication progresses at full speed; once a collective has
-been pending for a second (a late peer) it polls with short sleeps instead. Past the timeout it raises a
+been pending for a second (a late peer) it polls with short sleeps instead. When a node runs more ranks than it
+has cores, a waiting rank yields its core between polls, so the peer it waits for can run. Past the timeout it raises a
 RuntimeError naming the collective, the group's ranks and this rank: a hang becomes an error.
 """
 from __future__ import annotations
@@ -15,6 +16,13 @@ DEFAULT_TIMEOUT = 300.0
 TIMEOUT_ENV = "INFINI_TRAIN_COLLECTIVE_TIMEOUT"
 _SPIN_SECONDS = 1.0  # busy-poll this long before backing off to sleeps (MPI progresses only while polled)
 _MAX_SLEEP = 1e-3
+_oversubscribed = False
+
+
+def set_oversubscribed(flag):
+    """Whether this node runs more ranks than cores (set when the world starts): waits then yield between polls."""
+    global _oversubscribed
+    _oversubscribed = bool(flag)
 
 
 def resolve_timeout(timeout=None) -> float:
@@ -94,6 +102,8 @@ class Work:
                 if now - start > _SPIN_SECONDS:
                     time.sleep(pause)
                     pause = min(2 * pause + 1e-5, _MAX_SLEEP)
+                elif _oversubscribed:
+                    os.sched_yield()
         if self._error is not None:
             raise RuntimeError(f"{self.describe} failed: {self._error}") from self._error
         return True

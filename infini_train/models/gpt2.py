@@ -177,7 +177,17 @@ class GPT2(nn.Module):
         ``kv_cache`` continues a sequence incrementally; ``last_only`` computes logits of the final position
         only (generation).
         """
-        B, T = idx.shape
+        T = idx.shape[1]
+        x = self.run_blocks(self.embed(idx, kv_cache), kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        return self.head(x, targets, last_only)
+
+    # The three parts of forward, also run one by one by the stages of a pipeline (models/gpt2_pipeline.py).
+    def embed(self, idx, kv_cache=None):
+        """Token + position embeddings (and dropout) of idx (B, T); under sequence parallelism this rank's slice
+        of the sequence."""
+        T = idx.shape[1]
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(
@@ -189,17 +199,25 @@ class GPT2(nn.Module):
         if tp is not None and tp.sequence_parallel:  # each rank keeps its part of the sequence between blocks
             x = tp.scatter_sequence(x)
         with sharded_random(tp, self.transformer.drop.p if self.training else 0, whole_sequence_split=True):
-            x = self.transformer.drop(x)
-        for layer, block in enumerate(self.transformer.h):
+            return self.transformer.drop(x)
+
+    def run_blocks(self, x, kv_cache=None):
+        for layer, block in self.numbered_blocks():
             x = block(x, kv_cache, layer)
-        if kv_cache is not None:
-            kv_cache.advance(T)
+        return x
+
+    def numbered_blocks(self):
+        """(layer index, block) of the blocks this module runs."""
+        return enumerate(self.transformer.h)
+
+    def head(self, x, targets=None, last_only=False):
+        """Final layer norm, logits and (given ``targets``) the mean cross-entropy."""
         x = self.transformer.ln_f(x)
         if last_only:
             x = x[:, -1:, :]
         logits = self.lm_head(x)
-        if tp is not None:  # logits hold this rank's part of the vocabulary
-            return tp.logits_and_loss(logits, targets, self.config.vocab_size)
+        if self.tp is not None:  # logits hold this rank's part of the vocabulary
+            return self.tp.logits_and_loss(logits, targets, self.config.vocab_size)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
@@ -207,7 +225,8 @@ class GPT2(nn.Module):
 
     def new_kv_cache(self, batch_size, device, dtype=backend.float32):
         """A KV cache for this model's (local) attention heads."""
-        return KVCache(self.config, batch_size, device, dtype, n_head=self.transformer.h[0].attn.n_head)
+        _, block = next(iter(self.numbered_blocks()))
+        return KVCache(self.config, batch_size, device, dtype, n_head=block.attn.n_head)
 
     def optimizer_groups(self, weight_decay):
         """Param groups with weight decay on 2-D parameters (matmul weights, embeddings) only."""

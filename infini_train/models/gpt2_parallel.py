@@ -65,9 +65,9 @@ class VocabParallelHead(Module):
     of the whole logits, padding included). The input is the whole sequence (copied in: its gradient is summed
     over the group) or, under sequence parallelism, this rank's slice (all-gathered first)."""
 
-    def __init__(self, embedding, group, sequence_parallel=False):
+    def __init__(self, weight, group, sequence_parallel=False):
         super().__init__()
-        self.weight = embedding.weight  # tied: the same Parameter, so one gradient and one optimizer entry
+        self.weight = weight  # the embedding's Parameter (tied: one gradient, one optimizer entry), or its copy
         self.group, self.sequence_parallel = group, sequence_parallel
 
     def forward(self, x):
@@ -108,7 +108,7 @@ def parallelize_gpt2(model, group, sequence_parallel=False):
                     mark_sequence_parallel(norm)
         wte = VocabParallelEmbedding.from_embedding(model.transformer.wte, group)
         model.transformer.wte = wte
-        model.lm_head = VocabParallelHead(wte, group, sp)
+        model.lm_head = VocabParallelHead(wte.weight, group, sp)
         if sp:
             mark_sequence_parallel(model.transformer.ln_f)
     model.tp = tp

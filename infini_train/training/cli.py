@@ -27,9 +27,9 @@ def main(argv=None):
     except (ConfigError, CheckpointError, ShardError, MeshError, TensorParallelError, TrainingDiverged) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         if dist.get_world_size() > 1:
-            from mpi4py import MPI
+            from ..distributed.launch_utils import abort_job
 
-            MPI.COMM_WORLD.Abort(1)
+            abort_job(1)
         return 1
     dist.destroy_process_group()
     return status

@@ -21,9 +21,12 @@ from ..data.loader import DistributedDataLoader
 from ..data.tokenizer import get_tokenizer
 from ..models.gpt2 import GPT2
 from ..models.gpt2_parallel import parallelize_gpt2, without_sequence_parallel
+from ..models.gpt2_pipeline import PipelinedGPT2
+from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
+from ..nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
 from ..nn.parallel import DistributedDataParallel
-from ..nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state, unsharded_optimizer_state,
-                                         unsharded_state_dict)
+from ..nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state, sharded_state_dict,
+                                         unsharded_optimizer_state, unsharded_state_dict)
 from ..tensor import Tensor
 from ..utils import checkpoint as ckpt
 from ..utils.config import ConfigError
@@ -73,7 +76,8 @@ def _tokenizer_name(cfg):
 
 
 def build_gpt2(cfg, device, layout=None):
-    """The run's GPT-2, initialised as in one process (seeded), then split over the tensor group if any."""
+    """The run's GPT-2, initialised as in one process (seeded), then split over the tensor group and into
+    pipeline stages if the layout says so (every layout starts from the same weights)."""
     gpt_cfg = cfg.model.to_gpt2_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
     if vocab_needed > gpt_cfg.vocab_size:
@@ -83,6 +87,8 @@ def build_gpt2(cfg, device, layout=None):
     model = GPT2(gpt_cfg).to(device=device, dtype=cfg.dtype)
     if layout is not None and layout.tensor_parallel:
         parallelize_gpt2(model, layout.tp_group, layout.sequence_parallel)
+    if layout is not None and layout.pipeline_parallel:
+        model = PipelinedGPT2(model, layout.pp_group, layout.schedule, layout.virtual)
     return model, tok_name
 
 
@@ -129,17 +135,23 @@ class Run:
         self.cfg = cfg
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         t = cfg.train
-        self.layout = layout = Layout(cfg.parallel.tensor, cfg.parallel.sequence)
+        p = cfg.parallel
+        self.layout = layout = Layout(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)
         self.grad_accum = cfg.grad_accum_steps(layout.dp_size)
+        if layout.pipeline_parallel:
+            try:  # the micro-batches are the gradient-accumulation steps
+                check_schedule(p.pipeline_schedule, p.pipeline, p.virtual_pipeline, self.grad_accum)
+            except ScheduleError as exc:
+                raise ConfigError(str(exc)) from None
         self.device = pick_device(cfg)
         if self.rank == 0:
             ensure_default_data(cfg.data)
         wait_for_rank0()
         self.raw_model, self.tok_name = build_gpt2(cfg, self.device, layout)
-        self.zero_stage = cfg.parallel.zero_stage
+        self.zero_stage = layout.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, layout.dp_group)
         self.model = self.raw_model
-        if layout.dp_size > 1:
+        if layout.dp_size > 1 and not layout.pipeline_parallel:  # pipeline runs reduce after the schedule
             zero = self.optimizer if self.zero_stage else None
             self.model = DistributedDataParallel(self.raw_model, process_group=layout.dp_group, zero_optimizer=zero,
                                                  zero_stage=self.zero_stage or 2)
@@ -163,7 +175,12 @@ class Run:
         model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
         check_same_model(state, self.raw_model.config.to_dict(), path)
         tp_group = self.layout.tp_group
-        if tp_group is None:
+        if self.layout.pipeline_parallel:  # the whole model's files: each stage (and tensor rank) keeps its part
+            raw = self.raw_model
+            raw.load_state_dict(sharded_state_dict(raw, model_state, tp_group) if tp_group else model_state)
+            self.optimizer.load_state_dict(local_optimizer_state(opt_state, self.optimizer, raw.canonical_names(),
+                                                                 raw.whole_groups, tp_group))
+        elif tp_group is None:
             self.raw_model.load_state_dict(model_state)
             self.optimizer.load_state_dict(opt_state)
         else:  # the checkpoint holds whole tensors: each rank keeps its shards
@@ -214,10 +231,16 @@ class Run:
         layout = self.layout
         if self.zero_stage:
             self.optimizer.consolidate_state_dict(to=0)  # checkpoints hold the unsharded optimizer state
-        if not layout.tensor_parallel:
+        if layout.mesh is None:
             return self.raw_model.state_dict(), self.optimizer.state_dict() if self.rank == 0 else None
         if layout.dp_rank != 0:
             return None, None
+        if layout.pipeline_parallel:  # every stage's tensor rank 0 sends its whole tensors to rank 0
+            raw = self.raw_model
+            model_state = gather_model_state(raw, raw.whole_state_names, layout.pp_group, layout.tp_group)
+            opt_state = gather_optimizer_state(self.optimizer, self.optimizer.state_dict(), raw.canonical_names(),
+                                               raw.whole_groups, layout.pp_group, layout.tp_group)
+            return model_state, opt_state
         # rank 0's tensor group gathers (a collective over its ranks); only rank 0 keeps what it gathered
         model_state = unsharded_state_dict(self.raw_model, layout.tp_group, to=0)
         opt_state = unsharded_optimizer_state(self.optimizer.state_dict(), self.optimizer, layout.tp_group, to=0)

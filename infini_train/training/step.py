@@ -15,6 +15,12 @@ from .evaluation import to_device_tensor
 from .layout import Layout, step_seed  # noqa: F401  (step_seed is part of this module's interface)
 
 
+def _next_batch(loader, train_cfg):
+    if train_cfg.overfit_single_batch:
+        loader.reset()
+    return loader.next_batch()
+
+
 @dataclass
 class StepResult:
     loss: float
@@ -34,19 +40,27 @@ def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, de
     layout.seed_step(seed, step)
     optimizer.zero_grad(set_to_none=True)
     params = list(params)
-    loss_sum = 0.0
-    ddp = hasattr(model, "no_sync")
-    for micro in range(grad_accum):
-        if train_cfg.overfit_single_batch:
-            loader.reset()
-        x, y = loader.next_batch()
-        last = micro == grad_accum - 1
-        with model.no_sync() if ddp and not last else contextlib.nullcontext():
-            with amp() if amp is not None else contextlib.nullcontext():
-                _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
-            loss = loss / grad_accum
-            (loss if scaler is None else scaler.scale(loss)).backward()
-        loss_sum += loss.item()
+    amp = amp or contextlib.nullcontext
+
+    def backward(loss):
+        loss = loss / grad_accum
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        return loss
+
+    if layout.pipeline_parallel:  # the micro-batches go through the stages in the schedule's order
+        batches = [_next_batch(loader, train_cfg) for _ in range(grad_accum)]
+        loss_sum = model.train_step([to_device_tensor(x, device) for x, _ in batches],
+                                    [to_device_tensor(y, device) for _, y in batches], backward, amp)
+    else:
+        loss_sum = 0.0
+        ddp = hasattr(model, "no_sync")
+        for micro in range(grad_accum):
+            x, y = _next_batch(loader, train_cfg)
+            last = micro == grad_accum - 1
+            with model.no_sync() if ddp and not last else contextlib.nullcontext():
+                with amp():
+                    _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
+                loss_sum += backward(loss).item()
     loss_sum = layout.mean_over_data(loss_sum)
     layout.finish_gradients(model, optimizer)
     scale = None

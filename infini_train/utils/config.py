@@ -139,12 +139,17 @@ class TrainConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the ranks of a job share the work: world = tensor x data-parallel ranks, laid out tensor-fastest
-    (ranks 0..tensor-1 form the first tensor-parallel group); the data-parallel size is world / tensor."""
+    """How the ranks of a job share the work: world = pipeline x data-parallel x tensor ranks, laid out
+    tensor-fastest, then data, then pipeline (ranks 0..tensor-1 form the first tensor-parallel group; rank =
+    pp_rank * (DP * TP) + dp_rank * TP + tp_rank); the data-parallel size is world / (tensor x pipeline)."""
 
     tensor: int = _key(1, "tensor-parallel size: attention heads, MLP and vocabulary split over this many ranks")
     sequence: bool = _key(False, "sequence parallelism: layer norms and dropout on slices of the sequence "
                                  "(needs tensor > 1)")
+    pipeline: int = _key(1, "pipeline stages: the layers split into this many consecutive parts, one per rank")
+    virtual_pipeline: int = _key(1, "model chunks per pipeline stage (> 1 with pipeline_schedule=interleaved)")
+    pipeline_schedule: str = _key("1f1b", "gpipe | 1f1b | interleaved; micro-batches are the gradient-accumulation "
+                                          "steps")
     zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
                               "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too")
 

@@ -13,6 +13,7 @@ TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # smallest model vocab_size each
 BACKENDS = ("auto", "mpi", "nccl")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 class _Checker:
@@ -101,6 +102,21 @@ def check_ranges(cfg, errors, bad):
 def _check_parallel(cfg, c, errors):
     p, t = cfg.parallel, cfg.train
     c.need("parallel.tensor", lambda v: v >= 1, "an integer >= 1")
+    c.need("parallel.pipeline", lambda v: v >= 1, "an integer >= 1")
+    c.need("parallel.virtual_pipeline", lambda v: v >= 1, "an integer >= 1")
+    c.need("parallel.pipeline_schedule", lambda v: v in SCHEDULES,
+           f"one of {SCHEDULES}{_closest(p.pipeline_schedule, SCHEDULES)}")
+    if c.ok("parallel.virtual_pipeline", "parallel.pipeline_schedule", "parallel.pipeline"):
+        if p.pipeline_schedule == "interleaved" and p.virtual_pipeline < 2:
+            errors.append(f"parallel.virtual_pipeline: expected >= 2 with parallel.pipeline_schedule=interleaved "
+                          f"(model chunks per stage), got {p.virtual_pipeline}")
+        elif p.virtual_pipeline > 1 and p.pipeline_schedule != "interleaved":
+            errors.append(f"parallel.virtual_pipeline: expected 1 with parallel.pipeline_schedule="
+                          f"{p.pipeline_schedule!r} (only interleaved runs several chunks per stage), got "
+                          f"{p.virtual_pipeline}")
+        elif p.pipeline_schedule == "interleaved" and p.pipeline < 2:
+            errors.append("parallel.pipeline_schedule: expected parallel.pipeline >= 2 with interleaved, got "
+                          f"parallel.pipeline={p.pipeline}")
     if c.ok("parallel.tensor", "parallel.sequence") and p.sequence and p.tensor == 1:
         errors.append("parallel.sequence: expected parallel.tensor > 1 (sequence parallelism splits the sequence "
                       "over the tensor-parallel group), got parallel.sequence=true with parallel.tensor=1")
@@ -161,6 +177,12 @@ def _check_model(cfg, c, errors, presets):
         errors.append(f"{key}: expected n_embd ({n_embd}) divisible by n_head ({n_head}), got n_embd % n_head = "
                       f"{n_embd % n_head}")
         return
+    stages = cfg.parallel.pipeline * cfg.parallel.virtual_pipeline
+    if c.ok("parallel.pipeline", "parallel.virtual_pipeline") and stages > 1 and \
+            shape.get("n_layer", 12) % stages:
+        errors.append(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
+                      f"{cfg.parallel.pipeline} x {cfg.parallel.virtual_pipeline} = {stages} (equal model chunks), "
+                      f"got {shape.get('n_layer', 12)}")
     tensor = cfg.parallel.tensor
     if c.ok("parallel.tensor") and tensor > 1 and n_head % tensor:
         divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]

@@ -53,3 +53,23 @@ def test_ranks_that_end_together_without_destroy_exit_cleanly():
     proc = mpirun(2, "worker_failures.py", "clean", timeout=60, env=job_env(INFINI_TRAIN_EXIT_GRACE="2"))
     assert proc.returncode == 0, output(proc)
     assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout and "aborting" not in proc.stderr
+
+
+def test_a_rank_failing_inside_a_pipeline_transfer_ends_the_job_quickly():
+    t0 = time.monotonic()
+    proc = mpirun(2, "worker_failures.py", "pipeline", timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0, output(proc)
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to end\n{output(proc)}"
+    assert "[rank 1] ConnectionError: rank 1 failed inside a pipeline transfer on purpose" in proc.stderr, output(proc)
+    assert "should not get here" not in proc.stdout
+
+
+def test_a_pipeline_peer_that_stops_makes_the_receive_time_out_naming_it():
+    t0 = time.monotonic()
+    proc = mpirun(2, "worker_failures.py", "pipeline-hang", timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0, output(proc)
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to end\n{output(proc)}"
+    assert "[rank 0] RuntimeError: recv from 1 on group ranks [0, 1]" in proc.stderr, output(proc)
+    assert "did not complete within 2 s" in proc.stderr

@@ -169,6 +169,24 @@ elif rank == 1:
     dist.recv(got, src=0)
     check(got.numpy().tobytes() == inputs(0, (2, 2), np.float32).astype(BF16).tobytes(), "bf16 send/recv")
 
+# ---- batch_isend_irecv: send to both neighbours and receive from both in one batch (any shape, any order)
+if world > 1:
+    out_next = tensor(np.full((2, 3), 10.0 * rank + 1))
+    out_prev = tensor(np.full((4,), 10.0 * rank + 2, np.float32))
+    in_prev, in_next = tensor(np.zeros((2, 3))), tensor(np.zeros(4, np.float32))
+    ops = [dist.P2POp(dist.irecv, in_prev, peer_prev, tag=1), dist.P2POp(dist.isend, out_next, peer_next, tag=1),
+           dist.P2POp(dist.isend, out_prev, peer_prev, tag=2), dist.P2POp(dist.irecv, in_next, peer_next, tag=2)]
+    works = dist.batch_isend_irecv(ops)
+    check(len(works) == 4 and all(w.wait() for w in works), "batch_isend_irecv completes")
+    check(in_prev.tolist() == np.full((2, 3), 10.0 * peer_prev + 1).tolist(), "batched recv from the previous rank")
+    check(in_next.tolist() == [10.0 * peer_next + 2] * 4, "batched recv from the next rank")
+    check(dist.batch_isend_irecv([]) == [], "empty batch")
+    try:
+        dist.batch_isend_irecv([dist.P2POp(dist.all_reduce, out_next, peer_next)])
+        check(False, "a collective in batch_isend_irecv is refused")
+    except ValueError as exc:
+        check("expected op dist.isend or dist.irecv" in str(exc), "P2POp names the accepted ops")
+
 # ---- barrier
 check(dist.barrier() is None, "sync barrier")
 check(dist.barrier(async_op=True).wait(), "async barrier")

@@ -6,6 +6,10 @@
 - ``exit``: rank 1 calls sys.exit(3) while rank 0 waits in an all_reduce (300 s timeout): the exit guard must
   abort the job within its grace period (set to 2 s by the test).
 - ``clean``: both ranks end the script without destroy_process_group(): they exit together, status 0.
+- ``pipeline``: a two-stage GPT-2 pipeline; rank 1 raises inside its third point-to-point batch while rank 0 waits
+  for a gradient from it (300 s timeout): the abort ends rank 0 within seconds.
+- ``pipeline-hang``: rank 1 stops inside the pipeline (sleeps); rank 0's receive times out (2 s), naming the
+  transfer and the peer, uncaught: the job is aborted.
 - ``timeout``: rank 1 never joins; rank 0's async barrier wait(timeout=1) raises (caught and printed), then a
   sync all_reduce under init_process_group(timeout=2) raises uncaught, which aborts the job.
 """
@@ -19,7 +23,7 @@ import infini_train as it
 from infini_train import distributed as dist
 
 mode = sys.argv[1]
-dist.init_process_group("mpi", timeout=2.0 if mode == "timeout" else 300.0)
+dist.init_process_group("mpi", timeout=2.0 if mode in ("timeout", "pipeline-hang") else 300.0)
 rank = dist.get_rank()
 print(f"rank {rank} started", flush=True)
 
@@ -45,6 +49,27 @@ elif mode == "thread":
         threading.Thread(target=fail).start()
         time.sleep(60)
     dist.barrier()
+elif mode in ("pipeline", "pipeline-hang"):
+    from infini_train.models.gpt2 import GPT2, GPT2Config
+    from infini_train.models.gpt2_pipeline import PipelinedGPT2
+
+    it.manual_seed(0)
+    stage = PipelinedGPT2(GPT2(GPT2Config(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=8)),
+                          dist.default_group(), "1f1b")
+    group, calls = dist.default_group(), [0]
+    real = group.batch_isend_irecv
+
+    def failing(ops):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            if mode == "pipeline":
+                raise ConnectionError("rank 1 failed inside a pipeline transfer on purpose")
+            time.sleep(60)
+        return real(ops)
+
+    group.batch_isend_irecv = failing
+    batches = [it.tensor(np.zeros((1, 8), np.int64)) for _ in range(4)]
+    stage.train_step(batches, batches)
 elif mode == "timeout":
     if rank == 1:
         time.sleep(60)  # never joins

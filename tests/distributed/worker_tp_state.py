@@ -2,7 +2,7 @@
 split with parallelize_gpt2 against the whole model built from the same seed, on the same batch:
 
 - the loss, and every gradient once unsharded, equal the whole model's (with sequence parallelism too);
-- clip_grad_norm_tensor_parallel_ (2-norm and inf-norm) gives the whole model's norm and scaling;
+- clip_grad_norm_model_parallel_ (2-norm and inf-norm) gives the whole model's norm and scaling;
 - unsharded_state_dict is the whole model's state dict; loading it back gives every rank its shards;
 - the AdamW state after a step, unsharded, is the whole model's; sharded again, it is what the rank holds.
 """
@@ -15,7 +15,7 @@ from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.gpt2_parallel import parallelize_gpt2
 from infini_train.nn.parallel import all_reduce_sequence_parallel_grads, full_from_shards
-from infini_train.nn.parallel.grad_norm import clip_grad_norm_tensor_parallel_
+from infini_train.nn.parallel.grad_norm import clip_grad_norm_model_parallel_
 from infini_train.nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state,
                                                     unsharded_optimizer_state, unsharded_state_dict)
 from infini_train.nn.utils import clip_grad_norm_
@@ -63,7 +63,7 @@ for norm_type in (2.0, float("inf")):
     whole_grads = {n: p.grad.numpy().copy() for n, p in whole.named_parameters()}
     split_grads = {n: p.grad.numpy().copy() for n, p in split.named_parameters()}
     expected = clip_grad_norm_(whole.parameters(), 0.01, norm_type).item()
-    got = clip_grad_norm_tensor_parallel_(split.parameters(), 0.01, group, norm_type).item()
+    got = clip_grad_norm_model_parallel_(split.parameters(), 0.01, group, norm_type=norm_type).item()
     close(got, expected, f"{norm_type}-norm")
     ratio = {n: p.grad.numpy() / np.where(split_grads[n] == 0, 1, split_grads[n]) for n, p in split.named_parameters()}
     scale = 0.01 / (expected + 1e-6)

@@ -154,6 +154,31 @@ class ZeroRedundancyOptimizer:
                 source = space.flat_grad[flat_start:flat_start + (b - a)]
             view.grad = Tensor._make(source, p.device)
 
+    def reduce_gradients(self, shard):
+        """Average the accumulated whole gradients over the group at once (pipeline runs, where no DDP reduces
+        while backward goes on): in place in the flat gradient buffer (ZeRO-1), or reduce-scattered into this rank's
+        gradient shard (ZeRO-2, as Megatron-LM's distributed optimizer does; the whole gradients live until then)."""
+        from ... import distributed as dist
+
+        if self.flat_grad_dropped():
+            raise RuntimeError("ZeroRedundancyOptimizer.reduce_gradients: the whole gradients were dropped by "
+                               "DistributedDataParallel's ZeRO-2 reducer\nHINT: use one or the other")
+        for space in self.spaces:
+            flat = Tensor._make(space.flat_grad, space.device)
+            if shard:
+                out = Tensor._make(space.grad_shard, space.device)
+                dist.reduce_scatter_tensor(out, flat, dist.ReduceOp.SUM, group=self.group)
+                space.grad_shard /= self.world
+            else:
+                dist.all_reduce(flat, "avg", group=self.group)
+            for p in space.params:
+                p.grad._version[0] += 1
+        self.sharded_gradients = bool(shard)
+        self._point_grads()
+
+    def flat_grad_dropped(self):
+        return any(space.flat_grad is None for space in self.spaces)
+
     def owned_grads(self):
         """(parameter, gradient of its owned piece) for each piece this rank owns; the gradients are views into
         the flat buffers, so changing them in place changes what the next ``step`` uses."""
@@ -198,21 +223,23 @@ class ZeroRedundancyOptimizer:
             p._version[0] += 1
 
     @no_grad()
-    def clip_grad_norm_(self, max_norm, norm_type=2.0, tensor_group=None):
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, tensor_group=None, pipeline_group=None):
         """Scale every rank's gradient shard so that the global norm is at most ``max_norm``; returns the
         global norm (over the whole model) as a 0-d float32 tensor, the same on every rank.
 
-        ``tensor_group``: the parameters are also split over this tensor-parallel group; a parameter with a
-        ``tp_spec`` counts its shard on every rank of it, a replicated one only on tensor rank 0."""
+        The parameters may also be split over a ``tensor_group`` (a parameter with a ``tp_spec`` counts its shard on
+        every rank of it, a replicated one only on tensor rank 0) and a ``pipeline_group`` (each stage counts its
+        own; the last stage's copy of a tied weight, marked ``shared_embedding``, does not count)."""
         from ... import distributed as dist
 
         norm_type = float(norm_type)
         self._point_grads()
         pieces = [view.grad.array for view, *_ in self.pieces]
-        counted = pieces
-        if tensor_group is not None and tensor_group.rank != 0:
-            counted = [g for g, (_, _, p, *_) in zip(pieces, self.pieces) if getattr(p, "tp_spec", None) is not None]
-        groups = [self.group] + ([tensor_group] if tensor_group is not None and tensor_group.size > 1 else [])
+        skip_replicated = tensor_group is not None and tensor_group.rank != 0
+        counted = [g for g, (_, _, p, *_) in zip(pieces, self.pieces)
+                   if not getattr(p, "shared_embedding", False)
+                   and not (skip_replicated and getattr(p, "tp_spec", None) is None)]
+        groups = [self.group] + [g for g in (tensor_group, pipeline_group) if g is not None and g.size > 1]
         if norm_type == math.inf:
             local = max((float(abs(g).max()) for g in counted if g.size), default=0.0)
             total = Tensor(np.array([local], np.float64))

@@ -3,7 +3,7 @@
 embedding and cross-entropy, clipping by the whole model's norm, and unsharded state dicts for checkpoints."""
 from .data_parallel import DataParallel, parallel_apply, replicate
 from .distributed import DistributedDataParallel, Reducer
-from .grad_norm import clip_grad_norm_tensor_parallel_
+from .grad_norm import clip_grad_norm_model_parallel_
 from .mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,

@@ -1,9 +1,11 @@
-"""Gradient clipping of a tensor-parallel model by the norm of the whole model's gradient.
+"""Gradient clipping of a model split over tensor-parallel ranks and pipeline stages, by the norm of the whole
+model's gradient.
 
-A sharded parameter (``tp_spec`` set) holds a different part of the gradient on each rank of the tensor group;
-a replicated one holds the same gradient on every rank (after ``all_reduce_sequence_parallel_grads`` for those
-marked ``sequence_parallel``). The global norm counts every shard once and every replicated gradient once (on
-tensor rank 0), then sums over the group, as Megatron-LM's clip_grad_norm does.
+A sharded parameter (``tp_spec`` set) holds a different part of the gradient on each rank of the tensor group; a
+replicated one the same gradient on every rank (after ``all_reduce_sequence_parallel_grads`` for those marked
+``sequence_parallel``); the last pipeline stage's copy of a tied weight (``shared_embedding``) the same gradient as
+the first stage's original. The global norm counts every shard once, every replicated gradient once (on tensor rank
+0) and no copy, then sums over the tensor and pipeline groups, as Megatron-LM's clip_grad_norm does.
 """
 from __future__ import annotations
 
@@ -17,35 +19,34 @@ from ...tensor import Tensor
 from ..utils import clip_grads_with_norm_, get_total_norm
 
 
-def counts_in_norm(param, group):
-    """Whether this rank counts ``param``'s gradient in the global norm: its shard, or a replicated tensor on
-    tensor rank 0 only."""
-    return getattr(param, "tp_spec", None) is not None or group.rank == 0
+def counts_in_norm(param, tensor_group=None):
+    """Whether this rank counts ``param``'s gradient in the global norm."""
+    if getattr(param, "shared_embedding", False):
+        return False
+    return getattr(param, "tp_spec", None) is not None or tensor_group is None or tensor_group.rank == 0
 
 
 @no_grad()
-def clip_grad_norm_tensor_parallel_(parameters, max_norm, group, norm_type=2.0):
-    """``clip_grad_norm_`` for parameters split over the tensor-parallel ``group``: the same total norm (the whole
-    model's, returned as a 0-d Tensor) and the same scaling on every rank. In a group of one it is exactly
-    ``clip_grad_norm_``."""
+def clip_grad_norm_model_parallel_(parameters, max_norm, tensor_group=None, pipeline_group=None, norm_type=2.0):
+    """``clip_grad_norm_`` for this rank's parameters of a model split over ``tensor_group`` and/or
+    ``pipeline_group``: the same total norm (the whole model's, returned as a 0-d Tensor) and the same scaling on
+    every rank. Without groups it is exactly ``clip_grad_norm_``."""
     params = [p for p in parameters if p.grad is not None]
     norm_type = float(norm_type)
-    local = get_total_norm([p.grad for p in params if counts_in_norm(p, group)], norm_type)
+    local = get_total_norm([p.grad for p in params if counts_in_norm(p, tensor_group)], norm_type)
     total = local
-    if group.size > 1:
+    groups = [g for g in (tensor_group, pipeline_group) if g is not None and g.size > 1]
+    if groups:
         value = float(local.item())
-        if norm_type == math.inf:
-            reduced = np.array([value], np.float64)
-            group.all_reduce(reduced, ReduceOp.MAX)
-            whole = reduced[0]
-        else:
-            reduced = np.array([value ** norm_type], np.float64)
-            group.all_reduce(reduced, ReduceOp.SUM)
-            whole = reduced[0] ** (1.0 / norm_type)
+        inf = norm_type == math.inf
+        reduced = np.array([value if inf else value ** norm_type], np.float64)
+        for group in groups:
+            group.all_reduce(reduced, ReduceOp.MAX if inf else ReduceOp.SUM)
+        whole = reduced[0] if inf else reduced[0] ** (1.0 / norm_type)
         with local.device.context():
             total = Tensor._make(local.device.array_module().asarray(whole, dtype=local.dtype), local.device)
     clip_grads_with_norm_(params, max_norm, total)
     return total
 
 
-__all__ = ["clip_grad_norm_tensor_parallel_", "counts_in_norm"]
+__all__ = ["clip_grad_norm_model_parallel_", "counts_in_norm"]

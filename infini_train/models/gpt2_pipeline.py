@@ -1,0 +1,197 @@
+"""GPT-2 split into pipeline stages: the embeddings on the first, the final layer norm, lm_head and loss on the
+last, n_layer / (P x V) blocks per model chunk.
+
+``PipelinedGPT2(model, group, schedule, virtual)`` takes a whole GPT2 (built and initialised as in one process, and
+possibly split over a tensor group already) and keeps this stage's chunks. Parameters keep the whole model's names,
+so checkpoints are the files of a one-process run. The tied embedding / lm_head weight lives twice, as the first
+stage's embedding and the last stage's output layer (a copy marked ``shared_embedding``); their gradients are summed
+over the embedding group (first and last stage) before the step, so the copies stay equal (Megatron-LM's embedding
+group), and only the embedding counts in the gradient norm.
+
+Training runs the schedule (``train_step``); calling the model runs one batch through the stages in turn and gives
+every rank of the pipeline the result, so validation and generation work unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from .. import nn
+from ..autograd.grad_mode import no_grad
+from ..nn.parallel.pipeline import PipelineParallel
+from ..nn.parallel.tensor_parallel import ParallelParameter
+from ..tensor import Tensor
+from .gpt2 import GPT2
+from .gpt2_parallel import VocabParallelHead
+
+TIED = "transformer.wte.weight"  # the one name the tied embedding / lm_head weight has in the optimizer
+
+
+class GPT2Chunk(GPT2):
+    """Some consecutive blocks of a GPT2, with the embeddings when ``first`` and the head when ``last``;
+    submodules keep their names in the whole model (``transformer.h.5``, ``lm_head``)."""
+
+    def __init__(self, model, layers, first, last, head=None):
+        nn.Module.__init__(self)
+        self.config, self.tp = model.config, model.tp
+        self.first, self.last = first, last
+        parts = {}
+        if first:
+            parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe, drop=model.transformer.drop)
+        parts["h"] = nn.ModuleDict({str(i): model.transformer.h[i] for i in layers})
+        if last:
+            parts["ln_f"] = model.transformer.ln_f
+        self.transformer = nn.ModuleDict(parts)
+        if last:
+            self.lm_head = head if head is not None else model.lm_head
+
+    def numbered_blocks(self):
+        return ((int(k), block) for k, block in self.transformer.h.items())
+
+    def forward(self, x, targets=None, kv_cache=None, last_only=False):
+        if self.first:
+            x = self.embed(x, kv_cache)
+        x = self.run_blocks(x, kv_cache)
+        return self.head(x, targets, last_only) if self.last else x
+
+
+def _head_copy(model):
+    """The last stage's output layer: the tied weight copied into its own Parameter (marked shared_embedding)."""
+    source = model.transformer.wte.weight
+    weight = ParallelParameter(Tensor._make(source.array.copy(), source.device), requires_grad=source.requires_grad)
+    weight.tp_spec = getattr(source, "tp_spec", None)
+    weight.shared_embedding = True
+    if model.tp is not None:
+        return VocabParallelHead(weight, model.tp.group, model.tp.sequence_parallel)
+    head = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(head)
+    head.in_features, head.out_features = model.config.n_embd, model.config.vocab_size
+    head.weight = weight
+    head.register_parameter("bias", None)
+    return head
+
+
+class PipelinedGPT2(nn.Module):
+    """This pipeline stage's part of a GPT2: ``chunks`` (V of them), run by a PipelineParallel over ``group``."""
+
+    def __init__(self, model, group, schedule="1f1b", virtual=1):
+        super().__init__()
+        P, V, L = group.size, int(virtual), model.config.n_layer
+        if L % (P * V):
+            raise ValueError(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
+                             f"{P} x {V} = {P * V}, got {L}\nHINT: choose sizes whose product divides the layers")
+        self.config, self.tp, self.group = model.config, model.tp, group
+        per_chunk = L // (P * V)
+        chunks = []
+        for local in range(V):
+            c = local * P + group.rank
+            first, last = c == 0, c == P * V - 1
+            head = _head_copy(model) if last and not first else None
+            chunks.append(GPT2Chunk(model, range(c * per_chunk, (c + 1) * per_chunk), first, last, head))
+        self.chunks = nn.ModuleList(chunks)
+        self.pipe = PipelineParallel(chunks, group, schedule, V)
+        # the whole model's layout, kept to write and read one-process checkpoints
+        self.whole_state_names = list(model.state_dict(keep_vars=True))
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.whole_groups = [[names[id(p)] for p in g["params"]] for g in model.optimizer_groups(0.0)]
+        self.whole_num_params = model.num_params()
+        self.whole_num_params_non_embedding = model.num_params(non_embedding=True)
+
+    # ---------------------------------------------------------------------------------------- the model API
+    def num_params(self, non_embedding=False):
+        """Parameters of the whole model (every stage)."""
+        return self.whole_num_params_non_embedding if non_embedding else self.whole_num_params
+
+    def flops_per_token(self, seq_len=None):
+        cfg = self.config
+        return 6 * self.whole_num_params_non_embedding + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (
+            seq_len or cfg.block_size)
+
+    def optimizer_groups(self, weight_decay):
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """This stage's entries under the whole model's names."""
+        out = {} if destination is None else destination
+        for chunk in self.chunks:
+            chunk.state_dict(out, prefix, keep_vars)
+        return out
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Load this stage's entries from a whole model's state dict."""
+        own = self.state_dict(keep_vars=True)
+        for chunk in self.chunks:
+            chunk.load_state_dict({k: state_dict[k] for k in chunk.state_dict(keep_vars=True) if k in state_dict},
+                                  strict=strict)
+        return [k for k in own if k not in state_dict], []
+
+    def new_kv_cache(self, batch_size, device, dtype=backend.float32):
+        return self.chunks[0].new_kv_cache(batch_size, device, dtype)
+
+    def _activation(self, batch, length, dtype):
+        tp = self.tp
+        local = length // tp.size if tp is not None and tp.sequence_parallel else length
+        return (batch, local, self.config.n_embd), dtype
+
+    def _dtype(self):
+        return next(iter(self.parameters())).dtype
+
+    # ------------------------------------------------------------------------------------------- running
+    def train_step(self, inputs, targets, backward=None, forward_context=None):
+        """Forward and backward of the micro-batches (see PipelineParallel.train_step); returns their mean loss on
+        every stage."""
+        shape, dtype = self._activation(*inputs[0].shape, self._dtype())
+        losses = self.pipe.train_step(inputs, targets, shape, dtype, inputs[0].device, backward, forward_context)
+        mean = np.array([np.mean(losses) if losses is not None else 0.0], np.float64)
+        self.group.broadcast(mean, self.pipe.owner(self.pipe.num_chunks - 1))
+        return float(mean[0])
+
+    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
+        """One batch through every stage in turn: (logits, loss) on every rank of the pipeline (logits only when
+        ``last_only`` (generation), the loss when ``targets`` are given)."""
+        B, T = idx.shape
+        shape, dtype = self._activation(B, T, self._dtype())
+        with no_grad():
+            out = self.pipe.forward(idx, shape, dtype, idx.device, targets=targets, kv_cache=kv_cache,
+                                    last_only=last_only)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        last = self.pipe.owner(self.pipe.num_chunks - 1)
+        loss = logits = None
+        if targets is not None:
+            value = np.array([out[1].item() if out is not None else 0.0], np.float64)
+            self.group.broadcast(value, last)
+            loss = Tensor(np.array(value[0], np.float32))
+        if last_only:
+            xp = idx.device.array_module()
+            with idx.device.context():
+                buffer = (xp.ascontiguousarray(out[0].array, dtype=backend.float32) if out is not None
+                          else xp.empty((B, 1, self.config.vocab_size), backend.float32))
+            logits = Tensor._make(buffer, idx.device)
+            self.group.broadcast(logits, last)
+        return logits, loss
+
+    def generate(self, idx, max_new_tokens, **kwargs):
+        """Sampling through the pipeline: every rank of it gets the same tokens (see GPT2.generate)."""
+        from .generation import generate
+
+        return generate(self, idx, max_new_tokens, **kwargs)
+
+    # ------------------------------------------------------------------------------------------- weights
+    def shared_embedding_params(self):
+        """The tied weight on this stage: the embedding on the first stage, its copy on the last, else []."""
+        return ([c.transformer.wte.weight for c in self.chunks if c.first]
+                + [c.lm_head.weight for c in self.chunks if c.last and not c.first])
+
+    def canonical_names(self):
+        """{id(parameter): its name in the whole model's optimizer state} (the lm_head copy is the embedding)."""
+        names = {}
+        for name, p in self.state_dict(keep_vars=True).items():
+            if isinstance(p, nn.Parameter):
+                names.setdefault(id(p), TIED if getattr(p, "shared_embedding", False) else name)
+        return names
+
+
+__all__ = ["GPT2Chunk", "PipelinedGPT2", "TIED"]

@@ -1,0 +1,216 @@
+"""Pipeline parallelism: this rank runs stage ``group.rank`` of a pipeline over ``group`` (its model chunks), passing
+activations forward and gradients back to the neighbouring stages with point-to-point transfers.
+
+``PipelineParallel(chunks, group, schedule, virtual)``: ``chunks`` are this stage's model chunks in local order
+(local chunk v is model chunk v * P + stage, see pipeline_schedules.py). A chunk is called as ``chunk(x, targets)``:
+the first model chunk gets the micro-batch's inputs, the others the previous chunk's activation; the last returns
+``(output, loss)``, the others their activation, a Tensor of ``activation_shape``.
+
+``train_step`` runs the forwards and backwards of every micro-batch in the schedule's order (``timetable``): at each
+tick this stage runs its action, then sends what it produced and posts the receives of what its neighbours produced
+at that tick, all in one ``batch_isend_irecv``; a receive is waited on only when its action runs. An activation is
+kept until its backward ran, then freed with its graph. Gradients accumulate in the parameters; the caller syncs
+them (data parallel, tied weights) and steps.
+
+``forward`` runs one input through the chunks in order (no overlap: evaluation and generation).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from ...autograd.grad_mode import no_grad
+from ...tensor import Tensor
+from .pipeline_schedules import check_schedule, forward_only_order, stage_order, timetable
+
+
+class PipelineParallel:
+    def __init__(self, chunks, group, schedule="1f1b", virtual=1):
+        self.chunks = list(chunks)
+        self.group, self.stages, self.stage = group, group.size, group.rank
+        self.schedule, self.virtual = schedule, int(virtual)
+        if len(self.chunks) != self.virtual:
+            raise ValueError(f"PipelineParallel: expected {self.virtual} model chunks on this stage (virtual), got "
+                             f"{len(self.chunks)}")
+        self.num_chunks = self.stages * self.virtual
+        self._tables = {}
+        self.stats = {}  # of the last train_step: busy and total seconds, live activations
+
+    # ------------------------------------------------------------------------------------------- layout
+    def owner(self, chunk):
+        """The stage that runs model chunk ``chunk``."""
+        return chunk % self.stages
+
+    def local(self, chunk):
+        return self.chunks[chunk // self.stages]
+
+    def is_first(self, chunk):
+        return chunk == 0
+
+    def is_last(self, chunk):
+        return chunk == self.num_chunks - 1
+
+    @property
+    def owns_last(self):
+        """Whether this stage runs the last model chunk (the loss)."""
+        return self.owner(self.num_chunks - 1) == self.stage
+
+    def _table(self, micro_batches, forward_only):
+        key = (micro_batches, forward_only)
+        if key not in self._tables:
+            P, V = self.stages, self.virtual
+            if forward_only:
+                orders = [forward_only_order(P, V, micro_batches, s) for s in range(P)]
+            else:
+                check_schedule(self.schedule, P, V, micro_batches)
+                orders = [stage_order(self.schedule, P, V, micro_batches, s) for s in range(P)]
+            self._tables[key] = timetable(orders, P, V)
+        return self._tables[key]
+
+    def _tag(self, kind, chunk, mb, micro_batches):
+        return ((chunk * micro_batches + mb) * 2 + (kind == "B")) % 32768
+
+    def _destination(self, kind, chunk):
+        """The stage a message produced by ``kind`` of ``chunk`` goes to (None: it stays here)."""
+        if kind == "F":
+            return None if self.is_last(chunk) else self.owner(chunk + 1)
+        return None if self.is_first(chunk) else self.owner(chunk - 1)
+
+    # -------------------------------------------------------------------------------------------- train
+    def train_step(self, inputs, targets, activation_shape, activation_dtype, device, backward=None,
+                   forward_context=None):
+        """Forward and backward of every micro-batch (``inputs[m]``, ``targets[m]``: Tensors; every stage passes
+        the same lists). ``backward(loss)`` runs the backward of a micro-batch's loss on the last stage (default
+        ``loss.backward()``: scale it there, e.g. by 1 / M or a GradScaler); forwards run under
+        ``forward_context()`` (e.g. autocast). Returns the micro-batch losses (floats) on the stage of the last
+        chunk, None elsewhere."""
+        forward_context = forward_context or contextlib.nullcontext
+        M = len(inputs)
+        table = self._table(M, forward_only=False)
+        run = _Step(self, inputs, targets, activation_shape, activation_dtype, device, backward, forward_context)
+        start = time.perf_counter()
+        for row in table:
+            action = row[self.stage]
+            ops = run.act(action) if action is not None else []
+            ops += self._receives(row, run.received, activation_shape, activation_dtype, device, M)
+            if ops:
+                works = self.group.batch_isend_irecv([op[:4] for op in ops])
+                for op, work in zip(ops, works):
+                    if op[0] == "send":
+                        run.sends.append((work, op[1]))
+                    else:
+                        run.received[op[4]] = (op[1], work)
+            run.sends = [(w, a) for w, a in run.sends if not w.is_completed()]
+        for work, _ in run.sends:
+            work.wait()
+        self.stats = {"busy_s": run.busy, "total_s": time.perf_counter() - start, "ticks": len(table),
+                      "peak_live_microbatches": run.peak}
+        return [run.losses[m] for m in range(M)] if self.owns_last else None
+
+    def _receives(self, row, received, shape, dtype, device, M):
+        """Receive ops for the messages the other stages produce at this tick for this one."""
+        ops = []
+        for stage, action in enumerate(row):
+            if action is None or stage == self.stage or self._destination(action.kind, action.chunk) != self.stage:
+                continue
+            xp = device.array_module()
+            with device.context():
+                buffer = xp.empty(shape, dtype)
+            key = (action.kind, action.chunk, action.mb)
+            ops.append(("recv", buffer, stage, self._tag(action.kind, action.chunk, action.mb, M), key))
+        return ops
+
+    @staticmethod
+    def _arrived(pending, device, requires_grad=False):
+        """The received array as a Tensor, once its transfer completed (a leaf that takes a gradient: an
+        activation whose gradient goes back to the previous stage)."""
+        array, work = pending
+        work.wait()
+        x = Tensor._make(array, device)
+        return x.requires_grad_(True) if requires_grad else x
+
+    @staticmethod
+    def _check_activation(out, shape, dtype, chunk):
+        if not isinstance(out, Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+            got = f"{type(out).__name__} of shape {tuple(out.shape)} and dtype {out.dtype}" if isinstance(out, Tensor) \
+                else type(out).__name__
+            raise ValueError(f"pipeline: model chunk {chunk} produced {got}, expected a Tensor of shape {tuple(shape)} "
+                             f"and dtype {dtype} to send to the next stage\nHINT: every chunk but the last returns the "
+                             "activation the next chunk takes")
+
+    # ------------------------------------------------------------------------------------------ forward
+    @no_grad()
+    def forward(self, x, activation_shape, activation_dtype, device, **kwargs):
+        """One input through every chunk in order; returns the last chunk's output on its stage, None elsewhere.
+        ``kwargs`` go to every chunk (e.g. a KV cache); the last also gets ``targets`` if given."""
+        targets = kwargs.pop("targets", None)
+        out = None
+        for c in range(self.num_chunks):
+            if self.owner(c) != self.stage:
+                continue
+            if not self.is_first(c):
+                xp = device.array_module()
+                with device.context():
+                    buffer = xp.empty(activation_shape, activation_dtype)
+                self.group.recv(Tensor._make(buffer, device), self.owner(c - 1), self._tag("F", c - 1, 0, 1))
+                x = Tensor._make(buffer, device)
+            out = self.local(c)(x, targets, **kwargs) if self.is_last(c) else self.local(c)(x, None, **kwargs)
+            if not self.is_last(c):
+                self._check_activation(out, activation_shape, activation_dtype, c)
+                self.group.send(out, self.owner(c + 1), self._tag("F", c, 0, 1))
+                x = out
+        return out if self.owns_last else None
+
+
+class _Step:
+    """The state of one train_step on this stage: what each action needs and leaves, and the time it computes
+    (waiting for a transfer is not computing: the bubble is measured from it)."""
+
+    def __init__(self, pipe, inputs, targets, shape, dtype, device, backward, forward_context):
+        self.pipe, self.inputs, self.targets = pipe, inputs, targets
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.backward = backward or Tensor.backward
+        self.forward_context = forward_context
+        self.M = len(inputs)
+        self.kept_in, self.kept_out, self.received, self.sends, self.losses = {}, {}, {}, [], {}
+        self.busy, self.live, self.peak = 0.0, 0, 0
+
+    def act(self, action):
+        """Run one action; returns the send ops for what it produced."""
+        pipe, c, m = self.pipe, action.chunk, action.mb
+        if action.kind == "F":
+            x = self.inputs[m] if pipe.is_first(c) else pipe._arrived(self.received.pop(("F", c - 1, m)),
+                                                                      self.device, True)
+            t0 = time.perf_counter()
+            with self.forward_context():
+                out = pipe.local(c)(x, self.targets[m] if pipe.is_last(c) else None)
+            self.kept_in[(c, m)] = x
+            self.live += 1
+            self.peak = max(self.peak, self.live)
+            if pipe.is_last(c):
+                self.kept_out[(c, m)] = out[1]
+                self.losses[m] = float(out[1].item())
+                self.busy += time.perf_counter() - t0
+                return []
+            pipe._check_activation(out, self.shape, self.dtype, c)
+            self.kept_out[(c, m)] = out
+            self.busy += time.perf_counter() - t0
+            return [("send", out.array, pipe.owner(c + 1), pipe._tag("F", c, m, self.M))]
+        out = self.kept_out.pop((c, m))
+        grad = None if pipe.is_last(c) else pipe._arrived(self.received.pop(("B", c + 1, m)), self.device)
+        t0 = time.perf_counter()
+        if grad is None:
+            self.backward(out)
+        else:
+            out.backward(grad)
+        x = self.kept_in.pop((c, m))
+        self.live -= 1
+        ops = []
+        if not pipe.is_first(c):
+            g = x.grad if x.grad is not None else Tensor._make(x.array * 0, self.device)
+            ops.append(("send", g.array, pipe.owner(c - 1), pipe._tag("B", c, m, self.M)))
+        self.busy += time.perf_counter() - t0
+        return ops
+
+
+__all__ = ["PipelineParallel"]

@@ -1,0 +1,109 @@
+"""Under ``mpiexec -n P`` (P = 2 or 4, one pipeline): a tiny GPT-2 split into P stages (PipelinedGPT2) against the
+whole model built from the same seed, on the same M = 8 micro-batches, for every schedule (interleaved with V = 2):
+
+- the mean loss and every gradient (the tied embedding's summed over its two copies) equal the whole model's;
+- each stage holds at most the activations the schedule promises: M micro-batches under gpipe, P - stage under 1f1b;
+- the sequential forward (validation, generation) gives the whole model's loss and last-position logits;
+- gathered on rank 0 the stages' state is the whole model's state dict, and after an AdamW step the whole AdamW
+  state dict (numbering included); the local part taken back from it is what each stage holds.
+Prints "rank R: pipeline ok".
+"""
+import numpy as np
+
+import infini_train as it
+from infini_train import distributed as dist
+from infini_train.models.gpt2 import GPT2, GPT2Config
+from infini_train.models.gpt2_pipeline import PipelinedGPT2
+from infini_train.nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
+from infini_train.nn.parallel.tensor_parallel import all_reduce_grads
+
+dist.init_process_group("mpi")
+rank, world = dist.get_rank(), dist.get_world_size()
+group = dist.default_group()
+config = GPT2Config(block_size=16, vocab_size=67, n_layer=8, n_head=2, n_embd=16)
+M = 8
+rng = np.random.default_rng(0)
+xs = [it.tensor(rng.integers(0, 67, (2, 16))) for _ in range(M)]
+ys = [it.tensor(rng.integers(0, 67, (2, 16))) for _ in range(M)]
+embedding_group = dist.new_group([0, world - 1])
+
+
+def build():
+    it.manual_seed(0)
+    return GPT2(config)
+
+
+def close(a, b, what, rtol=1e-5, atol=1e-6):
+    a, b = (np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in (a, b))
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"rank {rank}: {what}")
+
+
+whole = build()
+for x, y in zip(xs, ys):
+    (whole(x, y)[1] / M).backward()
+whole_loss = np.mean([whole(x, y)[1].item() for x, y in zip(xs, ys)])
+whole_grads = {n: p.grad.numpy() for n, p in whole.named_parameters()}
+
+for schedule, virtual in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+    stage = PipelinedGPT2(build(), group, schedule, virtual)
+    loss = stage.train_step(xs, ys, backward=lambda loss: (loss / M).backward())
+    close(loss, whole_loss, f"{schedule} loss")
+    if rank in (0, world - 1):
+        all_reduce_grads([p.grad for p in stage.shared_embedding_params()], embedding_group)
+    for name, p in stage.state_dict(keep_vars=True).items():
+        expected = whole_grads["transformer.wte.weight" if name == "lm_head.weight" else name]
+        close(p.grad, expected, f"{schedule} gradient of {name}")
+    peak = stage.pipe.stats["peak_live_microbatches"]
+    promised = {"gpipe": M, "1f1b": min(world - rank, M), "interleaved": None}[schedule]
+    assert promised is None or peak == promised, (schedule, rank, peak, promised)
+
+stage = PipelinedGPT2(build(), group, "1f1b")
+stage.eval()
+whole.eval()
+_, loss = stage(xs[0], ys[0])
+close(loss, whole(xs[0], ys[0])[1], "sequential forward loss")
+cache, whole_cache = stage.new_kv_cache(2, it.device("cpu")), whole.new_kv_cache(2, it.device("cpu"))
+logits, _ = stage(xs[0][:, :5], kv_cache=cache, last_only=True)
+close(logits, whole(xs[0][:, :5], kv_cache=whole_cache, last_only=True)[0], "generation logits")
+logits, _ = stage(xs[0][:, 5:6], kv_cache=cache, last_only=True)  # one more token through the stages' caches
+close(logits, whole(xs[0][:, 5:6], kv_cache=whole_cache, last_only=True)[0], "cached generation logits")
+tokens = stage.generate(xs[0][:1, :3], 6, temperature=0)
+assert tokens.numpy().tolist() == whole.generate(xs[0][:1, :3], 6, temperature=0).numpy().tolist()
+
+state = gather_model_state(stage, stage.whole_state_names, group)
+assert (state is None) == (rank != 0)
+if state is not None:
+    reference = whole.state_dict()
+    assert list(state) == list(reference)
+    for name in reference:
+        close(state[name], reference[name], f"gathered {name}", rtol=0, atol=0)
+
+stage.train()
+whole.train()
+for x, y in zip(xs, ys):  # one micro-batch at a time: the same gradients as the whole model's
+    stage.train_step([x], [y], backward=lambda loss: (loss / M).backward())
+opt = it.optim.AdamW(stage.optimizer_groups(0.1), lr=1e-3)
+whole_opt = it.optim.AdamW(whole.optimizer_groups(0.1), lr=1e-3)
+if rank in (0, world - 1):
+    all_reduce_grads([p.grad for p in stage.shared_embedding_params()], embedding_group)
+opt.step()
+whole_opt.step()
+names = stage.canonical_names()
+gathered = gather_optimizer_state(opt, opt.state_dict(), names, stage.whole_groups, group)
+if rank == 0:
+    ref = whole_opt.state_dict()
+    assert gathered["param_groups"] == ref["param_groups"], (gathered["param_groups"], ref["param_groups"])
+    assert sorted(gathered["state"]) == sorted(ref["state"])
+    for i, entry in ref["state"].items():
+        for key, value in entry.items():
+            close(gathered["state"][i][key], value, f"optimizer {key} of {i}", rtol=1e-4)
+whole_state = whole_opt.state_dict()
+local = local_optimizer_state(whole_state, opt, names, stage.whole_groups)
+mine = opt.state_dict()
+assert local["param_groups"] == mine["param_groups"]
+for i, entry in mine["state"].items():
+    for key, value in entry.items():
+        close(local["state"][i][key], value, f"local {key} of {i}", rtol=1e-4)
+
+print(f"rank {rank}: pipeline ok", flush=True)
+dist.destroy_process_group()
