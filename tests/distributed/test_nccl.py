@@ -50,3 +50,10 @@ def test_tp2_training_on_two_gpus_gives_the_losses_of_one_gpu(tmp_path):
                   "parallel.sequence=true"), ranks=2)
     losses = [np.array([r["loss"] for r in metrics(tmp_path / name) if "loss" in r]) for name in ("one", "tp2")]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+@needs_two_gpus
+def test_pipeline_stages_over_nccl_are_the_whole_model():
+    proc = mpirun(2, "worker_pipeline.py", "--cuda", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.count("pipeline ok") == 2, output(proc)

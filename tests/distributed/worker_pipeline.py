@@ -1,5 +1,6 @@
-"""Under ``mpiexec -n P`` (P = 2 or 4, one pipeline): a tiny GPT-2 split into P stages (PipelinedGPT2) against the
-whole model built from the same seed, on the same M = 8 micro-batches, for every schedule (interleaved with V = 2):
+"""Under ``mpiexec -n P`` (P = 2 or 4, one pipeline; ``--cuda``: one GPU per rank over NCCL): a tiny GPT-2 split
+into P stages (PipelinedGPT2) against the whole model built from the same seed, on the same M = 8 micro-batches, for
+every schedule (interleaved with V = 2):
 
 - the mean loss and every gradient (the tied embedding's summed over its two copies) equal the whole model's;
 - each stage holds at most the activations the schedule promises: M micro-batches under gpipe, P - stage under 1f1b;
@@ -8,6 +9,8 @@ whole model built from the same seed, on the same M = 8 micro-batches, for every
   state dict (numbering included); the local part taken back from it is what each stage holds.
 Prints "rank R: pipeline ok".
 """
+import sys
+
 import numpy as np
 
 import infini_train as it
@@ -17,20 +20,22 @@ from infini_train.models.gpt2_pipeline import PipelinedGPT2
 from infini_train.nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
 from infini_train.nn.parallel.tensor_parallel import all_reduce_grads
 
-dist.init_process_group("mpi")
+on_gpu = "--cuda" in sys.argv
+dist.init_process_group("nccl" if on_gpu else "mpi")
 rank, world = dist.get_rank(), dist.get_world_size()
+device = it.device(f"cuda:{dist.get_local_rank()}" if on_gpu else "cpu")
 group = dist.default_group()
 config = GPT2Config(block_size=16, vocab_size=67, n_layer=8, n_head=2, n_embd=16)
 M = 8
 rng = np.random.default_rng(0)
-xs = [it.tensor(rng.integers(0, 67, (2, 16))) for _ in range(M)]
-ys = [it.tensor(rng.integers(0, 67, (2, 16))) for _ in range(M)]
+xs = [it.tensor(rng.integers(0, 67, (2, 16)), device=device) for _ in range(M)]
+ys = [it.tensor(rng.integers(0, 67, (2, 16)), device=device) for _ in range(M)]
 embedding_group = dist.new_group([0, world - 1])
 
 
 def build():
     it.manual_seed(0)
-    return GPT2(config)
+    return GPT2(config).to(device)
 
 
 def close(a, b, what, rtol=1e-5, atol=1e-6):
@@ -62,7 +67,7 @@ stage.eval()
 whole.eval()
 _, loss = stage(xs[0], ys[0])
 close(loss, whole(xs[0], ys[0])[1], "sequential forward loss")
-cache, whole_cache = stage.new_kv_cache(2, it.device("cpu")), whole.new_kv_cache(2, it.device("cpu"))
+cache, whole_cache = stage.new_kv_cache(2, device), whole.new_kv_cache(2, device)
 logits, _ = stage(xs[0][:, :5], kv_cache=cache, last_only=True)
 close(logits, whole(xs[0][:, :5], kv_cache=whole_cache, last_only=True)[0], "generation logits")
 logits, _ = stage(xs[0][:, 5:6], kv_cache=cache, last_only=True)  # one more token through the stages' caches

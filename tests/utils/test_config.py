@@ -221,6 +221,9 @@ def test_shipped_configs_have_the_intended_batch_arithmetic():
     assert (tiny_tp.parallel.tensor, tiny_tp.parallel.sequence) == (2, True)
     assert tiny_tp.train.grad_accum_steps(4 // tiny_tp.parallel.tensor) == 1
     assert tiny_tp.train.total_batch_size == tiny_ddp.train.total_batch_size
+    tiny_pp = cfg("gpt2_tiny_pp.yaml")  # 2 stages, 4 micro-batches per step
+    assert (tiny_pp.parallel.pipeline, tiny_pp.parallel.pipeline_schedule) == (2, "1f1b")
+    assert tiny_pp.train.grad_accum_steps(1) == 4 and tiny_pp.model.n_layer % tiny_pp.parallel.pipeline == 0
     assert tiny_ddp.train.total_batch_size == 2 * tiny.train.batch_size * tiny.train.sequence_length
     assert big.train.grad_accum_steps(1) == 8 and big.train.total_batch_size == 524288
     assert big_ddp.train.grad_accum_steps(8) == 1 and big_ddp.backend == "nccl"
