@@ -214,7 +214,7 @@ class Run:
         return path
 
     def _data_states(self):
-        """Every data-parallel rank's loader position (the tensor ranks of a group read the same batches)."""
+        """Every data-parallel rank's loader position (its tensor ranks and pipeline stages read the same batches)."""
         mine = self.train_loader.state_dict()
         if self.world == 1:
             return [mine]
