@@ -5,7 +5,6 @@ nn.Linear's (out, in) layout; the HF Conv1D transpose happens in the loaders (gp
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 from .. import backend
@@ -13,61 +12,10 @@ from .. import nn
 from ..autograd import grad_mode
 from ..creation import arange
 from ..nn import functional as F
+from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, whole_numel  # noqa: F401
 from .gpt2_config import GPT2_PRESETS, GPT2Config
 
 __all__ = ["GPT2", "GPT2Config", "GPT2_PRESETS", "KVCache"]
-
-
-class KVCache:
-    """Per-layer key/value buffers for incremental decoding: each new token attends over the cached prefix
-    instead of re-running it. Buffers are preallocated to ``block_size`` and written in place (no_grad only).
-    """
-
-    def __init__(self, config: GPT2Config, batch_size: int, device, dtype=backend.float32, n_head=None):
-        dev = backend.Device.parse(device)
-        xp = dev.array_module()
-        shape = (batch_size, n_head or config.n_head, config.block_size, config.head_dim)
-        with dev.context():
-            self.keys = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
-            self.values = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
-        self.length = 0  # positions filled so far
-        self.capacity = config.block_size
-        self.device = dev
-
-    def append(self, layer: int, k, v):
-        """Store k, v (B, nh, T, hd) at the next positions of ``layer``; return the keys/values so far."""
-        t0, t1 = self.length, self.length + k.shape[2]
-        self.keys[layer][:, :, t0:t1] = k.array
-        self.values[layer][:, :, t0:t1] = v.array
-        from ..tensor import Tensor
-        return (Tensor._make(self.keys[layer][:, :, :t1], self.device),
-                Tensor._make(self.values[layer][:, :, :t1], self.device))
-
-    def advance(self, steps: int):
-        self.length += steps
-
-    def reset(self):
-        self.length = 0
-
-
-def sharded_random(tp, dropout_p, whole_sequence_split=False):
-    """Where dropout draws its mask. Under tensor parallelism, activations split across the group (attention
-    heads; with sequence parallelism, the residual stream too: ``whole_sequence_split``) draw each rank's own
-    mask from a stream seeded per rank; elsewhere the default stream, the same on every rank of the group."""
-    if tp is None or not dropout_p or (whole_sequence_split and not tp.sequence_parallel):
-        return contextlib.nullcontext()
-    return backend.fork_rng(TP_RANDOM)
-
-
-TP_RANDOM = "tensor-parallel shards"
-
-
-def _whole_numel(param, tp_size):
-    spec = getattr(param, "tp_spec", None)
-    if spec is None:
-        return param.numel()
-    length = param.shape[spec.dim]
-    return param.numel() // length * (spec.full_size if spec.full_size is not None else length * tp_size)
 
 
 class CausalSelfAttention(nn.Module):
@@ -92,17 +40,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(B, T, nh, hd).transpose(1, 2)
         v = v.view(B, T, nh, hd).transpose(1, 2)
-        mask, causal = None, True
-        if kv_cache is not None:
-            past = kv_cache.length
-            k, v = kv_cache.append(layer, k, v)
-            if past:
-                causal = False
-                if T > 1:  # new queries sit at the end of the key range: bottom-right aligned causal mask
-                    mask = (arange(T).view(T, 1) + past >= arange(past + T).view(1, past + T)).to(x.device)
         dropout_p = self.dropout if self.training else 0.0
         with sharded_random(self.tp, dropout_p):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+            y = cached_attention(q, k, v, kv_cache, layer, dropout_p)
         y = y.transpose(1, 2).reshape(B, T, C)
         y = self.c_proj(y)
         with sharded_random(self.tp, self.resid_dropout.p if self.training else 0, whole_sequence_split=True):
@@ -245,7 +185,7 @@ class GPT2(nn.Module):
         """Parameters of the whole model; split over a tensor group, a shard counts as the tensor it is part of
         (without the vocabulary padding)."""
         size = self.tp.size if self.tp is not None else 1
-        n = sum(_whole_numel(p, size) for p in self.parameters())
+        n = sum(whole_numel(p, size) for p in self.parameters())
         if non_embedding:
             n -= self.transformer.wpe.weight.numel()
         return n

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import backend
 from .. import distributed as dist
-from ..models.gpt2 import TP_RANDOM
+from ..models.attention import TP_RANDOM
 from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
 from ..nn.parallel.tensor_parallel import all_reduce_grads
 from ..nn.utils import clip_grad_norm_

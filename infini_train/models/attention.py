@@ -1,0 +1,81 @@
+"""What GPT-2 and LLaMA share around attention: the KV cache of incremental decoding, causal attention over
+the cache, where dropout draws its masks under tensor parallelism, and counting a sharded model's parameters."""
+from __future__ import annotations
+
+import contextlib
+
+from .. import backend
+from ..nn import functional as F
+from ..creation import arange
+
+
+class KVCache:
+    """Per-layer key/value buffers for incremental decoding: each new token attends over the cached prefix
+    instead of re-running it. Buffers are preallocated to ``block_size`` and written in place (no_grad only).
+    ``n_head``: the heads whose keys and values are cached (this rank's, or LLaMA's key/value heads); ``config``
+    gives n_layer, block_size and head_dim."""
+
+    def __init__(self, config, batch_size: int, device, dtype=backend.float32, n_head=None):
+        dev = backend.Device.parse(device)
+        xp = dev.array_module()
+        shape = (batch_size, n_head or config.n_head, config.block_size, config.head_dim)
+        with dev.context():
+            self.keys = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
+            self.values = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
+        self.length = 0  # positions filled so far
+        self.capacity = config.block_size
+        self.device = dev
+
+    def append(self, layer: int, k, v):
+        """Store k, v (B, nh, T, hd) at the next positions of ``layer``; return the keys/values so far."""
+        t0, t1 = self.length, self.length + k.shape[2]
+        self.keys[layer][:, :, t0:t1] = k.array
+        self.values[layer][:, :, t0:t1] = v.array
+        from ..tensor import Tensor
+        return (Tensor._make(self.keys[layer][:, :, :t1], self.device),
+                Tensor._make(self.values[layer][:, :, :t1], self.device))
+
+    def advance(self, steps: int):
+        self.length += steps
+
+    def reset(self):
+        self.length = 0
+
+
+def sharded_random(tp, dropout_p, whole_sequence_split=False):
+    """Where dropout draws its mask. Under tensor parallelism, activations split across the group (attention
+    heads; with sequence parallelism, the residual stream too: ``whole_sequence_split``) draw each rank's own
+    mask from a stream seeded per rank; elsewhere the default stream, the same on every rank of the group."""
+    if tp is None or not dropout_p or (whole_sequence_split and not tp.sequence_parallel):
+        return contextlib.nullcontext()
+    return backend.fork_rng(TP_RANDOM)
+
+
+TP_RANDOM = "tensor-parallel shards"
+
+
+def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
+    """Causal attention of q over k, v (B, heads, T, hd); with ``kv_cache`` the new keys and values are appended
+    to ``layer``'s cache first and the queries (the last T positions) attend over everything cached."""
+    mask, causal = None, True
+    if kv_cache is not None:
+        past = kv_cache.length
+        k, v = kv_cache.append(layer, k, v)
+        T = q.shape[2]
+        if past:
+            causal = False
+            if T > 1:  # new queries sit at the end of the key range: bottom-right aligned causal mask
+                mask = (arange(T).view(T, 1) + past >= arange(past + T).view(1, past + T)).to(q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal,
+                                          enable_gqa=enable_gqa)
+
+
+def whole_numel(param, tp_size):
+    spec = getattr(param, "tp_spec", None)
+    if spec is None:
+        return param.numel()
+    length = param.shape[spec.dim]
+    return param.numel() // length * (spec.full_size if spec.full_size is not None else length * tp_size)
+
+
+__all__ = ["KVCache", "cached_attention", "sharded_random", "TP_RANDOM", "whole_numel"]
