@@ -11,9 +11,9 @@ re-applies it in its replica threads). Regions nest, ``enabled=False`` turns aut
 works as ``with`` or as a decorator (generator functions included).
 
 The policy is one table per device type, each equal to torch's for that device type (``policy()``): on CUDA
-softmax, layer_norm, exp/log, pow, sums and the losses run in float32; torch's CPU autocast forces only the
-losses to float32 and leaves softmax, layer_norm and the reductions in their input's dtype (those kernels
-accumulate in float32 internally).
+softmax, layer_norm, rms_norm, exp/log, pow, sums and the losses run in float32; torch's CPU autocast forces
+only the losses to float32 and leaves softmax, layer_norm, rms_norm and the reductions in their input's dtype
+(those kernels accumulate in float32 internally).
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def policy(device_type):
     table = _POLICIES.get(device_type)
     if table is None:
         from . import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization,
-                       reduction, scan, softmax)
+                       reduction, rms_norm, scan, softmax)
 
         low = [matmul.Matmul, matmul.Mm, matmul.Bmm, matmul.Baddbmm, linear.Linear, einsum.Einsum,
                attention.ScaledDotProductAttention]
@@ -119,7 +119,7 @@ def policy(device_type):
         if device_type == "cuda":
             fp32 = losses + [softmax.Softmax, softmax.LogSoftmax, normalization.LayerNorm, elementwise.Exp,
                              elementwise.Log, elementwise.Pow, elementwise.Rsqrt, elementwise.Reciprocal,
-                             activations.Softplus, reduction.Sum, scan.Cumsum, scan.Cumprod]
+                             activations.Softplus, reduction.Sum, scan.Cumsum, scan.Cumprod, rms_norm.RMSNorm]
         table = {cls: LOW for cls in low}
         table.update({cls: FP32 for cls in fp32})
         _POLICIES[device_type] = table

@@ -1,14 +1,15 @@
 """Neural-network modules, functional forms, initialisation and gradient utilities."""
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, Sequential
-from .layers import (GELU, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax,
-                     Tanh)
+from .layers import (GELU, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, ReLU, RMSNorm, SiLU, Sigmoid,
+                     Softmax, Tanh)
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module, Parameter
+from . import lora
 
 __all__ = ["functional", "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear",
            "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Sigmoid", "SiLU", "Tanh", "Softmax", "LogSoftmax",
-           "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss"]
+           "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss", "RMSNorm", "lora"]
 
 
 def __getattr__(name):

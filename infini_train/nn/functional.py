@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..autograd import activations, attention, elementwise, linear as _linear, loss, normalization, softmax as _softmax
 from ..autograd import dropout as _dropout
 from ..autograd import padding, sparse
+from ..autograd import rms_norm as _rms_norm, rotary as _rotary
 
 
 def linear(x, weight, bias=None):
@@ -20,6 +21,18 @@ def embedding(ids, weight, padding_idx=None):
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Normalise over the trailing ``normalized_shape`` dims, then scale by weight and shift by bias."""
     return normalization.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """Divide by the root mean square over the trailing ``normalized_shape`` dims, then scale by weight;
+    ``eps=None`` is float32's machine epsilon (float64's for float64 inputs)."""
+    return _rms_norm.rms_norm(x, normalized_shape, weight, eps)
+
+
+def rotary_embedding(x, cos, sin):
+    """x * cos + rotate_half(x) * sin on the last dim (LLaMA's rotary position embedding); cos and sin are
+    constants that broadcast against x (..., T, head_dim)."""
+    return _rotary.rotary_embedding(x, cos, sin)
 
 
 def gelu(x, approximate="none"):
@@ -106,4 +119,5 @@ def one_hot(tensor, num_classes=-1):
 
 __all__ = ["pad", "one_hot", "linear", "embedding", "layer_norm", "gelu", "relu", "sigmoid", "silu", "softplus",
            "tanh", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
-           "binary_cross_entropy_with_logits", "dropout", "scaled_dot_product_attention"]
+           "binary_cross_entropy_with_logits", "dropout", "scaled_dot_product_attention", "rms_norm",
+           "rotary_embedding"]

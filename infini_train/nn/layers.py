@@ -1,4 +1,4 @@
-"""Layers: Linear, Embedding, LayerNorm, Dropout, activations, Identity (the losses are in loss.py).
+"""Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations, Identity (the losses are in loss.py).
 
 Default initialisation and ``repr`` follow torch.nn, so the same seedless structure prints the same.
 """
@@ -118,6 +118,31 @@ class LayerNorm(Module):
     def extra_repr(self):
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
                 f"bias={self.bias is not None}")
+
+
+class RMSNorm(Module):
+    """Divide by the root mean square over the trailing ``normalized_shape`` dims; weight starts at ones.
+    ``eps=None`` is float32's machine epsilon (float64's for float64 inputs), as torch.nn.RMSNorm."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = (int(normalized_shape),) if isinstance(normalized_shape, int) \
+            else tuple(int(s) for s in normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.register_parameter("weight", _param(*self.normalized_shape, device=device, dtype=dtype)
+                                if elementwise_affine else None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
 class Dropout(Module):

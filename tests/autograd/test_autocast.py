@@ -163,3 +163,39 @@ def test_bad_arguments_are_clear():
         it.autocast("gpu")
     with pytest.raises(ValueError, match="(?s)autocast: expected dtype bfloat16 or float16, got float32.*HINT"):
         it.autocast("cpu", dtype=it.float32)
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+@pytest.mark.parametrize("inputs", ["float32", "low", "low_with_float32_weight"])
+def test_rms_norm_is_left_alone_by_cpu_autocast_like_torch(inputs, low):
+    # torch's CPU autocast lists no rms_norm: a float32 input stays float32, a low one stays low
+    import warnings
+
+    def run(m):
+        x = m.tensor(X) if inputs == "float32" else m.tensor(X).to(getattr(m, low))
+        w = m.ones(8) if inputs != "low" else m.ones(8).to(getattr(m, low))
+        with m.autocast("cpu", dtype=getattr(m, low)):
+            return m.nn.functional.rms_norm(x, (8,), w), m.nn.RMSNorm(8)(x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "Mismatch dtype between input and weight"
+        theirs = run(torch)
+    for a, b in zip(run(it), theirs):
+        assert dtype_name(a) == dtype_name(b)
+        np.testing.assert_allclose(a.float().numpy(), b.detach().float().numpy(), rtol=1e-2, atol=1e-2)
+
+
+def test_rms_norm_runs_in_float32_under_cuda_autocast():
+    # torch's CUDA autocast puts rms_norm on its fp32 list (AT_FORALL_FP32 in ATen/autocast_mode.h); the CPU
+    # table has no entry for it
+    from types import SimpleNamespace
+
+    from infini_train.autograd import autocast as ac
+    from infini_train.autograd.rms_norm import RMSNorm
+
+    assert ac.policy("cuda")[RMSNorm] == ac.FP32 and RMSNorm not in ac.policy("cpu")
+    x, w = it.tensor(X).to(it.float16), it.ones(8).to(it.float16)
+    with it.autocast("cuda"):
+        cast = ac.cast_inputs(RMSNorm((8,)), (x, w), SimpleNamespace(type="cuda"))
+    assert [t.dtype for t in cast] == [it.float32, it.float32]
+    np.testing.assert_array_equal(cast[0].numpy(), x.float().numpy())
