@@ -1,0 +1,113 @@
+"""The safetensors format read and written directly, bfloat16 included (the safetensors package's numpy API has no
+bfloat16): an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}} (plus
+``__metadata__``), then the raw little-endian data. Files are written atomically (temp file, fsync, rename)."""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+
+import numpy as np
+
+from .. import backend
+
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": None, "I64": np.int64, "I32": np.int32,
+           "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+class SafetensorsError(ValueError):
+    """A file that is not valid safetensors: names the file and what is wrong."""
+
+
+def _numpy_dtype(code, path, name):
+    if code == "BF16":
+        if backend.bfloat16 is None:
+            raise SafetensorsError(f"{path}: tensor {name!r} is bfloat16, which needs the ml_dtypes package\n"
+                                   "HINT: pip install ml_dtypes")
+        return backend.bfloat16
+    if code not in _DTYPES:
+        raise SafetensorsError(f"{path}: tensor {name!r} has dtype {code!r}; expected one of {sorted(_DTYPES)}")
+    return np.dtype(_DTYPES[code])
+
+
+def _code(dtype):
+    dtype = np.dtype(dtype)
+    if backend.bfloat16 is not None and dtype == backend.bfloat16:
+        return "BF16"
+    for code, known in _DTYPES.items():
+        if known is not None and np.dtype(known) == dtype:
+            return code
+    raise SafetensorsError(f"safetensors: cannot store dtype {dtype}; expected one of {sorted(_DTYPES)}")
+
+
+def read_header(path):
+    """(header dict without __metadata__, metadata dict, data offset) of a safetensors file."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise SafetensorsError(f"{path}: too short to be a safetensors file ({len(raw)} bytes)")
+        (length,) = struct.unpack("<Q", raw)
+        try:
+            header = json.loads(f.read(length))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SafetensorsError(f"{path}: unreadable safetensors header ({exc})") from exc
+    metadata = header.pop("__metadata__", {}) or {}
+    return header, metadata, 8 + length
+
+
+def read_safetensors(path, names=None):
+    """{name: numpy array} of the file's tensors (only ``names`` when given), copied out of a memory map."""
+    header, _, base = read_header(path)
+    out = {}
+    size = os.path.getsize(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        for name, info in header.items():
+            if names is not None and name not in names:
+                continue
+            dtype = _numpy_dtype(info["dtype"], path, name)
+            start, stop = info["data_offsets"]
+            shape = tuple(info["shape"])
+            expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if stop - start != expected or base + stop > size:
+                raise SafetensorsError(f"{path}: tensor {name!r} of shape {shape} {info['dtype']} needs {expected} "
+                                       f"bytes, its offsets give {stop - start} (file {size} bytes): truncated or "
+                                       "damaged")
+            out[name] = np.frombuffer(data, dtype=dtype, count=expected // dtype.itemsize,
+                                      offset=base + start).reshape(shape).copy()
+    return out
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Write {name: array} (numpy or anything with ``.numpy()``) to ``path`` atomically."""
+    arrays = {name: np.ascontiguousarray(value.numpy() if hasattr(value, "numpy") else value)
+              for name, value in tensors.items()}
+    header, offset = {}, 0
+    for name, array in arrays.items():
+        header[name] = {"dtype": _code(array.dtype), "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for array in arrays.values():
+                f.write(array.reshape(-1).view(np.uint8).data)  # no copy
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+__all__ = ["read_safetensors", "write_safetensors", "read_header", "SafetensorsError"]
