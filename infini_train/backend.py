@@ -292,6 +292,63 @@ def set_rng_state(state):
     _cuda_generators.clear()
 
 
+def get_rng_state_all():
+    """A snapshot of every random stream: the default one (the host generator and each GPU generator created so
+    far) and every named fork (``seed_fork``), for ``set_rng_state_all``. Activation recomputation uses the pair
+    to replay dropout masks. GPU states are copies of the generators' device arrays (cupy's XORWOW keeps one
+    curand state per thread), so the snapshot is for this process; ``get_rng_state`` is the serialisable one."""
+    return {"default": _stream_state(host_generator(), _cuda_generators),
+            "forks": {name: _stream_state(host, gpus) for name, (host, gpus) in _forks.items()}}
+
+
+def set_rng_state_all(state):
+    """Put every random stream back as ``get_rng_state_all`` saw it: states are written into the existing
+    generators, so inside ``fork_rng`` the current stream and its fork stay one object; the current stream is
+    written last, so draws from it continue as they did at the snapshot. Generators and forks created since are
+    dropped, ones dropped since are re-created."""
+    global _host_generator
+    forks = state["forks"]
+    for name in [n for n in _forks if n not in forks]:
+        del _forks[name]
+    for name, (host, gpus) in forks.items():
+        old_host, old_gpus = _forks.get(name, (None, {}))
+        _forks[name] = (_restore_stream(old_host, old_gpus, host, gpus), old_gpus)
+    host, gpus = state["default"]
+    _host_generator = _restore_stream(_host_generator, _cuda_generators, host, gpus)
+
+
+def _stream_state(host, gpus):
+    return host.bit_generator.state, {index: _gpu_state(index, gen) for index, gen in gpus.items()}
+
+
+def _gpu_state(index, gen):
+    bits = getattr(gen, "bit_generator", None)
+    if getattr(bits, "_state", None) is None:
+        raise RuntimeError(
+            f"get_rng_state_all: the generator of cuda:{index} ({type(gen).__name__}) has no state that can be "
+            "copied.\nHINT: use a cupy with cupy.random.XORWOW (v9 or later), or checkpoint(..., "
+            "preserve_rng_state=False) if the function draws no random numbers on the GPU")
+    with cupy_module().cuda.Device(index):
+        return bits._state.copy()
+
+
+def _restore_stream(host, gpus, host_state, gpu_states):
+    """Write the saved states into ``host`` (a new generator when None) and the GPU dict ``gpus``, in place."""
+    if host is None or type(host.bit_generator).__name__ != host_state["bit_generator"]:
+        host = np.random.Generator(getattr(np.random, host_state["bit_generator"])())
+    host.bit_generator.state = host_state
+    for index in [i for i in gpus if i not in gpu_states]:
+        del gpus[index]
+    for index, saved in gpu_states.items():
+        cp = cupy_module()
+        with cp.cuda.Device(index):
+            gen = gpus.get(index)
+            if gen is None:
+                gen = gpus[index] = cp.random.Generator(cp.random.XORWOW(0))
+            gen.bit_generator._state[...] = saved
+    return host
+
+
 # ---------------------------------------------------------------------------------------- host memory
 def tune_host_allocator(threshold=1 << 30, top_pad=256 << 20):
     """Keep large host buffers in glibc's heap so they are reused across training steps.

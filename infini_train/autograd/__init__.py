@@ -1,12 +1,14 @@
-"""Autograd: Function nodes, the backward engine, grad mode, AccumulateGrad and the op families."""
+"""Autograd: Function nodes, the backward engine, grad mode, AccumulateGrad, the op families and activation
+recomputation (checkpoint)."""
 from .accumulate import AccumulateGrad, AllReducePostAccumulateHook, PostAccumulateGradHook
 from .engine import backward, grad
 from .function import Function, Op, OpError, RemovableHandle, sum_to
 from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
                         set_grad_enabled)
+from .recompute import checkpoint, checkpoint_sequential
 
 __all__ = [
     "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "grad", "Function", "Op",
     "OpError", "RemovableHandle", "sum_to", "enable_grad", "inference_mode", "is_grad_enabled",
-    "is_inference_mode_enabled", "no_grad", "set_grad_enabled",
+    "is_inference_mode_enabled", "no_grad", "set_grad_enabled", "checkpoint", "checkpoint_sequential",
 ]

@@ -9,6 +9,9 @@ fsynced before ``state.json`` (the completion marker) is written, then the direc
 its parent fsynced. A crash at any point leaves the previous checkpoints intact, and the temporary
 directories a killed save leaves behind are removed by the next save. Directories and files honour the umask.
 Loading verifies every recorded hash, so a truncated, missing or edited file is reported by name.
+
+Also here, as in torch.utils.checkpoint: ``checkpoint`` and ``checkpoint_sequential`` (activation recomputation,
+from autograd/recompute.py).
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import shutil
 import tempfile
 
 import numpy as np
+
+from ..autograd.recompute import checkpoint, checkpoint_sequential  # noqa: F401  (torch.utils.checkpoint's API)
 
 CHECKPOINT_DIR = "checkpoints"
 STEP_PATTERN = re.compile(r"^step_(\d{6,})$")
