@@ -3,7 +3,7 @@
     mpiexec -n 2 python benchmarks/bench_pipeline.py [--layers 8] [--embd 256] [--batch 4] [--seq 128] [--micro 8]
     mpiexec -n 4 python benchmarks/bench_pipeline.py --schedules gpipe 1f1b
 
-Each rank is one stage of a GPT-2 (PipelinedGPT2) and runs full training steps (every micro-batch forward and
+Each rank is one stage of a GPT-2 (PipelinedLM) and runs full training steps (every micro-batch forward and
 backward, as the run loop does) for each schedule (interleaved with --virtual chunks per stage).
 
 - Bubble: a stage's idle fraction of the step, 1 - (time spent in its forwards and backwards) / (step time),
@@ -27,7 +27,7 @@ import numpy as np
 import infini_train as it
 from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.gpt2_pipeline import PipelinedGPT2
+from infini_train.models.pipeline_lm import PipelinedLM
 from infini_train.nn.parallel.pipeline_schedules import ideal_bubble
 
 
@@ -35,7 +35,7 @@ def build(args, group, schedule, virtual):
     it.manual_seed(0)
     config = GPT2Config(block_size=args.seq, vocab_size=args.vocab, n_layer=args.layers, n_head=args.heads,
                         n_embd=args.embd)
-    return PipelinedGPT2(GPT2(config), group, schedule, virtual)
+    return PipelinedLM(GPT2(config), group, schedule, virtual)
 
 
 def step(stage, inputs, targets):

@@ -1,5 +1,5 @@
-"""Shared by generate.py and evaluate.py: parse --device and --dtype, load a model (training checkpoint or
-pretrained weights) and the tokenizer it was trained with."""
+"""Shared by generate.py and evaluate.py: parse --device and --dtype, load a model (a training checkpoint of any
+arch, or pretrained GPT-2 / LLaMA weights) and the tokenizer it was trained with."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,9 @@ if REPO not in sys.path:
 import infini_train as it  # noqa: E402
 from infini_train import backend  # noqa: E402
 from infini_train.data.tokenizer import get_tokenizer  # noqa: E402
+from infini_train.models import registry  # noqa: E402
 from infini_train.models.gpt2 import GPT2  # noqa: E402
+from infini_train.models.llama import Llama  # noqa: E402
 from infini_train.utils.checkpoint import load_checkpoint  # noqa: E402
 
 
@@ -63,18 +65,19 @@ def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, d
         raise SystemExit("error: give exactly one of --checkpoint or --pretrained")
     device, dtype = parse_device(device), parse_dtype(dtype)
     if checkpoint is not None:
-        from infini_train.models.gpt2_config import GPT2Config
-
         model_state, _, state = load_checkpoint(checkpoint)
-        config = GPT2Config(**state["model_config"])
-        model = GPT2(config)
+        model = registry.build(state.get("arch", "gpt2"), state["model_config"])
         model.to(dtype=dtype)  # before loading: float64 weights stay exact in a float64 model
         model.load_state_dict(model_state)
         tok_name = tokenizer or state.get("tokenizer", "byte")
     else:
-        model = GPT2.from_pretrained(pretrained)
+        model = _pretrained(pretrained)
         model.to(dtype=dtype)
-        tok_name = tokenizer or ("gpt2" if model.config.vocab_size >= 50257 else "byte")
+        tok_name = tokenizer or {257: "byte", 50257: "gpt2", 50304: "gpt2"}.get(model.config.vocab_size)
+        if tok_name is None:
+            raise SystemExit(f"error: no tokenizer here for the model's vocabulary of {model.config.vocab_size} "
+                             "tokens (byte: 257, gpt2: 50257)\nHINT: pass --tokenizer byte or gpt2 if the model was "
+                             "trained with one, or work with token ids through the Python API (model.generate)")
     tok = get_tokenizer(tok_name)
     if tok.vocab_size > model.config.vocab_size:
         raise SystemExit(f"error: tokenizer {tok.name!r} has {tok.vocab_size} tokens but the model's vocab_size is "
@@ -106,6 +109,18 @@ def join_tensor_parallel(size, device):
     if size == 1:
         return None, device
     return ProcessMesh(tensor=size).tensor_group, device
+
+
+def _pretrained(path):
+    """An HF directory (GPT-2 or LLaMA, by its config.json's model_type) or an llm.c .bin file."""
+    import json
+
+    config = os.path.join(path, "config.json")
+    if os.path.isdir(path) and os.path.exists(config):
+        with open(config) as f:
+            if json.load(f).get("model_type") == "llama":
+                return Llama.from_pretrained(path)
+    return GPT2.from_pretrained(path)
 
 
 def to_tensor(tokens, device):

@@ -1,4 +1,5 @@
-"""Mean loss and perplexity of a GPT-2 over token shards (read as training reads them) or a text file, no_grad.
+"""Mean loss and perplexity of a GPT-2 or LLaMA-3 over token shards (read as training reads them) or a text file,
+no_grad.
 
     python examples/gpt2/evaluate.py --checkpoint runs/gpt2_tiny --data "data/stdlib_byte/val_*.bin"
     python examples/gpt2/evaluate.py --pretrained gpt2_124M.bin --text some.txt --batch-size 4 --seq-len 256

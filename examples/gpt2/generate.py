@@ -1,4 +1,5 @@
-"""Generate text from a trained GPT-2, with no graph built (no_grad) and a KV cache.
+"""Generate text from a trained GPT-2 or LLaMA-3 (any training checkpoint, or HF weights), with no graph built
+(no_grad) and a KV cache.
 
     python examples/gpt2/generate.py --checkpoint runs/gpt2_tiny --prompt "def main(" --max-new-tokens 200
     python examples/gpt2/generate.py --pretrained path/to/gpt2_124M.bin --prompt "Hello" --top-k 40
@@ -47,7 +48,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a checkpoints/step_XXXXXX directory or a run's out_dir (newest)")
-    src.add_argument("--pretrained", help="an HF GPT-2 directory or an llm.c .bin model file")
+    src.add_argument("--pretrained", help="an HF GPT-2 or LLaMA directory, or an llm.c .bin model file")
     p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0, help="0 picks the most likely token (greedy)")
@@ -71,9 +72,9 @@ def main(argv=None):
 
     model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
     if tp_group is not None:
-        from infini_train.models.gpt2_parallel import parallelize_gpt2
+        from infini_train.models.registry import parallelize
 
-        parallelize_gpt2(model, tp_group)
+        parallelize(model, tp_group)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
     block = model.config.block_size
     if len(ids) > block:

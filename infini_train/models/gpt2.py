@@ -123,7 +123,7 @@ class GPT2(nn.Module):
             kv_cache.advance(T)
         return self.head(x, targets, last_only)
 
-    # The three parts of forward, also run one by one by the stages of a pipeline (models/gpt2_pipeline.py).
+    # The three parts of forward, also run one by one by the stages of a pipeline (models/pipeline_lm.py).
     def embed(self, idx, kv_cache=None):
         """Token + position embeddings (and dropout) of idx (B, T); under sequence parallelism this rank's slice
         of the sequence."""
@@ -167,6 +167,13 @@ class GPT2(nn.Module):
         """A KV cache for this model's (local) attention heads."""
         _, block = next(iter(self.numbered_blocks()))
         return KVCache(self.config, batch_size, device, dtype, n_head=block.attn.n_head)
+
+    def pipeline_chunk(self, layers, first, last, head=None):
+        """The module a pipeline stage runs: blocks ``layers`` (and the embeddings / head when first / last)."""
+        return GPT2Chunk(self, layers, first, last, head)
+
+    def tied_weight_names(self):
+        return ("transformer.wte.weight", "lm_head.weight")
 
     def optimizer_groups(self, weight_decay):
         """Param groups with weight decay on 2-D parameters (matmul weights, embeddings) only."""
@@ -222,3 +229,31 @@ class GPT2(nn.Module):
         from .generation import generate
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         seed=seed, use_cache=use_cache, stream=stream)
+
+
+class GPT2Chunk(GPT2):
+    """Some consecutive blocks of a GPT2, with the embeddings when ``first`` and the head when ``last``;
+    submodules keep their names in the whole model (``transformer.h.5``, ``lm_head``)."""
+
+    def __init__(self, model, layers, first, last, head=None):
+        nn.Module.__init__(self)
+        self.config, self.tp = model.config, model.tp
+        self.first, self.last = first, last
+        parts = {}
+        if first:
+            parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe, drop=model.transformer.drop)
+        parts["h"] = nn.ModuleDict({str(i): model.transformer.h[i] for i in layers})
+        if last:
+            parts["ln_f"] = model.transformer.ln_f
+        self.transformer = nn.ModuleDict(parts)
+        if last:
+            self.lm_head = head if head is not None else model.lm_head
+
+    def numbered_blocks(self):
+        return ((int(k), block) for k, block in self.transformer.h.items())
+
+    def forward(self, x, targets=None, kv_cache=None, last_only=False):
+        if self.first:
+            x = self.embed(x, kv_cache)
+        x = self.run_blocks(x, kv_cache)
+        return self.head(x, targets, last_only) if self.last else x

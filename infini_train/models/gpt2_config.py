@@ -55,3 +55,7 @@ class GPT2Config:
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
+
+    @property
+    def hidden_size(self):
+        return self.n_embd

@@ -21,61 +21,10 @@ local heads; with sequence parallelism the residual-stream dropouts too).
 """
 from __future__ import annotations
 
-import contextlib
-
 from ..autograd.grad_mode import no_grad
-from ..nn import functional as F
-from ..nn.module import Module
-from ..nn.parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                           copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
-                           gather_from_tensor_parallel_region, mark_sequence_parallel,
-                           scatter_to_sequence_parallel_region, vocab_parallel_cross_entropy)
-
-
-class TensorParallelError(ValueError):
-    """A model shape that does not split over the tensor group: names the numbers and a hint."""
-
-
-class TensorParallel:
-    """The tensor group a model is split over, and the model-level steps that need it."""
-
-    def __init__(self, group, sequence_parallel=False):
-        self.group = group
-        self.size, self.rank = group.size, group.rank
-        self.sequence_parallel = bool(sequence_parallel)
-
-    def scatter_sequence(self, x):
-        return scatter_to_sequence_parallel_region(x, self.group, dim=1)
-
-    def logits_and_loss(self, logits, targets, vocab_size):
-        """Training (``targets`` given): this rank's logits and the mean cross-entropy over the whole vocabulary.
-        Inference: the whole logits, gathered over the group, without the vocabulary padding."""
-        if targets is None:
-            full = gather_from_tensor_parallel_region(logits, self.group)
-            return full[..., :vocab_size], None
-        flat_targets = targets.view(-1)
-        losses = vocab_parallel_cross_entropy(logits.view(-1, logits.shape[-1]), flat_targets, self.group,
-                                              vocab_size, ignore_index=-1)
-        counted = max(int((flat_targets.numpy() != -1).sum()), 1)
-        return logits, losses.sum() / counted
-
-
-class VocabParallelHead(Module):
-    """The output layer tied to a VocabParallelEmbedding: the logits of this rank's vocabulary rows (its columns
-    of the whole logits, padding included). The input is the whole sequence (copied in: its gradient is summed
-    over the group) or, under sequence parallelism, this rank's slice (all-gathered first)."""
-
-    def __init__(self, weight, group, sequence_parallel=False):
-        super().__init__()
-        self.weight = weight  # the embedding's Parameter (tied: one gradient, one optimizer entry), or its copy
-        self.group, self.sequence_parallel = group, sequence_parallel
-
-    def forward(self, x):
-        if self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, self.group, 1)
-        else:
-            x = copy_to_tensor_parallel_region(x, self.group)
-        return F.linear(x, self.weight)
+from ..nn.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mark_sequence_parallel
+from .tensor_parallel_lm import (TensorParallel, TensorParallelError, VocabParallelHead,  # noqa: F401 (re-exported)
+                                 without_sequence_parallel)
 
 
 def parallelize_gpt2(model, group, sequence_parallel=False):
@@ -113,27 +62,6 @@ def parallelize_gpt2(model, group, sequence_parallel=False):
             mark_sequence_parallel(model.transformer.ln_f)
     model.tp = tp
     return model
-
-
-@contextlib.contextmanager
-def without_sequence_parallel(model):
-    """Run ``model`` with whole sequences on every rank of its tensor group (generation: one new token at a time
-    does not split); the weights are the same, so are the outputs. A no-op without sequence parallelism."""
-    tp = getattr(model, "tp", None)
-    if tp is None or not tp.sequence_parallel:
-        yield model
-        return
-    layers = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear,
-                                                          VocabParallelHead))]
-    tp.sequence_parallel = False
-    for layer in layers:
-        layer.sequence_parallel = False
-    try:
-        yield model
-    finally:
-        tp.sequence_parallel = True
-        for layer in layers:
-            layer.sequence_parallel = True
 
 
 __all__ = ["TensorParallel", "TensorParallelError", "VocabParallelHead", "parallelize_gpt2",

@@ -156,6 +156,13 @@ class Llama(nn.Module):
         return KVCache(self.config, batch_size, device, dtype, n_head=block.self_attn.k_proj.weight.shape[0]
                        // self.config.head_dim)
 
+    def pipeline_chunk(self, layers, first, last, head=None):
+        """The module a pipeline stage runs: blocks ``layers`` (and the embeddings / head when first / last)."""
+        return LlamaChunk(self, layers, first, last, head)
+
+    def tied_weight_names(self):
+        return ("model.embed_tokens.weight", "lm_head.weight") if self.config.tie_word_embeddings else None
+
     # ----------------------------------------------------------------------------------- accounting
     def optimizer_groups(self, weight_decay):
         """Weight decay on 2-D parameters (matmul weights, embeddings) only."""
@@ -200,4 +207,31 @@ class Llama(nn.Module):
                         seed=seed, use_cache=use_cache, stream=stream)
 
 
-__all__ = ["Llama", "LlamaConfig", "LlamaAttention", "LlamaMLP", "LlamaDecoderLayer"]
+class LlamaChunk(Llama):
+    """Some consecutive blocks of a Llama, with the token embedding when ``first`` and the final norm and output
+    layer when ``last``; submodules keep their names in the whole model (``model.layers.5``, ``lm_head``)."""
+
+    def __init__(self, model, layers, first, last, head=None):
+        nn.Module.__init__(self)
+        self.config, self.tp = model.config, model.tp
+        self.first, self.last = first, last
+        self._inv_freq, self._rope_tables = model._inv_freq, {}
+        parts = {"embed_tokens": model.model.embed_tokens} if first else {}
+        parts["layers"] = nn.ModuleDict({str(i): model.model.layers[i] for i in layers})
+        if last:
+            parts["norm"] = model.model.norm
+        self.model = nn.ModuleDict(parts)
+        if last:
+            self.lm_head = head if head is not None else model.lm_head
+
+    def numbered_blocks(self):
+        return ((int(k), block) for k, block in self.model.layers.items())
+
+    def forward(self, x, targets=None, kv_cache=None, last_only=False):
+        if self.first:
+            x = self.embed(x, kv_cache)
+        x = self.run_blocks(x, kv_cache)
+        return self.head(x, targets, last_only) if self.last else x
+
+
+__all__ = ["Llama", "LlamaConfig", "LlamaAttention", "LlamaMLP", "LlamaDecoderLayer", "LlamaChunk"]

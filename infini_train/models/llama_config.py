@@ -89,6 +89,7 @@ class LlamaConfig:
 
     # HF's names, and the ones the run loop shares with GPT2Config
     hidden_size = property(lambda self: self.dim)
+    n_embd = property(lambda self: self.dim)
     n_layer = property(lambda self: self.n_layers)
     n_head = property(lambda self: self.n_heads)
     block_size = property(lambda self: self.max_seq_len)

@@ -12,7 +12,7 @@ import sys
 from .. import distributed as dist
 from ..data.shards import ShardError
 from ..distributed.mesh import MeshError
-from ..models.gpt2_parallel import TensorParallelError
+from ..models.tensor_parallel_lm import TensorParallelError
 from ..utils.checkpoint import CheckpointError
 from ..utils.config import ConfigError, parse_args
 from .loop import Run, TrainingDiverged

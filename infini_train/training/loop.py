@@ -19,9 +19,9 @@ from .. import distributed as dist
 from ..data.corpus import ensure_default_data, read_meta
 from ..data.loader import DistributedDataLoader
 from ..data.tokenizer import get_tokenizer
-from ..models.gpt2 import GPT2
-from ..models.gpt2_parallel import parallelize_gpt2, without_sequence_parallel
-from ..models.gpt2_pipeline import PipelinedGPT2
+from ..models import registry
+from ..models.tensor_parallel_lm import without_sequence_parallel
+from ..models.pipeline_lm import PipelinedLM
 from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
 from ..nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
 from ..nn.parallel import DistributedDataParallel
@@ -75,20 +75,21 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_gpt2(cfg, device, layout=None):
-    """The run's GPT-2, initialised as in one process (seeded), then split over the tensor group and into
-    pipeline stages if the layout says so (every layout starts from the same weights)."""
-    gpt_cfg = cfg.model.to_gpt2_config()
+def build_model(cfg, device, layout=None):
+    """The run's model (``model.arch``), initialised as in one process (seeded), then split over the tensor group
+    and into pipeline stages if the layout says so (every layout starts from the same weights)."""
+    model_cfg = cfg.model.to_model_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
-    if vocab_needed > gpt_cfg.vocab_size:
+    if vocab_needed > model_cfg.vocab_size:
         raise ConfigError(f"model.vocab_size: the data's tokenizer has {vocab_needed} tokens, more than the "
-                          f"model's vocab_size {gpt_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
+                          f"model's vocab_size {model_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
     backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
-    model = GPT2(gpt_cfg).to(device=device, dtype=cfg.dtype)
+    cls, _ = registry.model_class(cfg.model.arch)
+    model = cls(model_cfg).to(device=device, dtype=cfg.dtype)
     if layout is not None and layout.tensor_parallel:
-        parallelize_gpt2(model, layout.tp_group, layout.sequence_parallel)
+        registry.parallelize(model, layout.tp_group, layout.sequence_parallel)
     if layout is not None and layout.pipeline_parallel:
-        model = PipelinedGPT2(model, layout.pp_group, layout.schedule, layout.virtual)
+        model = PipelinedLM(model, layout.pp_group, layout.schedule, layout.virtual)
     return model, tok_name
 
 
@@ -147,7 +148,7 @@ class Run:
         if self.rank == 0:
             ensure_default_data(cfg.data)
         wait_for_rank0()
-        self.raw_model, self.tok_name = build_gpt2(cfg, self.device, layout)
+        self.raw_model, self.tok_name = build_model(cfg, self.device, layout)
         self.zero_stage = layout.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, layout.dp_group)
         self.model = self.raw_model
@@ -173,7 +174,7 @@ class Run:
 
     def _resume(self, path):
         model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
-        check_same_model(state, self.raw_model.config.to_dict(), path)
+        check_same_model(state, self.cfg.model.arch, self.raw_model.config.to_dict(), path)
         tp_group = self.layout.tp_group
         if self.layout.pipeline_parallel:  # the whole model's files: each stage (and tensor rank) keeps its part
             raw = self.raw_model
@@ -204,7 +205,8 @@ class Run:
         if self.rank == 0:
             cfg = self.cfg
             path = ckpt.save_checkpoint(cfg.out_dir, step, model_state, opt_state, {
-                "config": cfg.to_dict(), "model_config": self.raw_model.config.to_dict(), "tokenizer": self.tok_name,
+                "config": cfg.to_dict(), "arch": cfg.model.arch, "model_config": self.raw_model.config.to_dict(),
+                "tokenizer": self.tok_name,
                 "rng": {"seed": cfg.seed, "per_step": PER_STEP_SEEDS}, "data": data_states,
                 "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
                 "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None},

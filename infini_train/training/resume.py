@@ -73,10 +73,12 @@ def run_id_of(state):
     return (state or {}).get("run_id") or uuid.uuid4().hex
 
 
-def check_same_model(state, model_config, path):
+def check_same_model(state, arch, model_config, path):
     """A resumed run must build the model its checkpoint was trained with."""
     saved = state.get("model_config") or {}
     differ = {k: (saved[k], v) for k, v in model_config.items() if k in saved and saved[k] != v}
+    if state.get("arch", "gpt2") != arch:
+        differ = {"arch": (state.get("arch", "gpt2"), arch), **differ}
     if differ:
         listing = ", ".join(f"model.{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differ.items())
         run_config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "config.yaml")

@@ -36,6 +36,7 @@ import yaml
 
 from .config_checks import (BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB,  # noqa: F401 (re-exported)
                             TOKENIZERS, check_ranges)
+from .config_model import ModelConfig, _key
 from .config_yaml import apply_overrides, load_yaml
 from .config_yaml import merge as _merge  # noqa: F401  (callers and tests use config._merge)
 from .config_yaml import parse_value as parse_value  # re-exported: part of this module's interface
@@ -48,38 +49,6 @@ class ConfigError(ValueError):
     def __init__(self, message, errors=()):
         super().__init__(message)
         self.errors = list(errors)
-
-
-def _key(default, doc):
-    """A setting whose one-line ``doc`` ``train.py --help`` lists beside its dotted key."""
-    return field(default=default, metadata={"doc": doc})
-
-
-@dataclass
-class ModelConfig:
-    """The GPT-2 shape: a preset (GPT2_PRESETS: gpt2, gpt2-medium, ..., d12, d24, ...) and/or explicit fields;
-    explicit (non-null) fields override the preset, and without a preset they override GPT2Config's defaults."""
-
-    preset: Optional[str] = _key(None, "a GPT2_PRESETS name (gpt2, gpt2-medium, ..., d12, d24, ...) or null")
-    block_size: Optional[int] = _key(None, "longest sequence; null: the preset's, else GPT2Config's default")
-    vocab_size: Optional[int] = _key(None, "token ids (byte tokenizer: >= 257, gpt2: >= 50257); null: default")
-    n_layer: Optional[int] = _key(None, "transformer blocks; null: default")
-    n_head: Optional[int] = _key(None, "attention heads, dividing n_embd; null: default")
-    n_embd: Optional[int] = _key(None, "embedding width; null: default")
-    dropout: Optional[float] = _key(None, "dropout probability in [0, 1); null: default")
-    bias: Optional[bool] = _key(None, "biases in Linear and LayerNorm; null: default")
-
-    def overrides(self):
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "preset" and getattr(self, f.name) is not None}
-
-    def to_gpt2_config(self):
-        """The resolved infini_train.models.gpt2_config.GPT2Config."""
-        from ..models.gpt2_config import GPT2Config
-
-        if self.preset:
-            return GPT2Config.from_preset(self.preset, **self.overrides())
-        return GPT2Config(**self.overrides())
 
 
 @dataclass
@@ -194,7 +163,7 @@ class RunConfig:
         lines = [f"{k.ljust(width)}  {v!r}" if isinstance(v, str) else f"{k.ljust(width)}  {v}"
                  for k, v in flat.items()]
         try:
-            gpt = self.model.to_gpt2_config()
+            gpt = self.model.to_model_config()
             lines.append(f"{'(resolved model)'.ljust(width)}  {gpt}")
         except ValueError:
             pass

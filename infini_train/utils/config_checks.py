@@ -14,6 +14,7 @@ BACKENDS = ("auto", "mpi", "nccl")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ARCHS = ("gpt2", "llama3")
 
 
 class _Checker:
@@ -156,47 +157,71 @@ def _check_data(cfg, c, errors):
                           f"train_NNNNNN.bin) with data.source=stdlib, got {d.val!r}; use <dir>/val_*.bin")
 
 
-def _check_model(cfg, c, errors, presets):
+def _check_model(cfg, c, errors, gpt2_presets):
     m, t = cfg.model, cfg.train
-    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+    c.need("model.arch", lambda v: v in ARCHS, f"one of {ARCHS}{_closest(m.arch, ARCHS)}")
+    if not c.ok("model.arch"):
+        return
+    llama = m.arch == "llama3"
+    if not llama:
+        for name in m.LLAMA_ONLY:
+            if getattr(m, name) is not None:
+                errors.append(f"model.{name}: only for model.arch=llama3, got {getattr(m, name)!r} with "
+                              "model.arch=gpt2; HINT: set model.arch=llama3, or drop the key")
+    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "intermediate_size",
+                 "rope_original_context"):
         c.need(f"model.{name}", lambda v: v >= 1, "an integer >= 1")
+    for name in ("rope_theta", "rms_norm_eps", "rope_low_freq_factor", "rope_high_freq_factor"):
+        c.need(f"model.{name}", lambda v: _finite(v) and v > 0, "a number > 0")
+    c.need("model.rope_scaling_factor", lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no scaling)")
     c.need("model.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")
+    presets = m.presets() if llama else gpt2_presets
     if c.ok("model.preset") and m.preset is not None and m.preset not in presets:
         close = difflib.get_close_matches(m.preset, presets, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        errors.append(f"model.preset: expected one of {sorted(presets)} or null, got {m.preset!r}{hint}")
+        errors.append(f"model.preset: expected one of {sorted(presets)} (model.arch={m.arch}) or null, got "
+                      f"{m.preset!r}{hint}")
         return
-    names = ("model.preset", "model.block_size", "model.vocab_size", "model.n_layer", "model.n_head",
-             "model.n_embd", "model.dropout", "model.bias")
+    names = ["model.preset"] + [f"model.{f}" for f in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd",
+                                                       "dropout", "bias") + m.LLAMA_ONLY]
     if not c.ok(*names):
         return
-    shape = {**(presets[m.preset] if m.preset else {}), **m.overrides()}
-    n_embd, n_head = shape.get("n_embd", 768), shape.get("n_head", 12)
-    if n_embd % n_head:
-        key = "model.n_head" if m.n_head is not None or m.n_embd is None else "model.n_embd"
-        errors.append(f"{key}: expected n_embd ({n_embd}) divisible by n_head ({n_head}), got n_embd % n_head = "
-                      f"{n_embd % n_head}")
-        return
-    stages = cfg.parallel.pipeline * cfg.parallel.virtual_pipeline
-    if c.ok("parallel.pipeline", "parallel.virtual_pipeline") and stages > 1 and \
-            shape.get("n_layer", 12) % stages:
-        errors.append(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
-                      f"{cfg.parallel.pipeline} x {cfg.parallel.virtual_pipeline} = {stages} (equal model chunks), "
-                      f"got {shape.get('n_layer', 12)}")
-    tensor = cfg.parallel.tensor
-    if c.ok("parallel.tensor") and tensor > 1 and n_head % tensor:
-        divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
-        errors.append(f"parallel.tensor: expected a divisor of model n_head ({n_head}; each rank takes "
-                      f"n_head / tensor heads), got {tensor}; HINT: use one of {divisors}")
+    if not llama:
+        shape = {**(presets[m.preset] if m.preset else {}), **m.overrides()}
+        n_embd, n_head = shape.get("n_embd", 768), shape.get("n_head", 12)
+        if n_embd % n_head:
+            key = "model.n_head" if m.n_head is not None or m.n_embd is None else "model.n_embd"
+            errors.append(f"{key}: expected n_embd ({n_embd}) divisible by n_head ({n_head}), got n_embd % n_head "
+                          f"= {n_embd % n_head}")
+            return
     try:
-        gpt = m.to_gpt2_config()
+        model = m.to_model_config()
     except (ValueError, TypeError) as exc:
         errors.append(f"model: {' '.join(str(exc).split())}")
         return
-    if c.ok("train.sequence_length") and t.sequence_length > gpt.block_size:
-        errors.append(f"train.sequence_length: expected <= model block_size ({gpt.block_size}), "
+    _check_model_parallel(cfg, c, errors, model, llama)
+    if c.ok("train.sequence_length") and t.sequence_length > model.block_size:
+        errors.append(f"train.sequence_length: expected <= model block_size ({model.block_size}), "
                       f"got {t.sequence_length}")
     need = TOKENIZER_VOCAB.get(cfg.data.tokenizer)
-    if need and c.ok("data.tokenizer") and gpt.vocab_size < need:
+    if need and c.ok("data.tokenizer") and model.vocab_size < need:
         errors.append(f"model.vocab_size: expected >= {need} for data.tokenizer {cfg.data.tokenizer!r}, "
-                      f"got {gpt.vocab_size}")
+                      f"got {model.vocab_size}")
+
+
+def _check_model_parallel(cfg, c, errors, model, llama):
+    stages = cfg.parallel.pipeline * cfg.parallel.virtual_pipeline
+    if c.ok("parallel.pipeline", "parallel.virtual_pipeline") and stages > 1 and model.n_layer % stages:
+        errors.append(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
+                      f"{cfg.parallel.pipeline} x {cfg.parallel.virtual_pipeline} = {stages} (equal model chunks), "
+                      f"got {model.n_layer}")
+    tensor = cfg.parallel.tensor
+    if not c.ok("parallel.tensor") or tensor == 1:
+        return
+    heads = [("n_head", model.n_head)] + ([("n_kv_head", model.n_kv_heads)] if llama else [])
+    for name, count in heads:
+        if count % tensor:
+            divisors = [d for d in range(1, count + 1) if count % d == 0]
+            errors.append(f"parallel.tensor: expected a divisor of model {name} ({count}; each rank takes {name} / "
+                          f"tensor heads), got {tensor}; HINT: use one of {divisors}")
+            return

@@ -51,10 +51,10 @@ elif mode == "thread":
     dist.barrier()
 elif mode in ("pipeline", "pipeline-hang"):
     from infini_train.models.gpt2 import GPT2, GPT2Config
-    from infini_train.models.gpt2_pipeline import PipelinedGPT2
+    from infini_train.models.pipeline_lm import PipelinedLM
 
     it.manual_seed(0)
-    stage = PipelinedGPT2(GPT2(GPT2Config(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=8)),
+    stage = PipelinedLM(GPT2(GPT2Config(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=8)),
                           dist.default_group(), "1f1b")
     group, calls = dist.default_group(), [0]
     real = group.batch_isend_irecv

@@ -1,5 +1,5 @@
 """Under ``mpiexec -n P`` (P = 2 or 4, one pipeline; ``--cuda``: one GPU per rank over NCCL): a tiny GPT-2 split
-into P stages (PipelinedGPT2) against the whole model built from the same seed, on the same M = 8 micro-batches, for
+into P stages (PipelinedLM) against the whole model built from the same seed, on the same M = 8 micro-batches, for
 every schedule (interleaved with V = 2):
 
 - the mean loss and every gradient (the tied embedding's summed over its two copies) equal the whole model's;
@@ -16,7 +16,7 @@ import numpy as np
 import infini_train as it
 from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.gpt2_pipeline import PipelinedGPT2
+from infini_train.models.pipeline_lm import PipelinedLM
 from infini_train.nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
 from infini_train.nn.parallel.tensor_parallel import all_reduce_grads
 
@@ -50,7 +50,7 @@ whole_loss = np.mean([whole(x, y)[1].item() for x, y in zip(xs, ys)])
 whole_grads = {n: p.grad.numpy() for n, p in whole.named_parameters()}
 
 for schedule, virtual in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
-    stage = PipelinedGPT2(build(), group, schedule, virtual)
+    stage = PipelinedLM(build(), group, schedule, virtual)
     loss = stage.train_step(xs, ys, backward=lambda loss: (loss / M).backward())
     close(loss, whole_loss, f"{schedule} loss")
     if rank in (0, world - 1):
@@ -62,7 +62,7 @@ for schedule, virtual in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
     promised = {"gpipe": M, "1f1b": min(world - rank, M), "interleaved": None}[schedule]
     assert promised is None or peak == promised, (schedule, rank, peak, promised)
 
-stage = PipelinedGPT2(build(), group, "1f1b")
+stage = PipelinedLM(build(), group, "1f1b")
 stage.eval()
 whole.eval()
 _, loss = stage(xs[0], ys[0])

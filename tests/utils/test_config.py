@@ -56,7 +56,7 @@ def test_wrong_types_name_key_expected_type_and_value(tmp_path):
     assert "train.overfit_single_batch: expected bool, got 1 (int)" in msg
     assert "train.learning_rate: expected float, got 'fast' (str)" in msg
     assert "seed: expected int, got True (bool)" in msg  # bools are not ints
-    assert "model: expected a section of keys (like model.preset), got 3 (int)" in msg
+    assert "model: expected a section of keys (like model.arch), got 3 (int)" in msg
     assert "resume: expected str, got False (bool); HINT: quote the value to pass it as text, e.g. resume: 'false'" \
         in msg
     assert len(errors) == 7
@@ -108,7 +108,7 @@ def test_type_errors_and_range_errors_are_reported_together(tmp_path):
 def test_bad_preset_and_model_consistency():
     msg, _ = errors_of(None, ["model.preset=gpt-2"])
     assert "model.preset: expected one of ['d12', 'd24', 'd36', 'd48', 'gpt2', 'gpt2-large', 'gpt2-medium', " \
-           "'gpt2-xl'] or null, got 'gpt-2' (did you mean 'gpt2'?)" in msg
+           "'gpt2-xl'] (model.arch=gpt2) or null, got 'gpt-2' (did you mean 'gpt2'?)" in msg
     msg, _ = errors_of(None, ["model.block_size=64", "train.sequence_length=128"])
     assert "train.sequence_length: expected <= model block_size (64), got 128" in msg
     msg, _ = errors_of(None, ["model.n_embd=100", "model.n_head=3"])

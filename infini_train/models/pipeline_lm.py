@@ -1,9 +1,11 @@
-"""GPT-2 split into pipeline stages: the embeddings on the first, the final layer norm, lm_head and loss on the
-last, n_layer / (P x V) blocks per model chunk.
+"""A language model split into pipeline stages: the embeddings on the first, the final norm, the output layer and
+the loss on the last, n_layer / (P x V) blocks per model chunk. The model class says how to cut itself
+(``pipeline_chunk``: a module holding some blocks, and the embeddings / head when first / last) and which weights it
+ties (``tied_weight_names``); GPT2 and Llama do.
 
-``PipelinedGPT2(model, group, schedule, virtual)`` takes a whole GPT2 (built and initialised as in one process, and
+``PipelinedLM(model, group, schedule, virtual)`` takes a whole model (built and initialised as in one process, and
 possibly split over a tensor group already) and keeps this stage's chunks. Parameters keep the whole model's names,
-so checkpoints are the files of a one-process run. The tied embedding / lm_head weight lives twice, as the first
+so checkpoints are the files of a one-process run. A tied embedding / output weight lives twice, as the first
 stage's embedding and the last stage's output layer (a copy marked ``shared_embedding``); their gradients are summed
 over the embedding group (first and last stage) before the step, so the copies stay equal (Megatron-LM's embedding
 group), and only the embedding counts in the gradient norm.
@@ -21,43 +23,12 @@ from ..autograd.grad_mode import no_grad
 from ..nn.parallel.pipeline import PipelineParallel
 from ..nn.parallel.tensor_parallel import ParallelParameter
 from ..tensor import Tensor
-from .gpt2 import GPT2
-from .gpt2_parallel import VocabParallelHead
-
-TIED = "transformer.wte.weight"  # the one name the tied embedding / lm_head weight has in the optimizer
-
-
-class GPT2Chunk(GPT2):
-    """Some consecutive blocks of a GPT2, with the embeddings when ``first`` and the head when ``last``;
-    submodules keep their names in the whole model (``transformer.h.5``, ``lm_head``)."""
-
-    def __init__(self, model, layers, first, last, head=None):
-        nn.Module.__init__(self)
-        self.config, self.tp = model.config, model.tp
-        self.first, self.last = first, last
-        parts = {}
-        if first:
-            parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe, drop=model.transformer.drop)
-        parts["h"] = nn.ModuleDict({str(i): model.transformer.h[i] for i in layers})
-        if last:
-            parts["ln_f"] = model.transformer.ln_f
-        self.transformer = nn.ModuleDict(parts)
-        if last:
-            self.lm_head = head if head is not None else model.lm_head
-
-    def numbered_blocks(self):
-        return ((int(k), block) for k, block in self.transformer.h.items())
-
-    def forward(self, x, targets=None, kv_cache=None, last_only=False):
-        if self.first:
-            x = self.embed(x, kv_cache)
-        x = self.run_blocks(x, kv_cache)
-        return self.head(x, targets, last_only) if self.last else x
+from .tensor_parallel_lm import VocabParallelHead
 
 
 def _head_copy(model):
     """The last stage's output layer: the tied weight copied into its own Parameter (marked shared_embedding)."""
-    source = model.transformer.wte.weight
+    source = model.get_parameter(model.tied_weight_names()[0])
     weight = ParallelParameter(Tensor._make(source.array.copy(), source.device), requires_grad=source.requires_grad)
     weight.tp_spec = getattr(source, "tp_spec", None)
     weight.shared_embedding = True
@@ -65,14 +36,15 @@ def _head_copy(model):
         return VocabParallelHead(weight, model.tp.group, model.tp.sequence_parallel)
     head = nn.Linear.__new__(nn.Linear)
     nn.Module.__init__(head)
-    head.in_features, head.out_features = model.config.n_embd, model.config.vocab_size
+    head.in_features, head.out_features = model.config.hidden_size, model.config.vocab_size
     head.weight = weight
     head.register_parameter("bias", None)
     return head
 
 
-class PipelinedGPT2(nn.Module):
-    """This pipeline stage's part of a GPT2: ``chunks`` (V of them), run by a PipelineParallel over ``group``."""
+class PipelinedLM(nn.Module):
+    """This pipeline stage's part of a language model (GPT2 or Llama): ``chunks`` (V of them), run by a
+    PipelineParallel over ``group``."""
 
     def __init__(self, model, group, schedule="1f1b", virtual=1):
         super().__init__()
@@ -81,13 +53,14 @@ class PipelinedGPT2(nn.Module):
             raise ValueError(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
                              f"{P} x {V} = {P * V}, got {L}\nHINT: choose sizes whose product divides the layers")
         self.config, self.tp, self.group = model.config, model.tp, group
+        self.tied = model.tied_weight_names()  # (embedding, output layer) names of a tied weight, or None
         per_chunk = L // (P * V)
         chunks = []
         for local in range(V):
             c = local * P + group.rank
             first, last = c == 0, c == P * V - 1
-            head = _head_copy(model) if last and not first else None
-            chunks.append(GPT2Chunk(model, range(c * per_chunk, (c + 1) * per_chunk), first, last, head))
+            head = _head_copy(model) if last and not first and self.tied is not None else None
+            chunks.append(model.pipeline_chunk(range(c * per_chunk, (c + 1) * per_chunk), first, last, head))
         self.chunks = nn.ModuleList(chunks)
         self.pipe = PipelineParallel(chunks, group, schedule, V)
         # the whole model's layout, kept to write and read one-process checkpoints
@@ -133,7 +106,7 @@ class PipelinedGPT2(nn.Module):
     def _activation(self, batch, length, dtype):
         tp = self.tp
         local = length // tp.size if tp is not None and tp.sequence_parallel else length
-        return (batch, local, self.config.n_embd), dtype
+        return (batch, local, self.config.hidden_size), dtype
 
     def _dtype(self):
         return next(iter(self.parameters())).dtype
@@ -182,16 +155,19 @@ class PipelinedGPT2(nn.Module):
     # ------------------------------------------------------------------------------------------- weights
     def shared_embedding_params(self):
         """The tied weight on this stage: the embedding on the first stage, its copy on the last, else []."""
-        return ([c.transformer.wte.weight for c in self.chunks if c.first]
-                + [c.lm_head.weight for c in self.chunks if c.last and not c.first])
+        if self.tied is None:
+            return []
+        own = self.state_dict(keep_vars=True)
+        return list({id(own[n]): own[n] for n in self.tied if n in own}.values())
 
     def canonical_names(self):
-        """{id(parameter): its name in the whole model's optimizer state} (the lm_head copy is the embedding)."""
+        """{id(parameter): its name in the whole model's optimizer state} (a tied output layer's copy is the
+        embedding)."""
         names = {}
         for name, p in self.state_dict(keep_vars=True).items():
             if isinstance(p, nn.Parameter):
-                names.setdefault(id(p), TIED if getattr(p, "shared_embedding", False) else name)
+                names.setdefault(id(p), self.tied[0] if getattr(p, "shared_embedding", False) else name)
         return names
 
 
-__all__ = ["GPT2Chunk", "PipelinedGPT2", "TIED"]
+__all__ = ["PipelinedLM"]
