@@ -66,9 +66,18 @@ def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, d
     device, dtype = parse_device(device), parse_dtype(dtype)
     if checkpoint is not None:
         model_state, _, state = load_checkpoint(checkpoint)
+        reference = state.get("lora")
+        if reference:  # a LoRA run: its base weights (or seeded init), then its adapters, merged in
+            it.manual_seed(reference["seed"])
         model = registry.build(state.get("arch", "gpt2"), state["model_config"])
         model.to(dtype=dtype)  # before loading: float64 weights stay exact in a float64 model
-        model.load_state_dict(model_state)
+        if reference:
+            from infini_train.nn.lora import merge_lora
+            from infini_train.training.lora_run import rebuild
+
+            merge_lora(rebuild(model, reference, model_state))
+        else:
+            model.load_state_dict(model_state)
         tok_name = tokenizer or state.get("tokenizer", "byte")
     else:
         model = _pretrained(pretrained)

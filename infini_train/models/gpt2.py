@@ -14,6 +14,7 @@ from ..creation import arange
 from ..nn import functional as F
 from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, whole_numel  # noqa: F401
 from .gpt2_config import GPT2_PRESETS, GPT2Config
+from .recompute import run_block
 
 __all__ = ["GPT2", "GPT2Config", "GPT2_PRESETS", "KVCache"]
 
@@ -81,6 +82,7 @@ class Block(nn.Module):
 
 class GPT2(nn.Module):
     tp = None  # a TensorParallel after parallelize_gpt2 (models/gpt2_parallel.py)
+    recompute = "none"  # "block": recompute each block's activations in backward (models/recompute.py)
 
     def __init__(self, config: GPT2Config):
         super().__init__()
@@ -143,7 +145,7 @@ class GPT2(nn.Module):
 
     def run_blocks(self, x, kv_cache=None):
         for layer, block in self.numbered_blocks():
-            x = block(x, kv_cache, layer)
+            x = run_block(block, self.recompute, x, kv_cache, layer)
         return x
 
     def numbered_blocks(self):

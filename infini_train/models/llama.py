@@ -13,6 +13,7 @@ from ..nn import functional as F
 from ..tensor import Tensor
 from .attention import KVCache, cached_attention, sharded_random, whole_numel
 from .llama_config import LlamaConfig
+from .recompute import run_block
 
 
 class LlamaAttention(nn.Module):
@@ -68,6 +69,7 @@ class LlamaDecoderLayer(nn.Module):
 
 class Llama(nn.Module):
     tp = None  # a TensorParallel after parallelize_llama (models/llama_parallel.py)
+    recompute = "none"  # "block": recompute each block's activations in backward (models/recompute.py)
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -119,7 +121,7 @@ class Llama(nn.Module):
             T = x.shape[1] * (self.tp.size if self.tp is not None and self.tp.sequence_parallel else 1)
             rope = self.rope(kv_cache.length if kv_cache is not None else 0, T, x.device)
         for layer, block in self.numbered_blocks():
-            x = block(x, rope, kv_cache, layer)
+            x = run_block(block, self.recompute, x, rope, kv_cache, layer)
         return x
 
     def numbered_blocks(self):

@@ -20,10 +20,12 @@ from ..data.corpus import ensure_default_data, read_meta
 from ..data.loader import DistributedDataLoader
 from ..data.tokenizer import get_tokenizer
 from ..models import registry
+from ..models.recompute import set_recompute
 from ..models.tensor_parallel_lm import without_sequence_parallel
 from ..models.pipeline_lm import PipelinedLM
 from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
 from ..nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
+from ..nn.lora import load_lora_state_dict, lora_state_dict, save_adapter
 from ..nn.parallel import DistributedDataParallel
 from ..nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state, sharded_state_dict,
                                          unsharded_optimizer_state, unsharded_state_dict)
@@ -33,6 +35,7 @@ from ..utils.config import ConfigError
 from ..utils.metrics import MetricsLog, measure_sgemm_peak, plot_loss_curve
 from .evaluation import evaluate, sample_text
 from .layout import Layout
+from .lora_run import apply_run_lora, checkpoint_reference, load_base_weights
 from .precision import autocast_for, scaler_for
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
@@ -86,11 +89,15 @@ def build_model(cfg, device, layout=None):
     backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
     cls, _ = registry.model_class(cfg.model.arch)
     model = cls(model_cfg).to(device=device, dtype=cfg.dtype)
+    if cfg.lora.rank and cfg.lora.init_from:
+        load_base_weights(model, cfg.lora.init_from)
     if layout is not None and layout.tensor_parallel:
         registry.parallelize(model, layout.tp_group, layout.sequence_parallel)
+    if cfg.lora.rank:  # after the split: the adapters of split layers are split too
+        apply_run_lora(model, cfg.lora)
     if layout is not None and layout.pipeline_parallel:
         model = PipelinedLM(model, layout.pp_group, layout.schedule, layout.virtual)
-    return model, tok_name
+    return set_recompute(model, cfg.train.recompute), tok_name
 
 
 def build_optimizer(model, train_cfg, zero_stage, group=None):
@@ -176,7 +183,11 @@ class Run:
         model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
         check_same_model(state, self.cfg.model.arch, self.raw_model.config.to_dict(), path)
         tp_group = self.layout.tp_group
-        if self.layout.pipeline_parallel:  # the whole model's files: each stage (and tensor rank) keeps its part
+        if self.cfg.lora.rank:  # adapters only (whole); the base came from lora.init_from at build time
+            load_lora_state_dict(self.raw_model, model_state)
+            self.optimizer.load_state_dict(sharded_optimizer_state(opt_state, self.optimizer, tp_group)
+                                           if tp_group is not None else opt_state)
+        elif self.layout.pipeline_parallel:  # the whole model's files: each stage (and tensor rank) keeps its part
             raw = self.raw_model
             raw.load_state_dict(sharded_state_dict(raw, model_state, tp_group) if tp_group else model_state)
             self.optimizer.load_state_dict(local_optimizer_state(opt_state, self.optimizer, raw.canonical_names(),
@@ -209,7 +220,8 @@ class Run:
                 "tokenizer": self.tok_name,
                 "rng": {"seed": cfg.seed, "per_step": PER_STEP_SEEDS}, "data": data_states,
                 "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
-                "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None},
+                "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "lora": checkpoint_reference(cfg.lora, cfg.seed) if cfg.lora.rank else None},
                 keep_last=cfg.train.keep_last, run_id=self.run_id)
             print0(f"saved checkpoint {path}")
         wait_for_rank0()
@@ -233,6 +245,14 @@ class Run:
         layout = self.layout
         if self.zero_stage:
             self.optimizer.consolidate_state_dict(to=0)  # checkpoints hold the unsharded optimizer state
+        if self.cfg.lora.rank:  # the adapters, gathered whole over each tensor group (a collective)
+            adapters = lora_state_dict(self.raw_model, whole=True)
+            if layout.dp_rank != 0:
+                return None, None
+            opt_state = self.optimizer.state_dict()
+            if layout.tensor_parallel:
+                opt_state = unsharded_optimizer_state(opt_state, self.optimizer, layout.tp_group, to=0)
+            return (adapters, opt_state) if self.rank == 0 else (None, None)
         if layout.mesh is None:
             return self.raw_model.state_dict(), self.optimizer.state_dict() if self.rank == 0 else None
         if layout.dp_rank != 0:
@@ -297,8 +317,21 @@ class Run:
             bar.close()
         if t.num_iterations > self.start_step:
             self.save(t.num_iterations)
+            self._export_adapter()
         self._plot()
         return 0
+
+    def _export_adapter(self):
+        """A LoRA run's adapters in PEFT's format (adapter_config.json + adapter_model.safetensors) in
+        out_dir/adapter, for PEFT to load onto the base model."""
+        if not self.cfg.lora.rank:
+            return
+        if self.layout.dp_rank == 0:  # rank 0's tensor group gathers the adapters; rank 0 writes
+            path = save_adapter(self.raw_model, os.path.join(self.cfg.out_dir, "adapter"),
+                                base_model_name_or_path=self.cfg.lora.init_from)
+            if path is not None and self.rank == 0:
+                print(f"adapter (PEFT format): {path}", flush=True)
+        wait_for_rank0()
 
     def _report_memory(self):
         """Once, after the first step: each rank's parameter, gradient and optimizer-state bytes (from the

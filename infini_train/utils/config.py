@@ -90,6 +90,8 @@ class TrainConfig:
     keep_last: int = _key(3, "checkpoints kept on disk; 0 keeps all")
     log_every: int = _key(1, "steps between printed lines (metrics.jsonl gets every step)")
     overfit_single_batch: bool = _key(False, "train on the first batch over and over (a debugging aid, -f)")
+    recompute: str = _key("none", "none | block: recompute each transformer block's activations in backward (less "
+                                  "memory for about one more forward)")
 
     def grad_accum_steps(self, world_size=1):
         """Micro-batches per optimizer step: total_batch_size / (B * T * world_size); a ConfigError if it
@@ -124,6 +126,28 @@ class ParallelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA fine-tuning: low-rank adapters on the target linear layers, every other weight frozen (rank 0: off).
+    Checkpoints of such a run hold the adapters and a reference to the base weights; the end of the run also
+    writes the adapters in PEFT's format to out_dir/adapter."""
+
+    rank: int = _key(0, "adapter rank r (0: no LoRA, train every weight)")
+    alpha: float = _key(16.0, "scaling numerator: adapters add B A x * alpha / rank")
+    dropout: float = _key(0.0, "dropout on the adapters' input")
+    target_modules: str = _key("all-linear", "all-linear (every linear layer but the output layer), or comma-"
+                                             "separated module names (c_attn,c_proj / q_proj,v_proj), or a regex")
+    init_from: Optional[str] = _key(None, "base weights: an HF directory (GPT-2 / LLaMA), an llm.c .bin, or a "
+                                          "training checkpoint (step dir or out_dir); null: the seeded init")
+
+    def targets(self):
+        """target_modules as apply_lora takes it: "all-linear", a regex string, or a list of names."""
+        text = self.target_modules.strip()
+        if text == "all-linear" or any(ch in text for ch in "*()[]|\\^$+?"):
+            return text
+        return [name.strip() for name in text.split(",") if name.strip()]
+
+
+@dataclass
 class RunConfig:
     """A whole run: the three sections plus where it writes, how it resumes and where it runs."""
 
@@ -131,6 +155,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     out_dir: str = _key("runs/default", "config.yaml, metrics.jsonl, loss.png, checkpoints/")
     resume: str = _key("", '"" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path')
     seed: int = _key(1337, "seeds parameter init, dropout and sampling")
@@ -185,7 +210,8 @@ class RunConfig:
         return path
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig}
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
+            "lora": LoraConfig}
 
 
 def _key_docs():

@@ -15,6 +15,7 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ARCHS = ("gpt2", "llama3")
+RECOMPUTE = ("none", "block")
 
 
 class _Checker:
@@ -71,6 +72,7 @@ def check_ranges(cfg, errors, bad):
     for name in ("beta1", "beta2"):
         c.need(f"train.{name}", lambda v: 0 <= v < 1, "a number in [0, 1)")
     c.need("train.learning_rate_decay_frac", lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    c.need("train.recompute", lambda v: v in RECOMPUTE, f"one of {RECOMPUTE}{_closest(cfg.train.recompute, RECOMPUTE)}")
     t = cfg.train
     if c.ok("train.val_loss_every", "train.val_max_steps") and t.val_loss_every and not t.val_max_steps:
         errors.append("train.val_max_steps: expected >= 1 when train.val_loss_every is set, got 0")
@@ -96,6 +98,7 @@ def check_ranges(cfg, errors, bad):
     c.need("device", _valid_device, "'auto', 'cpu', 'cpu:N', 'cuda' or 'cuda:N'")
     if c.ok("backend", "device") and cfg.backend == "nccl" and cfg.device.startswith("cpu"):
         errors.append(f"backend: expected 'mpi' or 'auto' with device {cfg.device!r} (NCCL needs GPUs), got 'nccl'")
+    _check_lora(cfg, c, errors)
     _check_data(cfg, c, errors)
     _check_model(cfg, c, errors, GPT2_PRESETS)
 
@@ -126,6 +129,19 @@ def _check_parallel(cfg, c, errors):
         errors.append(f"train.sequence_length: expected a multiple of parallel.tensor ({p.tensor}) with "
                       f"parallel.sequence=true (each rank holds sequence_length / tensor positions), got "
                       f"{t.sequence_length}")
+
+
+def _check_lora(cfg, c, errors):
+    lora = cfg.lora
+    c.need("lora.rank", lambda v: v >= 0, "an integer >= 0 (0: no LoRA)")
+    c.need("lora.alpha", lambda v: _finite(v) and v > 0, "a number > 0")
+    c.need("lora.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")
+    c.need("lora.target_modules", lambda v: v.strip() != "", "all-linear, module names or a regex")
+    c.need("lora.init_from", lambda v: os.path.exists(v), "an existing HF directory, llm.c .bin or checkpoint path")
+    if c.ok("lora.rank", "parallel.pipeline") and lora.rank > 0 and cfg.parallel.pipeline > 1:
+        errors.append(f"lora.rank: LoRA runs with data and tensor parallelism, not pipeline stages; got lora.rank="
+                      f"{lora.rank} with parallel.pipeline={cfg.parallel.pipeline}; HINT: set parallel.pipeline=1 "
+                      "(adapters are small: tensor or data parallelism covers a LoRA fine-tune)")
 
 
 def _valid_device(dev):
