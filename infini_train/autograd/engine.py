@@ -16,6 +16,8 @@ from __future__ import annotations
 import threading
 
 from .grad_mode import _state
+from .observers import ACTIVE as _OBSERVERS
+from .observers import observed_backward
 
 
 class _PassState(threading.local):
@@ -148,7 +150,8 @@ def _run(roots, external, retain_graph, create_graph, needed=None, captures=None
                 if id(fn) not in needed:
                     fn.grad_outputs = None
                     continue
-                more = fn._run_backward(retain_graph, create_graph)
+                more = (observed_backward(fn, lambda f=fn: f._run_backward(retain_graph, create_graph)) if _OBSERVERS
+                        else fn._run_backward(retain_graph, create_graph))
             if more:
                 work.extend(more)
         callbacks = pass_state.callbacks

@@ -21,6 +21,8 @@ import numpy as np
 from ..backend import CPU, Device
 from .autocast import _state as _autocast
 from .grad_mode import _state
+from .observers import ACTIVE as _OBSERVERS
+from .observers import observed_apply, observed_backward
 
 _ndarray = np.ndarray
 _TENSOR = [None]  # the Tensor class, bound on first use (tensor.py imports this module)
@@ -224,6 +226,8 @@ class Function:
 
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):
+        if _OBSERVERS:  # the profiler or the precision checker is watching
+            return observed_apply(self, inputs, lambda: _apply(self, inputs, _TENSOR[0] or _tensor_class()))
         return _apply(self, inputs, _TENSOR[0] or _tensor_class())
 
     def link_views(self, base, outputs, grad_mode):
@@ -255,6 +259,8 @@ class Function:
         """
         if not self._collect(grad_output, idx, create_graph):
             return ()
+        if _OBSERVERS:
+            return observed_backward(self, lambda: self._run_backward(retain_graph, create_graph))
         return self._run_backward(retain_graph, create_graph)
 
     def _collect(self, grad_output, idx, create_graph=False):
