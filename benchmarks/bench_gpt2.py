@@ -2,6 +2,8 @@
 
     python benchmarks/bench_gpt2.py [--configs tiny d12-T64 d12-T256] [--steps 5] [--warmup 2] [--threads 2]
         [--precision fp32 bf16-mixed fp16-mixed]   (one or more; each config runs in each)
+        [--recompute none block]   (block: every transformer block recomputed in backward; torch: HF's
+                                    gradient checkpointing with use_reentrant=False)
 
 Both frameworks get the same config, the same weights (copied from infini_train's init) and the same
 batch. Timed steps alternate between the two so drifting machine load hits both alike. Reports tokens/s,
@@ -70,6 +72,7 @@ def _timed(fn):
 DEVICE = "cpu"  # --device; "cuda" runs both frameworks on the GPU (infini_train through cupy)
 PRECISION = "fp32"  # --precision: bf16-mixed / fp16-mixed run each forward under the framework's autocast
 LOW = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
+RECOMPUTE = "none"  # --recompute
 
 
 def _sync():
@@ -84,10 +87,11 @@ def _sync():
 def build_it(spec):
     import infini_train as it
     from infini_train.models.gpt2 import GPT2, GPT2Config
+    from infini_train.models.recompute import set_recompute
 
     cfg = GPT2Config(**{k: v for k, v in spec.items() if k not in ("B", "T")})
     it.manual_seed(0)
-    model = GPT2(cfg).to(DEVICE)
+    model = set_recompute(GPT2(cfg).to(DEVICE), RECOMPUTE)
     opt = model.configure_optimizers(0.1, 6e-4)
     rng = np.random.default_rng(0)
     x = rng.integers(0, cfg.vocab_size, size=(spec["B"], spec["T"]))
@@ -121,6 +125,8 @@ def build_torch(spec, state):
                                   vocab_size=spec["vocab_size"], n_positions=spec["block_size"], resid_pdrop=0.0,
                                   embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new"),
                          ).train().to("cuda" if DEVICE != "cpu" else "cpu")
+    if RECOMPUTE == "block":
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if state is not None:
         sd = {}
         for k, v in state.items():
@@ -161,7 +167,8 @@ def build_torch(spec, state):
 def memory_probe(framework, name, steps):
     """Run in a child process: RSS growth (MB) of building the model and running ``steps`` training steps."""
     code = (f"import sys; sys.path.insert(0, {REPO!r}); import benchmarks.bench_gpt2 as b; "
-            f"b.PRECISION = {PRECISION!r}; print(b._memory_child({framework!r}, {name!r}, {steps}))")
+            f"b.PRECISION = {PRECISION!r}; b.RECOMPUTE = {RECOMPUTE!r}; "
+            f"print(b._memory_child({framework!r}, {name!r}, {steps}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         return float("nan")
@@ -218,25 +225,28 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu, or cuda:N (needs cupy, and a CUDA build of torch)")
     parser.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", *LOW],
                         help="bf16-mixed / fp16-mixed: both frameworks' autocast (fp16 also a GradScaler)")
+    parser.add_argument("--recompute", nargs="+", default=["none"], choices=["none", "block"],
+                        help="block: activation recomputation of every transformer block, in both frameworks")
     args = parser.parse_args()
-    global DEVICE, PRECISION
+    global DEVICE, PRECISION, RECOMPUTE
     DEVICE = args.device
     if DEVICE != "cpu":
         args.no_memory = True  # RSS says nothing about GPU memory
     peak = sgemm_peak() if DEVICE == "cpu" else gpu_sgemm_peak()
     print(f"sgemm peak (2048^2, numpy): {peak / 1e9:.1f} GFLOP/s")
-    header = (f"{'config':10s}{'precision':>11s}{'it tok/s':>10s}{'torch tok/s':>13s}{'ratio':>7s}{'it MFU':>8s}"
-              f"{'torch MFU':>10s}")
+    header = (f"{'config':10s}{'precision':>11s}{'recompute':>10s}{'it tok/s':>10s}{'torch tok/s':>13s}{'ratio':>7s}"
+              f"{'it MFU':>8s}{'torch MFU':>10s}")
     header += "" if args.no_memory else f"{'it MB':>8s}{'torch MB':>10s}"
     print(header)
     results = []
-    for name, PRECISION in [(n, p) for n in args.configs for p in args.precision]:
+    for name, PRECISION, RECOMPUTE in [(n, p, rc) for n in args.configs for p in args.precision
+                                       for rc in args.recompute]:
         r = run(name, args.steps, args.warmup, args.threads, not args.no_memory)
-        r["precision"] = PRECISION
+        r["precision"], r["recompute"] = PRECISION, RECOMPUTE
         r["it_mfu"] = r["flops_per_step"] / (r["it_ms"] / 1000) / peak
         r["torch_mfu"] = r["flops_per_step"] / (r["torch_ms"] / 1000) / peak
-        line = (f"{name:10s}{PRECISION:>11s}{r['it_tok_s']:10.0f}{r['torch_tok_s']:13.0f}{r['ratio']:7.2f}"
-                f"{100 * r['it_mfu']:7.1f}%{100 * r['torch_mfu']:9.1f}%")
+        line = (f"{name:10s}{PRECISION:>11s}{RECOMPUTE:>10s}{r['it_tok_s']:10.0f}{r['torch_tok_s']:13.0f}"
+                f"{r['ratio']:7.2f}{100 * r['it_mfu']:7.1f}%{100 * r['torch_mfu']:9.1f}%")
         if not args.no_memory:
             line += f"{r['it_mem_mb']:8.0f}{r['torch_mem_mb']:10.0f}"
         print(line, flush=True)
