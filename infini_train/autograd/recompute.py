@@ -88,9 +88,7 @@ def checkpoint_sequential(functions, segments, input, use_reentrant=None, **kwar
     if kwargs:
         raise ValueError(f"checkpoint_sequential: unexpected keyword arguments {sorted(kwargs)}\n"
                          "HINT: only use_reentrant and preserve_rng_state are accepted")
-    from ..nn import Sequential  # nn imports autograd: bound on use
-
-    if isinstance(functions, Sequential):
+    if callable(getattr(functions, "children", None)):  # a Sequential (nn sits above autograd: no import)
         functions = list(functions.children())
     functions = list(functions)
     n = len(functions)

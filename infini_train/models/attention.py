@@ -7,6 +7,7 @@ import contextlib
 from .. import backend
 from ..nn import functional as F
 from ..creation import arange
+from ..nn.parallel.tensor_parallel import TP_RANDOM
 
 
 class KVCache:
@@ -49,9 +50,6 @@ def sharded_random(tp, dropout_p, whole_sequence_split=False):
     if tp is None or not dropout_p or (whole_sequence_split and not tp.sequence_parallel):
         return contextlib.nullcontext()
     return backend.fork_rng(TP_RANDOM)
-
-
-TP_RANDOM = "tensor-parallel shards"
 
 
 def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):

@@ -126,7 +126,7 @@ class _ParallelLoRALinear(LoRALinear):
         if not self.training or not isinstance(self.lora_dropout, Dropout) or self.group.size == 1:
             return self.lora_dropout(x)
         from .. import backend
-        from ..models.gpt2 import TP_RANDOM
+        from .parallel.tensor_parallel import TP_RANDOM
 
         with backend.fork_rng(TP_RANDOM):
             return self.lora_dropout(x)

@@ -39,6 +39,10 @@ from .mappings import (
 SEQUENCE_DIM = 1  # activations are (B, T, C)
 
 
+# the named RNG stream (backend.fork_rng) of dropout on activations split across a tensor group: seeded per rank
+TP_RANDOM = "tensor-parallel shards"
+
+
 # ------------------------------------------------------------------------------------------ partition specs
 @dataclass(frozen=True)
 class ShardSpec:
