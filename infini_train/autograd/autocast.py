@@ -110,9 +110,10 @@ def policy(device_type):
     if table is None:
         from . import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization,
                        reduction, rms_norm, scan, softmax)
+        from . import conv
 
         low = [matmul.Matmul, matmul.Mm, matmul.Bmm, matmul.Baddbmm, linear.Linear, einsum.Einsum,
-               attention.ScaledDotProductAttention]
+               attention.ScaledDotProductAttention, conv.Conv2d]
         losses = [loss.CrossEntropy, loss.SoftCrossEntropy, loss.NLLLoss, loss.MSELoss,
                   loss.BinaryCrossEntropyWithLogits]
         fp32 = losses

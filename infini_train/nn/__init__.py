@@ -1,6 +1,7 @@
 """Neural-network modules, functional forms, initialisation and gradient utilities."""
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, Sequential
+from .conv import AvgPool2d, BatchNorm2d, Conv2d, Flatten, MaxPool2d
 from .layers import (GELU, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, ReLU, RMSNorm, SiLU, Sigmoid,
                      Softmax, Tanh)
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
@@ -9,7 +10,8 @@ from . import lora
 
 __all__ = ["functional", "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear",
            "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Sigmoid", "SiLU", "Tanh", "Softmax", "LogSoftmax",
-           "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss", "RMSNorm", "lora"]
+           "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss", "RMSNorm", "lora", "Conv2d",
+           "MaxPool2d", "AvgPool2d", "BatchNorm2d", "Flatten"]
 
 
 def __getattr__(name):

@@ -6,6 +6,7 @@ from ..autograd import activations, attention, elementwise, linear as _linear, l
 from ..autograd import dropout as _dropout
 from ..autograd import padding, sparse
 from ..autograd import rms_norm as _rms_norm, rotary as _rotary
+from ..autograd import batch_norm as _batch_norm, conv as _conv, pooling as _pooling
 
 
 def linear(x, weight, bias=None):
@@ -117,7 +118,36 @@ def one_hot(tensor, num_classes=-1):
     return sparse.one_hot(tensor, num_classes)
 
 
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D convolution of (N, C, H, W) by weight (O, C / groups, kH, kW) plus bias (O,); padding is an int, a
+    pair, "valid" or "same"."""
+    return _conv.conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max over kernel windows of (N, C, H, W) (stride defaults to kernel_size); with return_indices also the
+    flat positions h * W + w of the maxima."""
+    return _pooling.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """Mean over kernel windows of (N, C, H, W), with torch's divisor rules."""
+    return _pooling.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Per-channel normalisation of (N, C, ...): batch statistics in training (running ones updated in place),
+    running statistics otherwise."""
+    return _batch_norm.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def flatten(input, start_dim=0, end_dim=-1):
+    """Merge dims start_dim..end_dim into one (torch.flatten)."""
+    return input.flatten(start_dim, end_dim)
+
+
 __all__ = ["pad", "one_hot", "linear", "embedding", "layer_norm", "gelu", "relu", "sigmoid", "silu", "softplus",
            "tanh", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
            "binary_cross_entropy_with_logits", "dropout", "scaled_dot_product_attention", "rms_norm",
-           "rotary_embedding"]
+           "rotary_embedding", "conv2d", "max_pool2d", "avg_pool2d", "batch_norm", "flatten"]
