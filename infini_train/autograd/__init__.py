@@ -6,6 +6,7 @@ from .function import Function, Op, OpError, RemovableHandle, sum_to
 from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
                         set_grad_enabled)
 from .recompute import checkpoint, checkpoint_sequential
+from . import graph  # it.autograd.graph.to_dot / render: the graph as Graphviz DOT
 
 __all__ = [
     "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "grad", "Function", "Op",
