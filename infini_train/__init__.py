@@ -44,6 +44,7 @@ from . import autograd, return_types
 from .autograd.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from . import amp
 from . import distributed, nn, optim  # it.distributed, it.nn, it.optim as in the contract
+from . import profiler  # it.profiler.profile, record_function
 from .serialization import load, save
 from .functional import *  # noqa: F401,F403  (it.cat, it.matmul, it.exp, ...)
 

@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from .mpi_backend import MPIProcessGroup
-from .process_group import ProcessGroup, ReduceOp, is_floating
+from .process_group import ProcessGroup, ReduceOp, _observed, is_floating
 from .work import Work
 
 BLOCKING_WAIT_ENV = "INFINI_TRAIN_NCCL_BLOCKING_WAIT"
@@ -254,6 +254,7 @@ class NCCLProcessGroup(ProcessGroup):
         return self._launch(f"send to {dst}", lambda c, s: c.send(buf.data.ptr, buf.nbytes, self._bytes, dst, s),
                             None, buf)
 
+    @_observed("batch_isend_irecv")
     def batch_isend_irecv(self, ops):
         """Device tensors' sends and receives launched inside one ncclGroupStart/End (so paired transfers between
         two ranks progress together), recorded by one event; host tensors go through MPI."""

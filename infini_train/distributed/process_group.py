@@ -18,9 +18,11 @@ on arrays, each returning a Work. The flat ones get 1-D views and whether the ca
 from __future__ import annotations
 
 import enum
+import functools
 
 import numpy as np
 
+from ..autograd import observers
 from .work import DEFAULT_TIMEOUT, CompletedWork, Work
 
 
@@ -91,6 +93,20 @@ def _result(work, async_op):
     return None
 
 
+def _observed(name):
+    """Run the collective as a ``"<backend>:<name>"`` range for the op observers (the profiler's collectives);
+    one list test when none is installed."""
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            if not observers.ACTIVE:
+                return method(self, *args, **kwargs)
+            with observers.record(f"{self.backend}:{name}", "collective"):
+                return method(self, *args, **kwargs)
+        return run
+    return wrap
+
+
 class ProcessGroup:
     """A set of ranks and the collectives among them.
 
@@ -116,6 +132,7 @@ class ProcessGroup:
         return f"<{type(self).__name__} backend={self.backend} ranks={self.ranks} rank={self.rank}>"
 
     # ------------------------------------------------------------------------------ collectives
+    @_observed("all_reduce")
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group; every rank ends with the result, in place."""
         arr = _array_of(tensor, "all_reduce", writes=True)
@@ -124,6 +141,7 @@ class ProcessGroup:
         _bump(tensor)
         return _result(work, async_op)
 
+    @_observed("broadcast")
     def broadcast(self, tensor, src=0, async_op=False):
         """Copy rank ``src``'s ``tensor`` into ``tensor`` on every other rank."""
         arr = _array_of(tensor, "broadcast", writes=True)
@@ -133,6 +151,7 @@ class ProcessGroup:
             _bump(tensor)
         return _result(work, async_op)
 
+    @_observed("all_gather")
     def all_gather(self, tensor_list, tensor, async_op=False):
         """``tensor_list[r]`` receives rank r's ``tensor`` on every rank."""
         arr = _array_of(tensor, "all_gather", writes=False)
@@ -141,6 +160,7 @@ class ProcessGroup:
         _bump(*tensor_list)
         return _result(work, async_op)
 
+    @_observed("reduce_scatter")
     def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
         """``output`` on rank r receives the reduction over ranks of their ``input_list[r]``."""
         out = _array_of(output, "reduce_scatter", writes=True)
@@ -150,6 +170,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
+    @_observed("all_gather_into_tensor")
     def all_gather_into_tensor(self, output, input, async_op=False):
         """Rank r's ``input`` lands in chunk r of ``output`` (``output.numel() == size * input.numel()``, e.g.
         shape ``(size * n,)``, ``(size * d0, ...)`` or ``(size, *input.shape)``), on every rank. ``input`` may be
@@ -162,6 +183,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
+    @_observed("reduce_scatter_tensor")
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
         """``output`` on rank r receives the reduction over ranks of chunk r of their ``input``
         (``input.numel() == size * output.numel()``). ``output`` may be this rank's own chunk of ``input``."""
@@ -174,6 +196,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
+    @_observed("reduce")
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor`` (the others' stay unchanged)."""
         arr = _array_of(tensor, "reduce", writes=self.rank == dst)
@@ -184,15 +207,18 @@ class ProcessGroup:
             _bump(tensor)
         return _result(work, async_op)
 
+    @_observed("barrier")
     def barrier(self, async_op=False):
         """Return (or complete the Work) once every rank of the group reached the barrier."""
         return _result(self._barrier(), async_op)
 
+    @_observed("isend")
     def isend(self, tensor, dst, tag=0) -> Work:
         arr = _array_of(tensor, "send", writes=False)
         self._check_peer(dst, "send", "dst")
         return self._send(arr, dst, int(tag))
 
+    @_observed("irecv")
     def irecv(self, tensor, src, tag=0) -> Work:
         arr = _array_of(tensor, "recv", writes=True)
         self._check_peer(src, "recv", "src")
@@ -200,6 +226,7 @@ class ProcessGroup:
         _bump(tensor)
         return work
 
+    @_observed("batch_isend_irecv")
     def batch_isend_irecv(self, ops):
         """Start the point-to-point ops ``[(kind, tensor, peer, tag)]`` (kind "send" or "recv") together; returns
         their Works in order. Backends whose p2p calls block in turn (NCCL) launch them as one group, so two ranks
@@ -211,9 +238,11 @@ class ProcessGroup:
             works.append(self.isend(tensor, peer, tag) if kind == "send" else self.irecv(tensor, peer, tag))
         return works
 
+    @_observed("send")
     def send(self, tensor, dst, tag=0):
         self.isend(tensor, dst, tag).wait()
 
+    @_observed("recv")
     def recv(self, tensor, src, tag=0):
         self.irecv(tensor, src, tag).wait()
 

@@ -12,6 +12,8 @@ import datetime
 import os
 import time
 
+from ..autograd import observers
+
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_ENV = "INFINI_TRAIN_COLLECTIVE_TIMEOUT"
 _SPIN_SECONDS = 1.0  # busy-poll this long before backing off to sleeps (MPI progresses only while polled)
@@ -91,6 +93,13 @@ class Work:
         return self._error
 
     def wait(self, timeout=None) -> bool:
+        if not self._done and observers.ACTIVE:  # the profiler shows the time spent waiting
+            backend = self._group.backend if self._group is not None else "work"
+            with observers.record(f"{backend}:wait", "collective"):
+                return self._wait(timeout)
+        return self._wait(timeout)
+
+    def _wait(self, timeout):
         if not self._done:
             limit = self.timeout if timeout is None else resolve_timeout(timeout)
             start = time.monotonic()

@@ -11,10 +11,12 @@ than whole-array passes for Adam) and the workspace stays small; on GPUs a param
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 
 from .. import backend
+from ..autograd import observers
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..nn.utils import zero_grad
 from ..tensor import Tensor
@@ -24,7 +26,24 @@ _EXTRA_GROUP_KEYS = {"initial_lr", "name", "max_lr", "min_lr", "max_momentum", "
 CPU_CHUNK = 1 << 16  # elements per piece on CPU devices (5 float32 arrays x 256 kB: fits in L2 cache)
 
 
+def _observed_step(step):
+    """``step`` as an ``Optimizer.step#<Class>.step`` range for the op observers (the profiler's optimizer steps);
+    one list test when none is installed."""
+    @functools.wraps(step)
+    def run(self, *args, **kwargs):
+        if not observers.ACTIVE:
+            return step(self, *args, **kwargs)
+        with observers.record(f"Optimizer.step#{type(self).__name__}.step", "optimizer"):
+            return step(self, *args, **kwargs)
+    return run
+
+
 class Optimizer:
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:  # every optimizer's own step is seen by the profiler
+            cls.step = _observed_step(cls.step)
+
     def __init__(self, params, defaults):
         name = type(self).__name__
         if isinstance(params, Tensor):

@@ -1,0 +1,53 @@
+"""Module ranges: while profiling, each ``nn.Module`` call of a model becomes a named range, so traces show the
+ops of a forward nested in the module that ran them (``nn.Module: CausalSelfAttention transformer.h.0.attn``).
+
+    with it.profiler.profile() as prof, it.profiler.module_ranges(model):
+        model(x)
+
+Forward hooks are added on entry and removed on exit; outside a profile the ranges record nothing."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from ..autograd import observers
+
+
+@contextlib.contextmanager
+def module_ranges(model):
+    local = threading.local()  # per thread: [(module, open range)], innermost last
+
+    def stack():
+        s = getattr(local, "stack", None)
+        if s is None:
+            s = local.stack = []
+        return s
+
+    def enter(name):
+        def pre_hook(module, args):
+            scope = observers.record(name, "module")
+            scope.__enter__()
+            stack().append((module, scope))
+        return pre_hook
+
+    def leave(module, args, output):
+        s = stack()
+        while s:  # ranges of calls that raised were never closed: close them on the way out
+            owner, scope = s.pop()
+            scope.__exit__(None, None, None)
+            if owner is module:
+                break
+
+    handles = []
+    for path, module in model.named_modules():
+        name = f"nn.Module: {type(module).__name__}" + (f" {path}" if path else "")
+        handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+__all__ = ["module_ranges"]
