@@ -40,6 +40,7 @@ from .precision import autocast_for, scaler_for
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .step import train_step
+from .tensorboard_log import RunLog
 
 
 PER_STEP_SEEDS = ("SeedSequence([seed, data-parallel rank, step]); tensor-parallel shards: SeedSequence([seed, "
@@ -281,9 +282,11 @@ class Run:
                f"{self.tok_name}")
         peak = measure_sgemm_peak() * self.world
         flops_per_token = self.raw_model.flops_per_token(t.sequence_length)
-        log = MetricsLog(cfg.out_dir, self.start_step if self.resumed_from else None, enabled=self.rank == 0)
+        resume_step = self.start_step if self.resumed_from else None
+        log = RunLog(MetricsLog(cfg.out_dir, resume_step, enabled=self.rank == 0), cfg.out_dir, cfg.tensorboard,
+                     resume_step, enabled=self.rank == 0)
         bar = self._progress_bar()
-        with StopSignals() as stops:
+        with StopSignals() as stops, log:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):
                 stop = stops.agreed()
                 if stop:

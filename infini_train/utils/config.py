@@ -163,6 +163,8 @@ class RunConfig:
     dtype: str = _key("float32", "parameter and activation dtype: float32 | float64")
     backend: str = _key("auto", "process-group backend under mpirun: auto (nccl on GPUs, else mpi), mpi, nccl")
     plot: bool = _key(True, "write out_dir/loss.png at the end")
+    tensorboard: bool = _key(False, "write loss, val loss, lr, grad norm, tokens/s and MFU to out_dir/tb/ for "
+                                    "TensorBoard (needs tensorboardX: the tensorboard extra)")
     precision: str = _key("fp32", "fp32 | bf16-mixed (forward under bfloat16 autocast, float32 master weights) | "
                                   "fp16-mixed (float16 autocast and a GradScaler)")
 
