@@ -1,0 +1,226 @@
+"""The precision checker: statistics of every module output (and, at level 2, every op) of a model, forward and
+backward, as JSON lines, so that two runs (two frameworks, two devices, two precisions) can be compared entry by
+entry with ``python -m infini_train.tools.compare_precision A B`` to find the first place they differ.
+
+    with PrecisionChecker(2, "x.jsonl", model=model) as check:
+        for step in range(3):
+            with check.recording(step):
+                loss = model(x, y)[1]
+                loss.backward()
+
+Each line: ``{"step", "phase", "name", "shape", "dtype", "min", "max", "mean", "absmax", "nan", "inf", "hash"}``
+(the statistics of infini_train.utils.tensor_stats). Phases and names:
+- level 1: "forward" for each module output, named by the module's path (``transformer.h.0.attn``; the root
+  module is ``model``; the i-th tensor of a tuple output gets ``[i]``); "backward" for the gradient of each such
+  output (a tensor hook); "grad" for the gradient each backward pass produces for a parameter (its name).
+- level 2 adds every op: its outputs ("forward", ``<module path>/<Op>#<k>``, k counting that op within one call
+  of the innermost module running it, so names line up between two runs of the same model) and the gradients its
+  backward hands to its inputs ("backward", ``<op name>:grad<input index>``). Ops outside the model's modules
+  are under ``(outside)``.
+
+Under activation recomputation a block's forward runs again in backward: those forwards write no entries, but
+their gradients are the ones recorded, so the entries equal a run without recomputation. A name repeats when a
+module runs several times in a step (micro-batches); the compare tool matches the k-th occurrence with the k-th.
+Lines are written one whole step at a time (at the end of each ``recording``).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from functools import partial
+
+from ..autograd import observers
+from .tensor_stats import dtype_name, tensor_stats
+
+LEVELS = (0, 1, 2)
+OUTSIDE = "(outside)"
+
+
+class _Frame:
+    __slots__ = ("module", "label", "counts")
+
+    def __init__(self, module, label):
+        self.module, self.label, self.counts = module, label, {}
+
+
+def _tensors(out):
+    """[(suffix, tensor)] of a module's or op's output: "" for a lone tensor, "[i]" for the tensors of a tuple."""
+    if hasattr(out, "array") and hasattr(out, "shape"):
+        return [("", out)]
+    if isinstance(out, (tuple, list)):
+        return [(f"[{i}]", t) for i, t in enumerate(out) if hasattr(t, "array") and hasattr(t, "shape")]
+    return []
+
+
+def keep_steps_before(path, step):
+    """Drop the lines of ``path`` at or after ``step`` (a resumed run rewrites them), atomically."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) < step]
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
+class PrecisionChecker(observers.OpObserver):
+    """Records the statistics of ``model``'s tensors at ``level`` (0 off, 1 modules, 2 every op) into the JSONL
+    file ``path``. ``start()`` (or ``with``) attaches it; entries are taken while ``active`` (True by default; a
+    run turns it on only inside ``recording(step)``, so validation passes are left out); ``close()`` detaches.
+    ``keep_before``: keep the lines of an existing file with steps before this (a resumed run), else start empty."""
+
+    def __init__(self, level, path, rank=0, model=None, active=True, keep_before=None):
+        if level not in LEVELS:
+            raise ValueError(f"PrecisionChecker: expected level 0 (off), 1 (module outputs and gradients) or 2 "
+                             f"(every op too), got {level!r}\nHINT: precision_check.level=1 is the usual start")
+        if level and model is None:
+            raise ValueError("PrecisionChecker: expected a model (an nn.Module) to watch, got None\n"
+                             "HINT: PrecisionChecker(level, path, model=model)")
+        self.level, self.path, self.rank, self.model = level, path, rank, model
+        self.active, self.step = active, 0
+        self.keep_before = keep_before
+        self._entries, self._lock, self._local = [], threading.Lock(), threading.local()
+        self._handles, self._file, self._started = [], None, False
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def start(self):
+        if self._started or not self.level:
+            return self
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        if self.keep_before is not None:
+            keep_steps_before(self.path, self.keep_before)
+        self._file = open(self.path, "a" if self.keep_before is not None else "w")
+        for name, module in self.model.named_modules():
+            label = name or "model"
+            self._handles.append(module.register_forward_pre_hook(partial(self._enter_module, label)))
+            self._handles.append(module.register_forward_hook(partial(self._leave_module, label)))
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                self._handles.append(param.register_hook(partial(self._param_grad, name)))
+        observers.install(self)
+        self._started = True
+        return self
+
+    def close(self):
+        """Detach from the model and write what is buffered (safe to call twice)."""
+        if not self._started:
+            return
+        observers.uninstall(self)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.flush()
+        self._file.close()
+        self._started = False
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @contextlib.contextmanager
+    def recording(self, step):
+        """Take entries for ``step`` inside the block; its lines are written when the block ends."""
+        was = self.active
+        self.set_step(step)
+        self.active = True
+        try:
+            yield self
+        finally:
+            self.active = was
+            self.flush()
+
+    def set_step(self, step):
+        """Entries from now on carry ``step`` (what was buffered for the previous step is written first)."""
+        self.flush()
+        self.step = int(step)
+        self._state().depth = 0  # a backward that raised never decremented it
+        self._state().outside = _Frame(None, OUTSIDE)
+
+    def flush(self):
+        with self._lock:
+            entries, self._entries = self._entries, []
+        if entries and self._file is not None:
+            self._file.write("".join(json.dumps(e) + "\n" for e in entries))
+            self._file.flush()
+
+    # ---------------------------------------------------------------------------------------------- entries
+    def _state(self):
+        state = self._local
+        if not hasattr(state, "stack"):
+            state.stack, state.depth, state.outside = [], 0, _Frame(None, OUTSIDE)
+        return state
+
+    def record(self, phase, name, tensor_or_array):
+        """Append one entry (the statistics of a Tensor or an array) for the current step."""
+        array = getattr(tensor_or_array, "array", tensor_or_array)
+        entry = {"step": self.step, "phase": phase, "name": name, "shape": list(array.shape),
+                 "dtype": dtype_name(array.dtype)}
+        entry.update(tensor_stats(array))
+        with self._lock:
+            self._entries.append(entry)
+
+    def _enter_module(self, label, module, args):
+        self._state().stack.append(_Frame(module, label))
+
+    def _leave_module(self, label, module, args, out):
+        state = self._state()
+        while state.stack:  # down to this module's frame (a forward that raised left its own above it)
+            if state.stack.pop().module is module:
+                break
+        if not self.active:
+            return
+        recomputing = state.depth > 0  # a forward run again in backward (activation recomputation)
+        for suffix, t in _tensors(out):
+            name = label + suffix
+            if not recomputing:
+                self.record("forward", name, t)
+            if t.requires_grad:
+                t.register_hook(partial(self._output_grad, name))
+
+    def _output_grad(self, name, grad):
+        if self.active:
+            self.record("backward", name, grad)
+
+    def _param_grad(self, name, grad):
+        if self.active:
+            self.record("grad", name, grad)
+
+    # ------------------------------------------------------------------------------- op observer (level 2)
+    def forward_end(self, token, fn, inputs, outputs):
+        if self.level < 2 or not self.active:
+            return
+        state = self._state()
+        frame = state.stack[-1] if state.stack else state.outside
+        op = fn.name
+        count = frame.counts.get(op, 0)
+        frame.counts[op] = count + 1
+        name = f"{frame.label}/{op}#{count}"
+        fn._precision_name = name  # the backward entries of this node carry its forward name
+        if state.depth == 0:
+            for suffix, t in _tensors(outputs):
+                self.record("forward", name + suffix, t)
+
+    def backward_begin(self, fn, grad_outputs):
+        self._state().depth += 1
+
+    def backward_end(self, token, fn, grad_inputs):
+        state = self._state()
+        state.depth = max(state.depth - 1, 0)
+        name = getattr(fn, "_precision_name", None)
+        if self.level < 2 or not self.active or name is None:
+            return
+        inputs = [k for k, (nxt, _) in enumerate(fn.next_functions) if nxt is not None]
+        for j, (_, grad, _) in enumerate(grad_inputs):
+            if grad is not None:
+                k = inputs[j] if len(inputs) == len(grad_inputs) else j
+                self.record("backward", f"{name}:grad{k}", grad)
+
+
+__all__ = ["PrecisionChecker", "LEVELS", "keep_steps_before"]
