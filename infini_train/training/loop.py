@@ -37,6 +37,7 @@ from .evaluation import evaluate, sample_text
 from .layout import Layout
 from .lora_run import apply_run_lora, checkpoint_reference, load_base_weights
 from .precision import autocast_for, scaler_for
+from .precision_run import precision_checker_for
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .step import train_step
@@ -286,7 +287,8 @@ class Run:
         log = RunLog(MetricsLog(cfg.out_dir, resume_step, enabled=self.rank == 0), cfg.out_dir, cfg.tensorboard,
                      resume_step, enabled=self.rank == 0)
         bar = self._progress_bar()
-        with StopSignals() as stops, log:  # (log: closes the TensorBoard writer however the loop ends)
+        check = precision_checker_for(cfg, self.raw_model, self.rank, resume_step)  # detached when the loop ends
+        with StopSignals() as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):
                 stop = stops.agreed()
                 if stop:
@@ -299,9 +301,10 @@ class Run:
                         log.write(record)
                     break
                 t0 = time.perf_counter()
-                result = train_step(self.model, self.raw_model.parameters(), self.optimizer, self.train_loader, t,
-                                    step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler,
-                                    self.layout)
+                with check.recording(step):
+                    result = train_step(self.model, self.raw_model.parameters(), self.optimizer, self.train_loader,
+                                        t, step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler,
+                                        self.layout)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
                 if step == self.start_step:

@@ -148,6 +148,15 @@ class LoraConfig:
 
 
 @dataclass
+class PrecisionCheckConfig:
+    """The precision checker (infini_train.utils.precision_check): statistics of the training steps' tensors in
+    out_dir/precision/rank<R>.jsonl, compared with ``python -m infini_train.tools.compare_precision``."""
+
+    level: int = _key(0, "0: off; 1: every module output, its gradient and every parameter gradient; 2: every op's "
+                         "outputs and input gradients too")
+
+
+@dataclass
 class RunConfig:
     """A whole run: the three sections plus where it writes, how it resumes and where it runs."""
 
@@ -156,6 +165,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    precision_check: PrecisionCheckConfig = field(default_factory=PrecisionCheckConfig)
     out_dir: str = _key("runs/default", "config.yaml, metrics.jsonl, loss.png, checkpoints/")
     resume: str = _key("", '"" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path')
     seed: int = _key(1337, "seeds parameter init, dropout and sampling")
@@ -213,7 +223,7 @@ class RunConfig:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
-            "lora": LoraConfig}
+            "lora": LoraConfig, "precision_check": PrecisionCheckConfig}
 
 
 def _key_docs():
