@@ -9,11 +9,12 @@ from . import backend
 from .autograd import engine
 from .autograd.function import RemovableHandle
 from .autograd.grad_mode import _state
+from .lazy.mode import ACTIVE as _LAZY
 
 
 class Tensor:
     __slots__ = ("array", "device", "_requires_grad", "grad", "grad_fn", "_output_idx", "_version",
-                 "_accumulate", "_view", "__weakref__")
+                 "_accumulate", "_view", "_lazy", "__weakref__")  # _lazy: set only on lazy mode's placeholders
     __array_priority__ = 1000
     __array_ufunc__ = None  # numpy defers to our reflected operators: np.float32(2) * t -> t.__rmul__
 
@@ -117,6 +118,9 @@ class Tensor:
 
     @data.setter
     def data(self, other):
+        if _LAZY:  # lazy tensors reading the old array compute first (lazy/graph.py)
+            from .lazy.graph import before_write
+            before_write(self)
         self.array = other.array if isinstance(other, Tensor) else other
         self._version[0] += 1
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 
+from ..lazy.mode import _state as _lazy_state
 from .grad_mode import _state
 from .observers import ACTIVE as _OBSERVERS
 from .observers import observed_backward
@@ -133,6 +134,8 @@ def _run(roots, external, retain_graph, create_graph, needed=None, captures=None
     pass_state.handed, pass_state.callbacks = external, []
     grad_mode = _state.enabled
     _state.enabled = create_graph
+    lazy_mode = _lazy_state.enabled
+    _lazy_state.enabled = False  # backward (and a create_graph backward's ops) runs eagerly
     try:
         work = list(reversed(roots))
         while work:
@@ -159,6 +162,7 @@ def _run(roots, external, retain_graph, create_graph, needed=None, captures=None
             callbacks.pop(0)()
     finally:
         _state.enabled = grad_mode
+        _lazy_state.enabled = lazy_mode
         pass_state.handed, pass_state.callbacks = outer
     return captured
 

@@ -21,6 +21,8 @@ import numpy as np
 from ..backend import CPU, Device
 from .autocast import _state as _autocast
 from .grad_mode import _state
+from ..lazy.mode import ACTIVE as _LAZY
+from ..lazy.mode import _state as _lazy_state
 from .observers import ACTIVE as _OBSERVERS
 from .observers import observed_apply, observed_backward
 
@@ -226,6 +228,8 @@ class Function:
 
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):
+        if _LAZY and _lazy_state.enabled:  # inside `with it.lazy():` (see lazy/graph.py)
+            return _record_lazily(self, inputs)
         if _OBSERVERS:  # the profiler or the precision checker is watching
             return observed_apply(self, inputs, lambda: _apply(self, inputs, _TENSOR[0] or _tensor_class()))
         return _apply(self, inputs, _TENSOR[0] or _tensor_class())
@@ -434,6 +438,18 @@ class Op(Function):
     """
 
     _arrays = True
+
+
+def eager_apply(fn, inputs):
+    """``fn.apply(*inputs)`` computed now, whatever the lazy mode (how lazy mode computes a recorded node)."""
+    if _OBSERVERS:
+        return observed_apply(fn, inputs, lambda: _apply(fn, inputs, _TENSOR[0] or _tensor_class()))
+    return _apply(fn, inputs, _TENSOR[0] or _tensor_class())
+
+
+def _record_lazily(fn, inputs):
+    from ..lazy.graph import record
+    return record(fn, inputs)
 
 
 def _alias(t, Tensor):
