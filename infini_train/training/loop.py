@@ -38,6 +38,7 @@ from .layout import Layout
 from .lora_run import apply_run_lora, checkpoint_reference, load_base_weights
 from .precision import autocast_for, scaler_for
 from .precision_run import precision_checker_for
+from .profiling import RunProfiler
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .step import train_step
@@ -287,6 +288,7 @@ class Run:
         log = RunLog(MetricsLog(cfg.out_dir, resume_step, enabled=self.rank == 0), cfg.out_dir, cfg.tensorboard,
                      resume_step, enabled=self.rank == 0)
         bar = self._progress_bar()
+        profiler = RunProfiler(cfg, self.raw_model)  # the profile section's steps
         check = precision_checker_for(cfg, self.raw_model, self.rank, resume_step)  # detached when the loop ends
         with StopSignals() as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):
@@ -301,12 +303,14 @@ class Run:
                         log.write(record)
                     break
                 t0 = time.perf_counter()
+                profiler.begin(step)
                 with check.recording(step):
                     result = train_step(self.model, self.raw_model.parameters(), self.optimizer, self.train_loader,
                                         t, step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler,
                                         self.layout)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
+                profiler.end(step)
                 if step == self.start_step:
                     self._report_memory()
                 tokens_per_s = tokens_per_step / dt

@@ -148,6 +148,16 @@ class LoraConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """Profiling a few steps (it.profiler): from the start of step ``start_step`` for ``num_steps`` steps; writes
+    out_dir/profile/trace_rank{R}.json on every rank, and the merged trace.json and the ops table ops.txt on rank 0."""
+
+    start_step: int = _key(-1, "first profiled step (negative: no profiling)")
+    num_steps: int = _key(1, "steps profiled from start_step")
+    record_shapes: bool = _key(False, "record each op's input shapes (ops.txt gets a table by shape too)")
+
+
+@dataclass
 class PrecisionCheckConfig:
     """The precision checker (infini_train.utils.precision_check): statistics of the training steps' tensors in
     out_dir/precision/rank<R>.jsonl, compared with ``python -m infini_train.tools.compare_precision``."""
@@ -166,6 +176,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     precision_check: PrecisionCheckConfig = field(default_factory=PrecisionCheckConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     out_dir: str = _key("runs/default", "config.yaml, metrics.jsonl, loss.png, checkpoints/")
     resume: str = _key("", '"" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path')
     seed: int = _key(1337, "seeds parameter init, dropout and sampling")
@@ -223,7 +234,7 @@ class RunConfig:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
-            "lora": LoraConfig, "precision_check": PrecisionCheckConfig}
+            "lora": LoraConfig, "profile": ProfileConfig, "precision_check": PrecisionCheckConfig}
 
 
 def _key_docs():

@@ -101,6 +101,7 @@ def check_ranges(cfg, errors, bad):
     _check_lora(cfg, c, errors)
     c.need("precision_check.level", lambda v: v in (0, 1, 2),
            "0 (off), 1 (module outputs and gradients) or 2 (every op too)")
+    _check_profile(cfg, c, errors)
     _check_data(cfg, c, errors)
     _check_model(cfg, c, errors, GPT2_PRESETS)
 
@@ -144,6 +145,15 @@ def _check_lora(cfg, c, errors):
         errors.append(f"lora.rank: LoRA runs with data and tensor parallelism, not pipeline stages; got lora.rank="
                       f"{lora.rank} with parallel.pipeline={cfg.parallel.pipeline}; HINT: set parallel.pipeline=1 "
                       "(adapters are small: tensor or data parallelism covers a LoRA fine-tune)")
+
+
+def _check_profile(cfg, c, errors):
+    prof, t = cfg.profile, cfg.train
+    c.need("profile.num_steps", lambda v: v >= 1, "an integer >= 1 (steps profiled from profile.start_step)")
+    if c.ok("profile.start_step", "train.num_iterations") and prof.start_step >= t.num_iterations:
+        errors.append(f"profile.start_step: expected a step the run trains (0 to train.num_iterations - 1 = "
+                      f"{t.num_iterations - 1}) or a negative number (no profiling), got {prof.start_step}; HINT: "
+                      f"set profile.start_step={min(5, t.num_iterations - 1)} (after warm-up) or -1")
 
 
 def _valid_device(dev):

@@ -1,0 +1,105 @@
+"""Profiling steps of a run (the ``profile`` config section): the profiler runs from the start of step
+``profile.start_step`` for ``profile.num_steps`` steps, each step a ``ProfilerStep#N`` range with the model's
+module calls as ranges inside. When it stops:
+
+- every rank writes ``out_dir/profile/trace_rank{R}.json`` (its Chrome trace, pid = rank);
+- rank 0 gathers every rank's trace through the run's process group and writes ``out_dir/profile/trace.json``
+  (one process per rank: open it in ui.perfetto.dev) and ``out_dir/profile/ops.txt``, its op table as torch
+  prints it (sorted by self CPU time; by input shape too with ``profile.record_shapes``).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .. import distributed as dist
+from ..autograd import observers
+from ..profiler import merge_traces, module_ranges, profile
+from ..profiler.chrome_trace import write_json_atomic
+from ..tensor import Tensor
+
+
+def gather_traces(trace):
+    """Every rank's trace dict, in rank order, on every rank (an all-gather of their JSON bytes)."""
+    world = dist.get_world_size()
+    if world == 1:
+        return [trace]
+    data = np.frombuffer(json.dumps(trace, separators=(",", ":")).encode(), np.uint8)
+    sizes = [Tensor(np.zeros(1, np.int64)) for _ in range(world)]
+    dist.all_gather(sizes, Tensor(np.array([data.size], np.int64)))
+    longest = max(int(s.numpy()[0]) for s in sizes)
+    padded = np.zeros(longest, np.uint8)
+    padded[:data.size] = data
+    parts = [Tensor(np.zeros(longest, np.uint8)) for _ in range(world)]
+    dist.all_gather(parts, Tensor(padded))
+    return [json.loads(p.numpy()[:int(s.numpy()[0])].tobytes().decode()) for p, s in zip(parts, sizes)]
+
+
+def write_text_atomic(path, text):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+class RunProfiler:
+    """``begin(step)`` before and ``end(step)`` after each training step; profiles the configured steps."""
+
+    def __init__(self, cfg, model):
+        self.settings = cfg.profile
+        self.out_dir = os.path.join(cfg.out_dir, "profile")
+        self.model = model
+        start, count = self.settings.start_step, self.settings.num_steps
+        self.last = min(start + count, cfg.train.num_iterations) - 1
+        self.enabled = start >= 0
+        self.prof = self.modules = self.step_range = None
+        self.first = None
+
+    def begin(self, step):
+        if not self.enabled:
+            return
+        if self.prof is None and self.settings.start_step <= step <= self.last:
+            self.prof = profile(record_shapes=self.settings.record_shapes).start()
+            self.modules = module_ranges(self.model)
+            self.modules.__enter__()
+            self.first = step
+        if self.prof is not None:
+            self.step_range = observers.record(f"ProfilerStep#{step}", "user")
+            self.step_range.__enter__()
+
+    def end(self, step):
+        if self.prof is None:
+            return
+        self.step_range.__exit__(None, None, None)
+        if step >= self.last:
+            self._finish(step)
+
+    def _finish(self, step):
+        prof = self.prof
+        self.modules.__exit__(None, None, None)
+        prof.stop()
+        self.prof = self.modules = self.step_range = None
+        self.enabled = False  # once per run
+        rank = dist.get_rank()
+        os.makedirs(self.out_dir, exist_ok=True)
+        path = prof.export_chrome_trace(os.path.join(self.out_dir, f"trace_rank{rank}.json"), pid=rank)
+        with open(path) as f:
+            mine = json.load(f)
+        traces = gather_traces(mine)
+        if rank != 0:
+            return
+        write_json_atomic(os.path.join(self.out_dir, "trace.json"), merge_traces(traces, list(range(len(traces)))))
+        steps = f"step {self.first}" if step == self.first else f"steps {self.first}-{step}"
+        text = (f"profile of {steps} on rank 0 ({prof.wall_time_us / 1000:.1f} ms wall time; {len(traces)} rank(s) "
+                f"in trace.json)\n\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=-1))
+        if self.settings.record_shapes:
+            text += "\nby input shape:\n" + prof.key_averages(group_by_input_shape=True).table(
+                sort_by="self_cpu_time_total", row_limit=-1)
+        write_text_atomic(os.path.join(self.out_dir, "ops.txt"), text)
+        print(f"profile of {steps}: {self.out_dir}/trace.json (open in ui.perfetto.dev), ops.txt", flush=True)
+
+
+__all__ = ["RunProfiler", "gather_traces"]
