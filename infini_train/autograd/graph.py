@@ -19,7 +19,6 @@ appears once.
 from __future__ import annotations
 
 import os
-import tempfile
 
 from .accumulate import AccumulateGrad
 
@@ -205,11 +204,10 @@ def render(tensor_or_tensors, path, format="svg", params=None, show_saved=False,
                                "HINT: install Graphviz (apt install graphviz, brew install graphviz or conda install "
                                "graphviz), or write the text with format='dot' / to_dot()") from None
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".graph-", suffix=".tmp")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"  # beside the target (same filesystem for the rename); honours the umask
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:

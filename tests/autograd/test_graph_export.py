@@ -2,6 +2,7 @@
 for a small expression and by an independent traversal for GPT-2), leaf names from params, escaped labels, deep
 graphs without recursion, and render() through Graphviz (or a clear error when it is missing)."""
 import builtins
+import os
 import re
 import shutil
 
@@ -204,6 +205,9 @@ def test_render_svg_and_dot(tmp_path):
     with pytest.raises(ValueError, match=r"format: expected a Graphviz output format.*got 'svgz2'"):
         render(y, tmp_path / "g.x", format="svgz2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.dot", "sub"]  # no temp files left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_render_without_graphviz_names_the_extra(monkeypatch, tmp_path):
