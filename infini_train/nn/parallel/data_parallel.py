@@ -38,11 +38,14 @@ def scatter_inputs(inputs, devices, dim):
 
 
 def replicate(module, devices):
-    """Copies of ``module`` on each device whose parameters are Broadcast outputs (gradients flow back)."""
+    """Copies of ``module`` on each device whose parameters are Broadcast outputs (gradients flow back). As in
+    torch, the first replica shares the module's own buffers where they live on its device, so in-place updates
+    there (BatchNorm's running statistics) are kept; the other replicas' are dropped with them."""
     params = list(module.parameters())
     buffers = list(module.buffers())
     copies = comm.broadcast(params, devices) if params else [[] for _ in devices]
-    buffer_copies = [[Tensor._make(comm.copy_to(b.array, d), d) for b in buffers] for d in devices]
+    buffer_copies = [[b if i == 0 and b.device is d else Tensor._make(comm.copy_to(b.array, d), d) for b in buffers]
+                     for i, d in enumerate(devices)]
     replicas = []
     for dev_params, dev_buffers in zip(copies, buffer_copies):
         by_id = {id(p): c for p, c in zip(params, dev_params)}
