@@ -149,8 +149,10 @@ def rank_files(path):
     return files
 
 
-def compare_paths(path_a, path_b, rtol=0.0, atol=0.0, skip_missing=False, out=sys.stdout):
-    """Compare two files or two run directories; prints the result and returns the exit status (0 or 1)."""
+def compare_paths(path_a, path_b, rtol=0.0, atol=0.0, skip_missing=False, out=None):
+    """Compare two files or two run directories; prints the result (to ``out``, default stdout) and returns the
+    exit status (0 or 1)."""
+    out = out or sys.stdout
     files_a, files_b = rank_files(path_a), rank_files(path_b)
     if (None in files_a) != (None in files_b):
         raise BadInput(f"expected two files or two run directories, got {path_a!r} and {path_b!r}\nHINT: name a "
