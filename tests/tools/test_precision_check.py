@@ -76,6 +76,20 @@ def test_hash_is_stable_and_sees_every_bit():
     assert tensor_stats(a.astype(np.float16))["hash"] == tensor_stats(a)["hash"]  # widened to float32 exactly
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not it.backend.cuda_available(), reason="needs cupy and an NVIDIA GPU")
+def test_stats_on_the_gpu_equal_the_host_ones():
+    cupy = it.backend.cupy_module()
+    a = np.random.default_rng(2).standard_normal((64, 130)).astype(np.float32)
+    a[3, 3], a[4, 4] = np.nan, -np.inf
+    for x in (a, a.astype(np.float64)):
+        gpu, host = tensor_stats(cupy.asarray(x)), tensor_stats(x)
+        assert gpu["hash"] == host["hash"] and (gpu["nan"], gpu["inf"]) == (1, 1)
+        for k in ("min", "max", "absmax"):
+            assert gpu[k] == host[k], k
+        np.testing.assert_allclose(gpu["mean"], host["mean"], rtol=1e-12)
+
+
 # --------------------------------------------------------------------------------------------- names and counts
 def tiny_model():
     it.manual_seed(0)
