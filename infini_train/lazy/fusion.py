@@ -6,11 +6,13 @@ references its result (its placeholder is gone and it is no realisation target),
 in that same group, and its shape is the group's shape (a smaller operand, e.g. a bias, is computed on its own
 and broadcast in). Groups of two or more nodes whose output has at least ``MIN_ELEMENTS`` elements are fused.
 
-On numpy a fused group runs block by block: the output is cut into C-order blocks of about ``BLOCK`` elements
-and the whole chain runs on each block with small temporaries, so the large intermediates never exist. Each
-node's own ``forward`` runs on the blocks: the same ufuncs in the same order on the same dtypes, so every
-element equals eager mode's bit for bit (0-d operands stay 0-d, and others keep their number of dimensions, so
-type promotion sees the same operands). On cupy the chain is traced once by ``cupy.fuse`` into one kernel.
+A fused group runs block by block: the output is cut into C-order blocks of ``BLOCK`` elements (``GPU_BLOCK`` on
+cupy) and the whole chain runs on each block with small temporaries, so the large intermediates never exist. Each
+node's own ``forward`` runs on the blocks: the same ufuncs in the same order on the same dtypes, so every element
+equals eager mode's bit for bit (0-d operands stay 0-d and others keep their number of dimensions, so type
+promotion sees the same operands; groups with a non-C-contiguous full-size input run node by node, since eager
+results would keep that layout). A single generated GPU kernel (cupy.fuse / ElementwiseKernel) is not used: the
+compiler contracts a * b + c into fused multiply-adds across ops, which changes the last bit versus eager mode.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import numpy as np
 from ..autograd import activations, conversion, elementwise, logic
 
 BLOCK = 1 << 15  # elements per block: 128 KiB of float32, so a chain's temporaries stay in cache
+GPU_BLOCK = 1 << 22  # on cupy: blocks large enough to fill the GPU, small next to a whole activation
 MIN_ELEMENTS = 1 << 16  # smaller outputs run node by node (the block loop's overhead would dominate)
 
 ELEMENTWISE = {
@@ -36,7 +39,7 @@ ELEMENTWISE = {
     logic.IsNan, logic.IsInf,
 }
 
-stats = {"groups": 0, "fused_nodes": 0, "blocks": 0, "kernels": 0}  # counters since the last reset_stats()
+stats = {"groups": 0, "fused_nodes": 0, "blocks": 0}  # counters since the last reset_stats()
 
 
 def reset_stats():
@@ -45,7 +48,7 @@ def reset_stats():
 
 
 def fusion_stats():
-    """How many groups were fused (and how many nodes, numpy blocks and cupy kernels that took)."""
+    """How many groups were fused, how many nodes they held and how many blocks ran."""
     return dict(stats)
 
 
@@ -158,18 +161,13 @@ def run_group(group, run_node, finish):
     members = {id(n): i for i, n in enumerate(group.nodes)}
     ndim = len(group.shape)
     program = [[_operand(a, members, ndim) for a in node.inputs] for node in group.nodes]
-    device = group_device(group)
+    device = group.root.device
     arrays = [v for ops in program for kind, v in ops if kind == "array"]
     full = [a for a in arrays if a.shape == group.shape]
     xp = device.xp if device.xp is not None else device.array_module()
     if not all(a.flags.c_contiguous for a in full):  # eager results would keep the inputs' layout
         return _one_by_one(group, run_node)
-    if xp is np:
-        out = _run_blocks(group, program, xp, device)
-    else:
-        out = _run_fused_kernel(group, program, xp, device)
-        if out is None:
-            return _one_by_one(group, run_node)
+    out = _run_blocks(group, program, xp, device, BLOCK if xp is np else GPU_BLOCK)
     from ..tensor import Tensor
     for node in group.nodes[:-1]:
         finish(node, (None,))
@@ -178,35 +176,20 @@ def run_group(group, run_node, finish):
     stats["fused_nodes"] += len(group.nodes)
 
 
-def group_device(group):
-    ph = group.root.outputs[0]()
-    if ph is not None:
-        return ph.device
-    for node in group.nodes:
-        for a in node.inputs:
-            dev = getattr(a, "device", None)
-            if dev is not None:
-                return dev
-            if hasattr(a, "node") and a.node.results:
-                return a.node.results[a.idx].device
-    from ..backend import CPU
-    return CPU
-
-
 def _one_by_one(group, run_node):
     for node in group.nodes:
         run_node(node)
 
 
-def _blocks(shape):
-    """Index tuples covering ``shape`` in C order, each about BLOCK elements (slices keep every dimension)."""
+def _blocks(shape, block):
+    """Index tuples covering ``shape`` in C order, each about ``block`` elements (slices keep every dimension)."""
     ndim = len(shape)
     axis = ndim - 1
     inner = 1
-    while axis > 0 and inner * shape[axis] <= BLOCK:
+    while axis > 0 and inner * shape[axis] <= block:
         inner *= shape[axis]
         axis -= 1
-    step = max(1, BLOCK // inner)  # inner <= BLOCK; the whole array is one block when it is small
+    step = max(1, block // inner)  # inner <= block; the whole array is one block when it is small
     for lead in itertools.product(*[range(n) for n in shape[:axis]]):
         head = tuple(slice(i, i + 1) for i in lead)
         for start in range(0, shape[axis], step):
@@ -218,13 +201,13 @@ def _sub(arr, index):
     return arr[tuple(s if n != 1 else slice(None) for s, n in zip(index, arr.shape))]
 
 
-def _run_blocks(group, program, xp, device):
+def _run_blocks(group, program, xp, device, block):
     nodes = group.nodes
     fns = [n.fn for n in nodes]
     for fn in fns:
         fn.xp, fn.device = xp, device
     out = None
-    for index in _blocks(group.shape):
+    for index in _blocks(group.shape, block):
         values = []
         for fn, ops in zip(fns, program):
             args = []
@@ -243,45 +226,4 @@ def _run_blocks(group, program, xp, device):
         stats["blocks"] += 1
     for fn in fns:
         fn._stash = None  # stashes of blocks (Pow, GELU) are meaningless: these nodes record no backward
-    return out
-
-
-def _run_fused_kernel(group, program, xp, device):
-    """cupy: trace the chain's forwards with ``cupy.fuse`` into one kernel; None when tracing fails."""
-    fuse = getattr(xp, "fuse", None)
-    if fuse is None:
-        return None
-    inputs = []
-    slots = []
-    for ops in program:
-        row = []
-        for kind, v in ops:
-            if kind == "array":
-                row.append(("arg", len(inputs)))
-                inputs.append(v)
-            else:
-                row.append((kind, v))
-        slots.append(row)
-    fns = [n.fn for n in group.nodes]
-
-    def chain(*arrays):
-        values = []
-        for fn, row in zip(fns, slots):
-            args = [values[v] if kind == "node" else arrays[v] if kind == "arg" else v for kind, v in row]
-            values.append(fn.forward(*args))
-        return values[-1]
-
-    for fn in fns:
-        fn.xp, fn.device = xp, device
-    try:
-        with device.context():
-            out = fuse(kernel_name="lazy_chain")(chain)(*inputs)
-    except Exception:  # noqa: BLE001 - an op cupy.fuse cannot trace: compute node by node instead
-        return None
-    finally:
-        for fn in fns:
-            fn._stash = None
-    if tuple(out.shape) != tuple(group.shape):
-        return None
-    stats["kernels"] += 1
     return out

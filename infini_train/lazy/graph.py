@@ -57,11 +57,12 @@ class _In:
 class LazyNode:
     """A recorded op: ``fn`` applied to ``inputs`` (``_In`` for lazy producers) under ``grad_mode``."""
 
-    __slots__ = ("fn", "inputs", "grad_mode", "meta", "record", "outputs", "results", "done", "consumers",
+    __slots__ = ("fn", "inputs", "device", "grad_mode", "meta", "record", "outputs", "results", "done", "consumers",
                  "__weakref__")
 
-    def __init__(self, fn, inputs, grad_mode, meta, record):
+    def __init__(self, fn, inputs, device, grad_mode, meta, record):
         self.fn = fn
+        self.device = device
         self.inputs = inputs
         self.grad_mode = grad_mode
         self.meta = meta  # ((shape, dtype),) when inferred, else None
@@ -213,7 +214,7 @@ def record(fn, inputs):
         meta = fusion.infer_meta(fn, inputs)
         if meta is None:
             return run_now(fn, inputs)  # a shape or dtype error: raise it where eager mode does
-    node = LazyNode(fn, tuple(args), grad_on, meta, record_graph)
+    node = LazyNode(fn, tuple(args), dev, grad_on, meta, record_graph)
     for a in args:
         if a.__class__ is _In:
             a.node.consumers.append(weakref.ref(node))

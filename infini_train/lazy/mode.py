@@ -119,7 +119,7 @@ class lazy:
 
     @staticmethod
     def fusion_stats():
-        """Counters since the last ``reset_fusion_stats()``: fused groups, fused nodes, numpy blocks, cupy kernels."""
+        """Counters since the last ``reset_fusion_stats()``: fused groups, fused nodes and blocks run."""
         from .fusion import fusion_stats
         return fusion_stats()
 
