@@ -42,7 +42,7 @@ from .creation import (
 )
 from . import autograd, return_types
 from .autograd.autocast import autocast, get_autocast_dtype, is_autocast_enabled
-from .lazy import is_lazy_enabled, lazy  # it.lazy: the context manager (the package is infini_train.lazy)
+from .lazy_mode import is_lazy_enabled, lazy  # it.lazy: the context manager
 from . import amp
 from . import distributed, nn, optim  # it.distributed, it.nn, it.optim as in the contract
 from . import profiler  # it.profiler.profile, record_function

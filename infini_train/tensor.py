@@ -9,7 +9,7 @@ from . import backend
 from .autograd import engine
 from .autograd.function import RemovableHandle
 from .autograd.grad_mode import _state
-from .lazy.mode import ACTIVE as _LAZY
+from .lazy_mode.mode import ACTIVE as _LAZY
 
 
 class Tensor:
@@ -118,8 +118,8 @@ class Tensor:
 
     @data.setter
     def data(self, other):
-        if _LAZY:  # lazy tensors reading the old array compute first (lazy/graph.py)
-            from .lazy.graph import before_write
+        if _LAZY:  # lazy tensors reading the old array compute first (lazy_mode/graph.py)
+            from .lazy_mode.graph import before_write
             before_write(self)
         self.array = other.array if isinstance(other, Tensor) else other
         self._version[0] += 1

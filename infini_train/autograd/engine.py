@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 
-from ..lazy.mode import _state as _lazy_state
+from ..lazy_mode.mode import _state as _lazy_state
 from .grad_mode import _state
 from .observers import ACTIVE as _OBSERVERS
 from .observers import observed_backward

@@ -21,8 +21,8 @@ import numpy as np
 from ..backend import CPU, Device
 from .autocast import _state as _autocast
 from .grad_mode import _state
-from ..lazy.mode import ACTIVE as _LAZY
-from ..lazy.mode import _state as _lazy_state
+from ..lazy_mode.mode import ACTIVE as _LAZY
+from ..lazy_mode.mode import _state as _lazy_state
 from .observers import ACTIVE as _OBSERVERS
 from .observers import observed_apply, observed_backward
 
@@ -228,7 +228,7 @@ class Function:
 
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):
-        if _LAZY and _lazy_state.enabled:  # inside `with it.lazy():` (see lazy/graph.py)
+        if _LAZY and _lazy_state.enabled:  # inside `with it.lazy():` (see lazy_mode/graph.py)
             return _record_lazily(self, inputs)
         if _OBSERVERS:  # the profiler or the precision checker is watching
             return observed_apply(self, inputs, lambda: _apply(self, inputs, _TENSOR[0] or _tensor_class()))
@@ -448,7 +448,7 @@ def eager_apply(fn, inputs):
 
 
 def _record_lazily(fn, inputs):
-    from ..lazy.graph import record
+    from ..lazy_mode.graph import record
     return record(fn, inputs)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from .. import backend
 from ..promotion import can_cast, promote_for_compute
 from ..tensor import Tensor
-from ..lazy.mode import ACTIVE as _LAZY
+from ..lazy_mode.mode import ACTIVE as _LAZY
 from .conversion import Copy
 from .function import op_error
 from .grad_mode import _state
@@ -32,8 +32,8 @@ def _alias(t):
 
 
 def check_writable(t, op):
-    if _LAZY:  # lazy tensors reading t's memory compute before it changes (lazy/graph.py)
-        from ..lazy.graph import before_write
+    if _LAZY:  # lazy tensors reading t's memory compute before it changes (lazy_mode/graph.py)
+        from ..lazy_mode.graph import before_write
         before_write(t)
     arr = t.array
     if any(s == 0 and n > 1 for s, n in zip(arr.strides, arr.shape)) or not getattr(arr.flags, "writeable", True):

@@ -7,8 +7,8 @@ import pytest
 
 import infini_train as it
 from infini_train.autograd import elementwise
-from infini_train.lazy import fusion
-from infini_train.lazy.graph import LazyTensor
+from infini_train.lazy_mode import fusion
+from infini_train.lazy_mode.graph import LazyTensor
 
 
 def _bits(t):

@@ -4,7 +4,7 @@ onto the suite's small tensors in tiny blocks (every element-wise chain without 
 blocks cut through rows)."""
 import pytest
 
-from infini_train.lazy import fusion, graph
+from infini_train.lazy_mode import fusion, graph
 from tests.autograd.lazy_cases import collect, run_case
 
 CASES = collect()

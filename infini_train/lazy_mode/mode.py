@@ -103,7 +103,7 @@ class lazy:
             realize_pending()
         return False
 
-    # it.lazy is this class (the name of the package beside it), so the helpers live here too
+    # it.lazy is this class: the helpers are reachable from it (it.lazy.realize, it.lazy.fusion_stats, ...)
     @staticmethod
     def realize(*tensors):
         """Compute the given tensors now; returns them (one tensor when one is given)."""
