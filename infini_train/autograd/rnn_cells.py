@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .activations import sigmoid_array
 from .function import Op, op_error
-from .low_precision import narrow
+from .low_precision import narrow, widen
 from .softmax import upcast
 
 _NONLINEARITIES = ("tanh", "relu")
@@ -48,6 +48,82 @@ class UnbindSteps(Op):
 
     def backward(self, *grads):
         return self.xp.stack(grads)
+
+
+class SharedStepWeights:
+    """The weight (and bias) of a linear map applied at every time step of one recurrence (W_hh, or W_hr of a
+    projected LSTM); calling it on a step's input gives that step's x @ W^T + b.
+
+    The weight gradient of all steps is one GEMM instead of one small GEMM and one accumulation per step: the
+    first step (in processing order) takes W and b as tensors, later steps take their arrays and leave their
+    output gradient and input here. The first step's backward runs after every later step's (their gradients
+    reach it through the recurrent state), so it finds them all and computes dW = G^T X and db = sum(G) over the
+    stacked gradients G and inputs X. Later steps read W's array as it was: modifying W in place between forward
+    and backward is caught through the first step's saved tensor."""
+
+    __slots__ = ("weight", "bias", "pending", "need_weight", "need_bias", "started")
+
+    def __init__(self, weight, bias=None):
+        self.weight, self.bias = weight, bias
+        self.pending = []  # (output gradient, input) of later steps, awaiting the first step's backward
+        self.need_weight = self.need_bias = False
+        self.started = False
+
+    def __call__(self, x):
+        if not self.started:
+            self.started = True
+            return StepLinear(self, True).apply(x, self.weight, self.bias)
+        bias = self.bias.array if self.bias is not None else None
+        return StepLinear(self, False).apply(x, self.weight.array, bias)
+
+
+class StepLinear(Op):
+    """One step of a SharedStepWeights map: x @ W^T + b."""
+
+    def __init__(self, shared, first):
+        self.shared, self.first = shared, first
+
+    def forward(self, x, weight, bias):
+        if x.shape[-1:] != weight.shape[1:]:
+            raise op_error("step_linear", f"x of shape (..., {weight.shape[1]}) for weight {weight.shape}",
+                           f"x of shape {x.shape}")
+        xp = self.xp
+        dtype = _result_dtype(x, weight)
+        x, weight, bias = widen(xp, x, weight, bias)
+        out = xp.matmul(x, weight.T)
+        if bias is not None:
+            out += bias
+        if not self.first:
+            self.weight = weight
+        return narrow(xp, out, dtype)
+
+    def setup_context(self, inputs, output):
+        shared = self.shared
+        x = inputs[0]
+        if self.first:
+            shared.need_weight, shared.need_bias = self.needs_input_grad[1], self.needs_input_grad[2]
+            self.save_for_backward(x, inputs[1])
+        elif shared.need_weight or shared.need_bias:
+            self.stash(x.array)
+
+    def backward(self, g):
+        xp = self.xp
+        shared = self.shared
+        g = upcast(g)
+        if not self.first:
+            if shared.need_weight or shared.need_bias:
+                shared.pending.append((g, self.stashed[0]))
+            return (xp.matmul(g, self.weight) if self.needs_input_grad[0] else None), None, None
+        x, weight = widen(xp, *self.saved_arrays)
+        pending, shared.pending = shared.pending, []
+        grads = xp.concatenate([g.reshape(-1, g.shape[-1])] + [p.reshape(-1, p.shape[-1]) for p, _ in pending])
+        grad_w = grad_b = None
+        if shared.need_weight:
+            inputs = xp.concatenate([upcast(a).reshape(-1, a.shape[-1]) for a in [x] + [q for _, q in pending]])
+            grad_w = xp.matmul(grads.T, inputs)
+        if shared.need_bias:
+            grad_b = grads.sum(axis=0)
+        return (xp.matmul(g, weight) if self.needs_input_grad[0] else None), grad_w, grad_b
 
 
 class RNNCell(Op):
@@ -214,4 +290,4 @@ def gru_cell(gi, gh, h):
     return GRUCell().apply(gi, gh, h)
 
 
-__all__ = ["unbind_steps", "rnn_cell", "lstm_cell", "gru_cell"]
+__all__ = ["SharedStepWeights", "unbind_steps", "rnn_cell", "lstm_cell", "gru_cell"]

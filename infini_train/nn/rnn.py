@@ -21,7 +21,7 @@ import numpy as np
 
 from ..autograd.elementwise import where
 from ..autograd.misc import cat, stack
-from ..autograd.rnn_cells import gru_cell, lstm_cell, rnn_cell, unbind_steps
+from ..autograd.rnn_cells import SharedStepWeights, gru_cell, lstm_cell, rnn_cell, unbind_steps
 from ..creation import zeros
 from ..tensor import Tensor
 from . import functional as F
@@ -150,15 +150,17 @@ class RNNBase(Module):
         """One layer in one direction over x (L, N, in): (outputs (L, N, H_out), last h, last c)."""
         w_ih, w_hh, b_ih, b_hh, w_hr = (None if key is None else getattr(self, key) for key in self._cell_names[k])
         step_inputs = unbind_steps(F.linear(x, w_ih, b_ih))  # every step's input projection in one GEMM
+        hidden_map = SharedStepWeights(w_hh, b_hh)  # and every step's weight gradient in one GEMM
+        projection = SharedStepWeights(w_hr) if w_hr is not None else None
         outputs = [None] * len(step_inputs)
         order = range(len(step_inputs) - 1, -1, -1) if reverse else range(len(step_inputs))
         for t in order:
-            gh = F.linear(h, w_hh, b_hh)
+            gh = hidden_map(h)
             c_new = None
             if self.mode == "LSTM":
                 h_new, c_new = lstm_cell(step_inputs[t], gh, c)
                 if w_hr is not None:
-                    h_new = F.linear(h_new, w_hr)
+                    h_new = projection(h_new)
             elif self.mode == "GRU":
                 h_new = gru_cell(step_inputs[t], gh, h)
             else:

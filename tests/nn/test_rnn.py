@@ -10,7 +10,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import infini_train as it
 from infini_train import nn
-from infini_train.autograd.rnn_cells import gru_cell, lstm_cell, rnn_cell, unbind_steps
+from infini_train.autograd.rnn_cells import SharedStepWeights, gru_cell, lstm_cell, rnn_cell, unbind_steps
 from tests.op_check import check_op
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -275,6 +275,22 @@ def test_rnn_cell_op_against_torch_and_finite_differences(nonlinearity):
     check_op([(3, 5), (3, 5)], lambda a, b: rnn_cell(a, b, nonlinearity), lambda a, b: act(a + b))
 
 
+def test_shared_step_weights_against_torch_and_finite_differences():
+    """Three chained steps through one SharedStepWeights: the first step's backward gathers the later ones."""
+    def ours(h, w, b):
+        shared = SharedStepWeights(w, b)
+        for _ in range(3):
+            h = shared(h).tanh()
+        return h
+
+    def theirs(h, w, b):
+        for _ in range(3):
+            h = torch.nn.functional.linear(h, w, b).tanh()
+        return h
+
+    check_op([(2, 4), (4, 4), (4,)], ours, theirs, low=-0.8, high=0.8)
+
+
 def test_unbind_steps_against_torch_and_finite_differences():
     check_op([(4, 2, 3)], unbind_steps, lambda x: x.unbind(0))
 
@@ -358,3 +374,72 @@ def test_constructor_errors():
         nn.LSTM(3, 4, proj_size=4)
     with pytest.raises(ValueError, match=r"LSTM: expected dropout in \[0, 1\]"):
         nn.LSTM(3, 4, num_layers=2, dropout=1.5)
+
+
+# ------------------------------------------------------------------------- the shared step-weight gradient
+def test_backward_twice_with_retain_graph_doubles_every_gradient():
+    ours, _ = pair("lstm", 3, 4, num_layers=2, bidirectional=True, seed=34)
+    x = it.tensor(randn(5, 2, 3, seed=35), requires_grad=True)
+    out, (h_n, _) = ours(x)
+    loss = (out * it.tensor(randn(5, 2, 8, seed=36))).sum() + h_n.sum()
+    loss.backward(retain_graph=True)
+    once = {n: p.grad.numpy().copy() for n, p in ours.named_parameters()}
+    once_x = x.grad.numpy().copy()
+    loss.backward()
+    for n, p in ours.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), 2 * once[n], rtol=1e-6, atol=1e-7, err_msg=n)
+    np.testing.assert_allclose(x.grad.numpy(), 2 * once_x, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_gradient_of_one_middle_step_only(kind):
+    """Steps after the used output get no gradient at all; the weight gradient still covers the steps before."""
+    ours, theirs = pair(kind, 3, 4, num_layers=2, seed=37)
+    x = randn(6, 2, 3, seed=38)
+    xi, xt = it.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    ours(xi)[0][2].sum().backward()
+    theirs(xt)[0][2].sum().backward()
+    assert_close(xi.grad, xt.grad, "input gradient")
+    theirs_params = dict(theirs.named_parameters())
+    for n, p in ours.named_parameters():
+        assert_close(p.grad, theirs_params[n].grad, f"gradient of {n}")
+
+
+def test_frozen_parameters_still_give_input_gradients():
+    ours, theirs = pair("gru", 3, 4, bidirectional=True, seed=39)
+    for p in ours.parameters():
+        p.requires_grad = False
+    x = randn(4, 2, 3, seed=40)
+    xi, xt = it.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    ours(xi)[0].sum().backward()
+    theirs(xt)[0].sum().backward()
+    assert_close(xi.grad, xt.grad, "input gradient")
+    assert all(p.grad is None for p in ours.parameters())
+
+
+def test_no_grad_forward_equals_recorded_forward():
+    ours, _ = pair("lstm", 3, 4, bidirectional=True, seed=41)
+    x = it.tensor(randn(4, 2, 3, seed=42))
+    with it.no_grad():
+        plain = ours(x, lengths=[4, 2])[0]
+    np.testing.assert_array_equal(plain.numpy(), ours(x, lengths=[4, 2])[0].numpy())
+    assert plain.grad_fn is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not it.backend.cuda_available(), reason="needs cupy and an NVIDIA GPU")
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_layers_on_gpu_match_cpu(kind):
+    cpu, _ = pair(kind, 3, 4, num_layers=2, bidirectional=True, seed=43)
+    gpu, _ = pair(kind, 3, 4, num_layers=2, bidirectional=True, seed=43)
+    gpu.to("cuda:0")
+    x = randn(5, 2, 3, seed=44)
+    results = []
+    for layer, device in ((cpu, "cpu"), (gpu, "cuda:0")):
+        xi = it.tensor(x, device=device, requires_grad=True)
+        out = flat(layer(xi, lengths=[5, 3]))
+        it.autograd.backward(out, [it.ones_like(o) for o in out])
+        results.append([o.cpu().numpy() for o in out] + [xi.grad.cpu().numpy()] +
+                       [p.grad.cpu().numpy() for p in layer.parameters()])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
