@@ -66,7 +66,7 @@ class MaxPool2d(Op):
                     continue
                 better = (view > out) | (view != view)  # the first maximum wins; NaN propagates
                 xp.copyto(out, view, where=better)
-                arg[better] = i * kernel[1] + j
+                xp.copyto(arg, i * kernel[1] + j, where=better)
         self.geometry = (kernel, stride, padding, dilation, out_hw, pads)
         self.stash(arg)
         return out, self._indices(arg, x.shape)
@@ -89,7 +89,7 @@ class MaxPool2d(Op):
         for i in range(kernel[0]):
             for j in range(kernel[1]):
                 view = window(gpad, i, j, dilation, stride, out_hw)
-                view += xp.where(arg == i * kernel[1] + j, grad, 0)
+                view += xp.where(arg == i * kernel[1] + j, grad, 0)  # not grad * mask: inf * 0 is nan
         return gpad[..., top:top + shape[-2], left:left + shape[-1]]
 
 
