@@ -4,7 +4,8 @@
 
 Times are the best of ``--repeats`` runs in this process (one chain on a float32 tensor without grad, its result
 included); peak memory is the growth of the peak RSS (VmHWM, reset once the input exists) during one chain,
-measured in a fresh subprocess per framework and size, as bench_gpt2.py does. Lazy results are checked bit for bit against eager ones.
+measured in a fresh subprocess per framework and size, as bench_gpt2.py does. Lazy results are checked bit for
+bit against eager ones.
 """
 from __future__ import annotations
 
