@@ -167,7 +167,11 @@ def run_group(group, run_node, finish):
     xp = device.xp if device.xp is not None else device.array_module()
     if not all(a.flags.c_contiguous for a in full):  # eager results would keep the inputs' layout
         return _one_by_one(group, run_node)
-    out = _run_blocks(group, program, xp, device, BLOCK if xp is np else GPU_BLOCK)
+    if device.type == "cuda":
+        with device.context():
+            out = _run_blocks(group, program, xp, device, GPU_BLOCK)
+    else:
+        out = _run_blocks(group, program, xp, device, BLOCK)
     from ..tensor import Tensor
     for node in group.nodes[:-1]:
         finish(node, (None,))
