@@ -1,10 +1,11 @@
 """Forward + backward time of the recurrent layers beside torch, as ratios (a sanity check, not a test).
 
-    python benchmarks/bench_rnn.py [--L 64] [--N 32] [--H 256] [--layers 2] [--kinds lstm gru rnn] [--repeats 5]
+    python benchmarks/bench_rnn.py [--L 64] [--N 32] [--H 256] [--layers 2] [--kinds lstm gru rnn] [--repeats 10]
                                    [--threads 2] [--bidirectional] [--device cuda:0]
 
 Each row builds one layer in torch, loads its state dict into infini_train's, runs forward on the same
-(L, N, H) input and backward of output.sum() + h_n.sum(), and reports the best of ``repeats`` runs.
+(L, N, H) input and backward of output.sum() + h_n.sum(), and reports the best of ``repeats`` runs (the two
+alternate, so both see the same machine load).
 ratio = infini_train time / torch time (below 1.0 means infini_train is faster). ``--device cuda:0`` runs both
 on a GPU (cupy vs torch CUDA, cuDNN for torch).
 """
@@ -20,15 +21,18 @@ import infini_train as it
 _LAYERS = {"lstm": ("LSTM", {}), "gru": ("GRU", {}), "rnn": ("RNN", {"nonlinearity": "tanh"})}
 
 
-def _time(fn, repeats, sync):
-    fn()  # warm-up
-    best = float("inf")
+def _best_of(repeats, *runs):
+    """Best time of each (fn, sync) pair, the pairs alternating so that both see the same machine load."""
+    best = [float("inf")] * len(runs)
+    for fn, _ in runs:
+        fn()  # warm-up
     for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
+        for k, (fn, sync) in enumerate(runs):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            best[k] = min(best[k], time.perf_counter() - t0)
     return best
 
 
@@ -68,7 +72,7 @@ def run_case(kind, args, torch):
         if cuda:
             torch.cuda.synchronize()
 
-    return _time(it_step, args.repeats, sync_it), _time(torch_step, args.repeats, sync_torch)
+    return _best_of(args.repeats, (it_step, sync_it), (torch_step, sync_torch))
 
 
 def main():
@@ -79,7 +83,7 @@ def main():
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--kinds", nargs="+", default=["lstm", "gru", "rnn"], choices=sorted(_LAYERS))
     parser.add_argument("--bidirectional", action="store_true")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
