@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 from collections import OrderedDict
 
 import numpy as np
 
 from . import backend
+from .atomic_file import write_atomically
 from safetensors.numpy import save as _to_bytes, save_file as _save_file
 
 from .nn.module import Module, Parameter
@@ -140,41 +140,9 @@ def save(obj, f):
     metadata = {"format": FORMAT, "version": VERSION,
                 "structure": json.dumps(structure, allow_nan=False, ensure_ascii=False, separators=(",", ":"))}
     if is_path:  # safetensors writes the temporary file itself (no second copy of the data in memory)
-        _write_atomically(os.fspath(f), lambda tmp: _save_file(flat.arrays, tmp, metadata=metadata))
+        write_atomically(os.fspath(f), lambda tmp: _save_file(flat.arrays, tmp, metadata=metadata))
     else:
         f.write(_to_bytes(flat.arrays, metadata=metadata))
-
-
-def _write_atomically(path, write):
-    """``write(tmp)`` fills a fresh file beside ``path``; it is fsynced, then renamed over ``path``. On any failure
-    (an interrupt included) the temporary file is removed and ``path`` is left as it was."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # reserve the name; umask applies
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable; not every platform can open a directory
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------ load

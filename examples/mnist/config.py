@@ -16,6 +16,7 @@ from typing import Optional
 
 import yaml
 
+from infini_train.atomic_file import write_text_atomically
 from infini_train.utils.config import ConfigError, _coerce
 from infini_train.utils.config_model import _key
 from infini_train.utils.config_yaml import apply_overrides, load_yaml
@@ -82,11 +83,7 @@ class MnistConfig:
         """out_dir/config.yaml, written atomically."""
         os.makedirs(self.out_dir, exist_ok=True)
         path = os.path.join(self.out_dir, "config.yaml")
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write("# resolved configuration of the digits / MNIST example\n" + self.to_yaml())
-        os.replace(tmp, path)
-        return path
+        return write_text_atomically(path, "# resolved configuration of the digits / MNIST example\n" + self.to_yaml())
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}

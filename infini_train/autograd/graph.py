@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from ..atomic_file import write_text_atomically
 from .accumulate import AccumulateGrad
 
 _GRAPH_ATTRS = 'node [align=left fontname=monospace fontsize=10 height=0.2 ranksep=0.1 shape=box style=filled]'
@@ -205,13 +206,4 @@ def render(tensor_or_tensors, path, format="svg", params=None, show_saved=False,
                                "graphviz), or write the text with format='dot' / to_dot()") from None
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"  # beside the target (same filesystem for the rename); honours the umask
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+    return write_text_atomically(path, data)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import numpy as np
 
+from ..atomic_file import write_atomically
 from .gpt2_config import GPT2Config
 
 HF_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -25,19 +25,14 @@ class WeightsError(ValueError):
 
 
 def _atomic_write(path, write):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
+    """``write(f)`` fills a binary file object that becomes ``path`` whole (atomic_file.write_atomically)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def fill(tmp):
+        with open(tmp, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    write_atomically(path, fill)
 
 
 def load_pretrained(cls, path):

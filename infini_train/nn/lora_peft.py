@@ -11,6 +11,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from ..atomic_file import write_text_atomically
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
@@ -79,18 +81,11 @@ def _json_targets(targets):
 
 def write_adapter_files(directory, config, tensors):
     """Write the weights, then the config, each into a temporary file renamed into place."""
-    from ..serialization import _write_atomically
     from ..utils.safetensors_io import write_safetensors
 
     os.makedirs(directory, exist_ok=True)
     write_safetensors(os.path.join(directory, WEIGHTS_FILE), dict(sorted(tensors.items())), {"format": "pt"})
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-
-    def write_text(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-
-    _write_atomically(os.path.join(directory, CONFIG_FILE), write_text)
+    write_text_atomically(os.path.join(directory, CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def to_peft_keys(state):

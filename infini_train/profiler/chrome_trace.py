@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..atomic_file import write_text_atomically
 from .events import BACKWARD, FORWARD
 
 GPU_TRACK = 1 << 30  # tid of GPU i's device-time track: GPU_TRACK + i (above any host thread id)
@@ -57,13 +58,8 @@ def trace_dict(events, threads, pid, wall_anchor_ns):
 
 def write_json_atomic(path, data):
     """Write ``data`` as JSON to ``path`` through a temporary file and os.replace (never a half-written file)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, separators=(",", ":"))
-    os.replace(tmp, path)
-    return path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return write_text_atomically(path, json.dumps(data, separators=(",", ":")))
 
 
 def write_chrome_trace(path, events, threads, pid, wall_anchor_ns):

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from .. import distributed as dist
+from ..atomic_file import write_text_atomically
 from ..autograd import observers
 from ..profiler import merge_traces, module_ranges, profile
 from ..profiler.chrome_trace import write_json_atomic
@@ -35,14 +36,6 @@ def gather_traces(trace):
     parts = [Tensor(np.zeros(longest, np.uint8)) for _ in range(world)]
     dist.all_gather(parts, Tensor(padded))
     return [json.loads(p.numpy()[:int(s.numpy()[0])].tobytes().decode()) for p, s in zip(parts, sizes)]
-
-
-def write_text_atomic(path, text):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
 
 
 class RunProfiler:
@@ -98,7 +91,7 @@ class RunProfiler:
         if self.settings.record_shapes:
             text += "\nby input shape:\n" + prof.key_averages(group_by_input_shape=True).table(
                 sort_by="self_cpu_time_total", row_limit=-1)
-        write_text_atomic(os.path.join(self.out_dir, "ops.txt"), text)
+        write_text_atomically(os.path.join(self.out_dir, "ops.txt"), text)
         print(f"profile of {steps}: {self.out_dir}/trace.json (open in ui.perfetto.dev), ops.txt", flush=True)
 
 

@@ -31,6 +31,7 @@ import os
 import threading
 from functools import partial
 
+from ..atomic_file import write_text_atomically
 from ..autograd import observers
 from .tensor_stats import dtype_name, tensor_stats
 
@@ -60,10 +61,7 @@ def keep_steps_before(path, step):
         return
     with open(path) as f:
         kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) < step]
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(kept))
 
 
 class PrecisionChecker(observers.OpObserver):

@@ -7,11 +7,11 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 
 import numpy as np
 
 from .. import backend
+from ..atomic_file import write_atomically
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": None, "I64": np.int64, "I32": np.int32,
            "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -92,22 +92,16 @@ def write_safetensors(path, tensors, metadata=None):
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(text)))
             f.write(text)
             for array in arrays.values():
                 f.write(array.reshape(-1).view(np.uint8).data)  # no copy
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    write_atomically(path, write)
 
 
 __all__ = ["read_safetensors", "write_safetensors", "read_header", "SafetensorsError"]
