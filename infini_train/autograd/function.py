@@ -229,7 +229,8 @@ class Function:
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):
         if _LAZY and _lazy_state.enabled:  # inside `with it.lazy():` (see lazy_mode/graph.py)
-            return _record_lazily(self, inputs)
+            from ..lazy_mode.graph import record
+            return record(self, inputs)
         if _OBSERVERS:  # the profiler or the precision checker is watching
             return observed_apply(self, inputs, lambda: _apply(self, inputs, _TENSOR[0] or _tensor_class()))
         return _apply(self, inputs, _TENSOR[0] or _tensor_class())
@@ -445,11 +446,6 @@ def eager_apply(fn, inputs):
     if _OBSERVERS:
         return observed_apply(fn, inputs, lambda: _apply(fn, inputs, _TENSOR[0] or _tensor_class()))
     return _apply(fn, inputs, _TENSOR[0] or _tensor_class())
-
-
-def _record_lazily(fn, inputs):
-    from ..lazy_mode.graph import record
-    return record(fn, inputs)
 
 
 def _alias(t, Tensor):

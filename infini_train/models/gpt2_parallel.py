@@ -24,20 +24,14 @@ from __future__ import annotations
 from ..autograd.grad_mode import no_grad
 from ..nn.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mark_sequence_parallel
 from .tensor_parallel_lm import (TensorParallel, TensorParallelError, VocabParallelHead,  # noqa: F401 (re-exported)
-                                 without_sequence_parallel)
+                                 check_split, without_sequence_parallel)
 
 
 def parallelize_gpt2(model, group, sequence_parallel=False):
     """Split ``model`` (a whole GPT2) over the tensor-parallel ``group`` in place; returns the model."""
     cfg = model.config
     size = group.size
-    if sequence_parallel and size == 1:
-        raise TensorParallelError("parallel.sequence: expected parallel.tensor > 1 (sequence parallelism splits the "
-                                  "sequence over the tensor group), got parallel.tensor = 1")
-    if cfg.n_head % size:
-        raise TensorParallelError(
-            f"model.n_head: expected a multiple of parallel.tensor = {size} (each rank takes n_head / tensor heads), "
-            f"got n_head = {cfg.n_head}\nHINT: choose parallel.tensor among the divisors of {cfg.n_head}")
+    check_split(size, sequence_parallel, {"n_head": cfg.n_head})
     if size == 1:
         return model
     tp = TensorParallel(group, sequence_parallel)

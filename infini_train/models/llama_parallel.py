@@ -14,21 +14,14 @@ from ..autograd.grad_mode import no_grad
 from ..nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, VocabParallelEmbedding,
                            mark_sequence_parallel)
 from ..nn.parallel.tensor_parallel import shard_parameter
-from .tensor_parallel_lm import TensorParallel, TensorParallelError, VocabParallelHead
+from .tensor_parallel_lm import TensorParallel, VocabParallelHead, check_split
 
 
 def parallelize_llama(model, group, sequence_parallel=False):
     """Split ``model`` (a whole Llama) over the tensor-parallel ``group`` in place; returns the model."""
     cfg = model.config
     size = group.size
-    if sequence_parallel and size == 1:
-        raise TensorParallelError("parallel.sequence: expected parallel.tensor > 1 (sequence parallelism splits the "
-                                  "sequence over the tensor group), got parallel.tensor = 1")
-    for name, count in (("n_head", cfg.n_heads), ("n_kv_head", cfg.n_kv_heads)):
-        if count % size:
-            raise TensorParallelError(
-                f"model.{name}: expected a multiple of parallel.tensor = {size} (each rank takes {name} / tensor "
-                f"heads), got {name} = {count}\nHINT: choose parallel.tensor among the divisors of {count}")
+    check_split(size, sequence_parallel, {"n_head": cfg.n_heads, "n_kv_head": cfg.n_kv_heads})
     if size == 1:
         return model
     tp = TensorParallel(group, sequence_parallel)

@@ -16,6 +16,19 @@ class TensorParallelError(ValueError):
     """A model shape that does not split over the tensor group: names the numbers and a hint."""
 
 
+def check_split(size, sequence_parallel, heads):
+    """Refuse a split the model cannot take: sequence parallelism without a tensor group, or a head count
+    (``heads``: {config key: count}) that ``size`` ranks cannot share evenly."""
+    if sequence_parallel and size == 1:
+        raise TensorParallelError("parallel.sequence: expected parallel.tensor > 1 (sequence parallelism splits the "
+                                  "sequence over the tensor group), got parallel.tensor = 1")
+    for name, count in heads.items():
+        if count % size:
+            raise TensorParallelError(
+                f"model.{name}: expected a multiple of parallel.tensor = {size} (each rank takes {name} / tensor "
+                f"heads), got {name} = {count}\nHINT: choose parallel.tensor among the divisors of {count}")
+
+
 class TensorParallel:
     """The tensor group a model is split over, and the model-level steps that need it."""
 
@@ -79,4 +92,4 @@ def without_sequence_parallel(model):
             layer.sequence_parallel = True
 
 
-__all__ = ["TensorParallel", "TensorParallelError", "VocabParallelHead", "without_sequence_parallel"]
+__all__ = ["check_split", "TensorParallel", "TensorParallelError", "VocabParallelHead", "without_sequence_parallel"]
