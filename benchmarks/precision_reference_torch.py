@@ -160,7 +160,7 @@ def main(argv=None):
         loader.load_state_dict(meta["data"][0])
         start = meta["step"]
     else:
-        model, _ = build_model(cfg, backend.CPU)
+        model, _, _ = build_model(cfg, backend.CPU)
         state = {k: v.numpy() for k, v in model.state_dict().items()}
     hf = build_hf(model_cfg, state, cfg.dtype)
     rec = TorchRecorder()

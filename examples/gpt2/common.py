@@ -17,12 +17,21 @@ from infini_train.data.tokenizer import get_tokenizer  # noqa: E402
 from infini_train.models import registry  # noqa: E402
 from infini_train.models.gpt2 import GPT2  # noqa: E402
 from infini_train.models.llama import Llama  # noqa: E402
-from infini_train.utils.checkpoint import load_checkpoint  # noqa: E402
+from infini_train.utils.checkpoint import CheckpointError, load_model_checkpoint  # noqa: E402
+from infini_train.utils.config import ConfigError  # noqa: E402
 
 
 DEVICE_FORMS = "cpu, cpu:N, cuda or cuda:N"
 DTYPES = ("float32", "float64")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+
+
+def once(message):
+    """SystemExit's argument for an error every rank of a job meets: the message on rank 0, exit status 1 elsewhere
+    (so the job prints it once)."""
+    from infini_train import distributed as dist
+
+    return message if not dist.is_initialized() or dist.get_rank() == 0 else 1
 
 
 def parse_device(value):
@@ -65,20 +74,11 @@ def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, d
         raise SystemExit("error: give exactly one of --checkpoint or --pretrained")
     device, dtype = parse_device(device), parse_dtype(dtype)
     if checkpoint is not None:
-        model_state, _, state = load_checkpoint(checkpoint)
-        reference = state.get("lora")
-        if reference:  # a LoRA run: its base weights (or seeded init), then its adapters, merged in
-            it.manual_seed(reference["seed"])
-        model = registry.build(state.get("arch", "gpt2"), state["model_config"])
-        model.to(dtype=dtype)  # before loading: float64 weights stay exact in a float64 model
-        if reference:
-            from infini_train.nn.lora import merge_lora
-            from infini_train.training.lora_run import rebuild
-
-            merge_lora(rebuild(model, reference, model_state))
-        else:
-            model.load_state_dict(model_state)
-        tok_name = tokenizer or state.get("tokenizer", "byte")
+        try:
+            model, tok_name = _from_checkpoint(checkpoint, dtype)
+        except (CheckpointError, ConfigError) as exc:
+            raise SystemExit(once(f"error: --checkpoint: {exc}")) from None
+        tok_name = tokenizer or tok_name
     else:
         model = _pretrained(pretrained)
         model.to(dtype=dtype)
@@ -98,6 +98,52 @@ def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, d
         raise SystemExit(f"error: --device {device}: {exc}") from None
     model.eval()
     return model, tok
+
+
+def _from_checkpoint(path, dtype):
+    """(model, tokenizer name) from a training checkpoint: only its model file is read, so a damaged optimizer file
+    does not matter, and a run's out_dir falls back to its newest good checkpoint (warning about the others). A
+    LoRA run's model is its pinned base with the adapters merged in, as plain layers."""
+    model_state, state = load_model_checkpoint(path, warn=lambda message: print(f"warning: --checkpoint: {message}",
+                                                                                 file=sys.stderr, flush=True))
+    reference = state.get("lora")
+    if reference:  # the seeded init the run started from, for a base that was not loaded from elsewhere
+        it.manual_seed(reference["seed"])
+    model = registry.build(state.get("arch", "gpt2"), state["model_config"])
+    model.to(dtype=dtype)  # before loading: float64 weights stay exact in a float64 model
+    if reference:
+        from infini_train.nn.lora import merge_and_unload
+        from infini_train.training.lora_run import rebuild
+
+        merge_and_unload(rebuild(model, reference, model_state))
+    else:
+        model.load_state_dict(model_state)
+    return model, state.get("tokenizer", "byte")
+
+
+def split_over_ranks(model, tp_group):
+    """Split ``model`` over the job's ranks (tensor parallelism); a shape the ranks cannot share is one message
+    naming the rank count, since under generate.py / evaluate.py that is mpirun's -n."""
+    from infini_train.models.registry import parallelize
+    from infini_train.models.tensor_parallel_lm import TensorParallelError
+
+    try:
+        parallelize(model, tp_group)
+    except TensorParallelError as exc:
+        size = tp_group.size
+        counts = _head_counts(model)
+        fits = sorted({d for d in range(1, max(counts.values()) + 1) if all(c % d == 0 for c in counts.values())})
+        raise SystemExit(once(f"error: mpirun -n {size}: the model cannot be split over {size} ranks ("
+                         f"{str(exc).splitlines()[0]})\nHINT: start as many ranks as divide "
+                         f"{' and '.join(f'{k} = {v}' for k, v in counts.items())}: mpirun -n "
+                         f"{' | '.join(map(str, fits))}")) from None
+
+
+def _head_counts(model):
+    config = model.config
+    if hasattr(config, "n_kv_heads"):  # LLaMA: query and key/value heads are split alike
+        return {"n_head": config.n_heads, "n_kv_head": config.n_kv_heads}
+    return {"n_head": config.n_head}
 
 
 def join_tensor_parallel(size, device):

@@ -18,7 +18,7 @@ import sys
 import time
 
 from common import (DEVICE_FORMS, DTYPES, PRECISIONS, join_tensor_parallel, load_model, parse_device, parse_dtype,
-                    parse_precision, to_tensor)
+                    parse_precision, split_over_ranks, to_tensor)
 
 import infini_train as it
 
@@ -72,9 +72,7 @@ def main(argv=None):
 
     model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
     if tp_group is not None:
-        from infini_train.models.registry import parallelize
-
-        parallelize(model, tp_group)
+        split_over_ranks(model, tp_group)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
     block = model.config.block_size
     if len(ids) > block:

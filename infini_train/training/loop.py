@@ -35,7 +35,7 @@ from ..utils.config import ConfigError
 from ..utils.metrics import MetricsLog, measure_sgemm_peak, plot_loss_curve
 from .evaluation import evaluate, sample_text
 from .layout import Layout
-from .lora_run import apply_run_lora, checkpoint_reference, load_base_weights
+from .lora_run import apply_run_lora, check_same_lora, checkpoint_reference, prepare_base, restore_base
 from .precision import autocast_for, scaler_for
 from .precision_run import precision_checker_for
 from .profiling import RunProfiler
@@ -81,9 +81,11 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_model(cfg, device, layout=None):
+def build_model(cfg, device, layout=None, lora_reference=None):
     """The run's model (``model.arch``), initialised as in one process (seeded), then split over the tensor group
-    and into pipeline stages if the layout says so (every layout starts from the same weights)."""
+    and into pipeline stages if the layout says so (every layout starts from the same weights). Returns (model,
+    tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA checkpoint's record, whose
+    pinned base is restored instead of reading ``lora.init_from`` afresh."""
     model_cfg = cfg.model.to_model_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
     if vocab_needed > model_cfg.vocab_size:
@@ -92,15 +94,16 @@ def build_model(cfg, device, layout=None):
     backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
     cls, _ = registry.model_class(cfg.model.arch)
     model = cls(model_cfg).to(device=device, dtype=cfg.dtype)
-    if cfg.lora.rank and cfg.lora.init_from:
-        load_base_weights(model, cfg.lora.init_from)
+    base = None
+    if cfg.lora.rank:
+        base = restore_base(model, lora_reference) if lora_reference else prepare_base(model, cfg.lora.init_from)
     if layout is not None and layout.tensor_parallel:
         registry.parallelize(model, layout.tp_group, layout.sequence_parallel)
     if cfg.lora.rank:  # after the split: the adapters of split layers are split too
         apply_run_lora(model, cfg.lora)
     if layout is not None and layout.pipeline_parallel:
         model = PipelinedLM(model, layout.pp_group, layout.schedule, layout.virtual)
-    return set_recompute(model, cfg.train.recompute), tok_name
+    return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
 def build_optimizer(model, train_cfg, zero_stage, group=None):
@@ -158,7 +161,14 @@ class Run:
         if self.rank == 0:
             ensure_default_data(cfg.data)
         wait_for_rank0()
-        self.raw_model, self.tok_name = build_model(cfg, self.device, layout)
+        self.resumed_from = choose_checkpoint(cfg)
+        resume_state = None
+        if self.resumed_from:  # refuse another model or other LoRA settings before building anything
+            resume_state = ckpt.read_state(self.resumed_from)
+            check_same_model(resume_state, cfg.model.arch, cfg.model.to_model_config().to_dict(), self.resumed_from)
+            check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
+        self.raw_model, self.tok_name, self.lora_base = build_model(
+            cfg, self.device, layout, lora_reference=(resume_state or {}).get("lora"))
         self.zero_stage = layout.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, layout.dp_group)
         self.model = self.raw_model
@@ -178,15 +188,13 @@ class Run:
         self.start_step = 0
         self.skipped_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm
         self.skipped_in_a_row = 0
-        self.resumed_from = choose_checkpoint(cfg)
         state = self._resume(self.resumed_from) if self.resumed_from else None
         self.run_id = run_id_of(state)
 
     def _resume(self, path):
         model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
-        check_same_model(state, self.cfg.model.arch, self.raw_model.config.to_dict(), path)
         tp_group = self.layout.tp_group
-        if self.cfg.lora.rank:  # adapters only (whole); the base came from lora.init_from at build time
+        if self.cfg.lora.rank:  # adapters only (whole); the pinned base was restored at build time
             load_lora_state_dict(self.raw_model, model_state)
             self.optimizer.load_state_dict(sharded_optimizer_state(opt_state, self.optimizer, tp_group)
                                            if tp_group is not None else opt_state)
@@ -224,7 +232,7 @@ class Run:
                 "rng": {"seed": cfg.seed, "per_step": PER_STEP_SEEDS}, "data": data_states,
                 "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
                 "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "lora": checkpoint_reference(cfg.lora, cfg.seed) if cfg.lora.rank else None},
+                "lora": checkpoint_reference(cfg.lora, cfg.seed, self.lora_base) if cfg.lora.rank else None},
                 keep_last=cfg.train.keep_last, run_id=self.run_id)
             print0(f"saved checkpoint {path}")
         wait_for_rank0()
@@ -327,7 +335,7 @@ class Run:
             bar.close()
         if t.num_iterations > self.start_step:
             self.save(t.num_iterations)
-            self._export_adapter()
+        self._export_adapter()  # also when a resume found nothing left to train: the run ends with its final model
         self._plot()
         return 0
 
@@ -338,7 +346,7 @@ class Run:
             return
         if self.layout.dp_rank == 0:  # rank 0's tensor group gathers the adapters; rank 0 writes
             path = save_adapter(self.raw_model, os.path.join(self.cfg.out_dir, "adapter"),
-                                base_model_name_or_path=self.cfg.lora.init_from)
+                                base_model_name_or_path=self.lora_base.source)
             if path is not None and self.rank == 0:
                 print(f"adapter (PEFT format): {path}", flush=True)
         wait_for_rank0()
@@ -392,6 +400,8 @@ class Run:
         if bar is not None:
             bar.close()
         path = self.save(step)
+        if step == self.cfg.train.num_iterations:  # stopped at the last step boundary: the model is final
+            self._export_adapter()
         print0(f"stopped by {signal_name(number)} at step {step}, checkpoint {path}\n"
                f"HINT: resume=auto continues the run (exit status {EXIT_STOPPED})")
         return EXIT_STOPPED

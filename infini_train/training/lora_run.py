@@ -2,20 +2,67 @@
 wrap the target layers (after the tensor-parallel split, so they are split too), every base weight is frozen, and
 checkpoints hold only the adapters (whole) plus a reference to the base. The same steps rebuild such a model from
 its checkpoint for resuming, evaluation and generation.
+
+The reference pins the base: the source actually read (a run's out_dir resolves to the step directory it held
+then) and a SHA-256 of the base's values. Resuming, evaluating or generating reads that source again and refuses
+weights whose digest differs, so adapters are never applied to another base than the one they were trained on.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
+
+import numpy as np
 
 from ..nn import lora as lora_lib
 from ..utils import checkpoint as ckpt
 from ..utils.config import ConfigError
 
+LORA_SETTINGS = ("rank", "alpha", "dropout", "target_modules")
+
+
+@dataclass
+class BaseWeights:
+    """Where a LoRA run's frozen base came from: ``init_from`` as configured (absolute; None: the seeded init),
+    ``source`` the file or directory read (a checkpoint's step directory rather than an out_dir), and ``sha256`` the
+    digest of its values (weights_digest)."""
+
+    init_from: str = None
+    source: str = None
+    sha256: str = None
+
+
+def weights_digest(model):
+    """SHA-256 of ``model``'s state (names, shapes and values as float64, so a float32 copy and an exact float64
+    copy of the same weights agree), in name order: what identifies a LoRA run's base."""
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        array = np.ascontiguousarray(value.numpy(), dtype=np.float64)
+        digest.update(f"{name}:{array.shape};".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def resolve_base(init_from):
+    """The file or directory ``init_from`` stands for: an HF directory or an llm.c .bin as given, a training run's
+    out_dir as its newest checkpoint (absolute paths)."""
+    path = os.path.abspath(init_from)
+    if (os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))) or (
+            os.path.isfile(path) and path.endswith(".bin")):
+        return path
+    try:
+        return os.path.abspath(ckpt.resolve_checkpoint(path))
+    except ckpt.CheckpointError as exc:
+        raise ConfigError(f"lora.init_from: {exc}") from None
+
 
 def load_base_weights(model, init_from):
     """Copy the base weights at ``init_from`` into the whole (not yet split) ``model``: an HF directory (GPT-2 or
-    LLaMA), an llm.c .bin file, or a training checkpoint (a step directory or a run's out_dir)."""
-    state = _base_state(init_from, model)
+    LLaMA), an llm.c .bin file, or a training checkpoint (a step directory or a run's out_dir). Returns the source
+    read (resolve_base)."""
+    source = resolve_base(init_from)
+    state = _base_state(source, model)
     own = model.state_dict()
     wrong = [f"{k}: base {tuple(state[k].shape)}, model {tuple(v.shape)}" for k, v in own.items()
              if k in state and tuple(state[k].shape) != tuple(v.shape)]
@@ -25,7 +72,7 @@ def load_base_weights(model, init_from):
                           f"{'; '.join(wrong[:3] or [f'missing {missing[:3]}'])})\nHINT: set model.* (arch, preset or "
                           "the shape fields) to the base model's shape")
     model.load_state_dict({k: state[k] for k in own})
-    return model
+    return source
 
 
 def _base_state(path, model):
@@ -38,13 +85,67 @@ def _base_state(path, model):
     if os.path.isfile(path) and path.endswith(".bin"):
         return GPT2.from_pretrained(path).state_dict()
     try:
-        weights, _, state = ckpt.load_checkpoint(ckpt.resolve_checkpoint(path))
+        weights, _, state = ckpt.load_checkpoint(path)
     except ckpt.CheckpointError as exc:
         raise ConfigError(f"lora.init_from: {exc}") from None
     if state.get("lora"):
         raise ConfigError(f"lora.init_from: {path} is a LoRA run's checkpoint (adapters only)\nHINT: fine-tune from "
                           "its base, or merge its adapters first (generate.py loads it merged)")
     return weights
+
+
+def prepare_base(model, init_from):
+    """A new LoRA run's base: load ``init_from`` into ``model`` (None: keep its seeded init) and pin it."""
+    source = load_base_weights(model, init_from) if init_from else None
+    return BaseWeights(os.path.abspath(init_from) if init_from else None, source, weights_digest(model))
+
+
+def restore_base(model, reference):
+    """A LoRA checkpoint's base, loaded into ``model`` (which holds the seeded init) from the source the run read,
+    and checked against the recorded digest (checkpoints written before digests were recorded load unchecked)."""
+    source = reference.get("base_source") or reference.get("base")
+    if source:
+        if not os.path.exists(source):
+            raise ckpt.CheckpointError(
+                f"the LoRA checkpoint's base weights {source} are gone\nHINT: put the base model back at that path "
+                "(a base run's checkpoint may have been pruned by its train.keep_last)")
+        try:
+            load_base_weights(model, source)
+        except ConfigError as exc:
+            raise ckpt.CheckpointError(f"the LoRA checkpoint's base weights could not be read: {exc}") from None
+    base = BaseWeights(reference.get("base"), source, reference.get("base_sha256"))
+    if base.sha256 is not None:
+        found = weights_digest(model)
+        if found != base.sha256:
+            what = f"the base weights at {source}" if source else "the seeded initial weights"
+            raise ckpt.CheckpointError(
+                f"{what} are not the ones the LoRA adapters were trained on (SHA-256 of their values: recorded "
+                f"{base.sha256[:16]}..., found {found[:16]}...)\nHINT: the base was replaced or retrained after the "
+                "fine-tune; put the original base back at that path, or fine-tune again from the new one")
+    return base
+
+
+def check_same_lora(reference, lora_cfg, path):
+    """A resumed run must configure the LoRA its checkpoint was trained with (or none, for a full checkpoint)."""
+    run_config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "config.yaml")
+    hint = f"\nHINT: resume with the run's own config ({run_config}), or start a new run in another out_dir"
+    if not reference:
+        if lora_cfg.rank:
+            raise ConfigError(f"resume: checkpoint {path} holds a whole model (no LoRA adapters), but the config sets "
+                              f"lora.rank={lora_cfg.rank}{hint}")
+        return
+    if not lora_cfg.rank:
+        raise ConfigError(f"resume: checkpoint {path} is a LoRA run's (rank {reference['rank']}, base "
+                          f"{reference.get('base') or 'the seeded init'}), but the config has no lora section "
+                          f"(lora.rank=0){hint}")
+    differ = [f"lora.{k}: checkpoint {reference[k]!r}, config {getattr(lora_cfg, k)!r}" for k in LORA_SETTINGS
+              if reference.get(k) != getattr(lora_cfg, k)]
+    configured = os.path.abspath(lora_cfg.init_from) if lora_cfg.init_from else None
+    if configured != reference.get("base"):
+        differ.append(f"lora.init_from: checkpoint {reference.get('base')!r}, config {configured!r}")
+    if differ:
+        raise ConfigError(f"resume: checkpoint {path} was trained with other LoRA settings ({'; '.join(differ)})"
+                          f"{hint}")
 
 
 def apply_run_lora(model, lora_cfg):
@@ -55,27 +156,24 @@ def apply_run_lora(model, lora_cfg):
         raise ConfigError(f"lora.target_modules: {exc}") from None
 
 
-def checkpoint_reference(lora_cfg, seed):
-    """What a LoRA run's checkpoint records to rebuild its base and adapters."""
-    base = os.path.abspath(lora_cfg.init_from) if lora_cfg.init_from else None
+def checkpoint_reference(lora_cfg, seed, base):
+    """What a LoRA run's checkpoint records to rebuild its base (``base``: BaseWeights) and adapters."""
     return {"rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "dropout": lora_cfg.dropout,
-            "target_modules": lora_cfg.target_modules, "base": base, "seed": seed}
+            "target_modules": lora_cfg.target_modules, "base": base.init_from, "base_source": base.source,
+            "base_sha256": base.sha256, "seed": seed}
 
 
 def rebuild(model, reference, adapters):
-    """A LoRA run's model from its checkpoint: the base weights (``reference["base"]``, or the seeded init the run
-    started from, which ``model`` already holds), then the adapters."""
+    """A LoRA run's model from its checkpoint: the base weights (restore_base; ``model`` holds the seeded init the
+    run started from), then the adapters."""
     from ..utils.config import LoraConfig
 
-    if reference.get("base"):
-        if not os.path.exists(reference["base"]):
-            raise ckpt.CheckpointError(f"the LoRA checkpoint's base weights {reference['base']} are gone\nHINT: "
-                                       "put the base model back at that path")
-        load_base_weights(model, reference["base"])
+    restore_base(model, reference)
     settings = LoraConfig(rank=reference["rank"], alpha=reference["alpha"], dropout=reference["dropout"],
                           target_modules=reference["target_modules"])
     apply_run_lora(model, settings)
     return lora_lib.load_lora_state_dict(model, adapters)
 
 
-__all__ = ["load_base_weights", "apply_run_lora", "checkpoint_reference", "rebuild"]
+__all__ = ["BaseWeights", "weights_digest", "resolve_base", "load_base_weights", "prepare_base", "restore_base",
+           "check_same_lora", "apply_run_lora", "checkpoint_reference", "rebuild"]

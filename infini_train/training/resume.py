@@ -1,7 +1,9 @@
 """Where a run starts: fresh, or from a verified checkpoint; and which checkpoints belong to the run.
 
 - ``resume=auto``: the newest checkpoint in out_dir that verifies; damaged or incomplete ones are skipped with a
-  warning naming them and why; none at all starts fresh.
+  warning naming them and why. Only an out_dir with no checkpoints at all starts fresh: when checkpoints exist and
+  none verifies, the run stops with one error listing each and why, and touches nothing (a requeued job must not
+  train from step 0 over a finished run's files).
 - ``resume=PATH`` (a step directory, its state.json, or an out_dir): that checkpoint, which must verify.
 - no resume: a fresh run, refused when out_dir already holds another run's checkpoints (pruning by step alone
   would delete the new run's checkpoints and keep the old run's higher-numbered ones).
@@ -48,12 +50,22 @@ def _step_of(path):
 
 def _choose_on_rank0(cfg):
     if cfg.resume == "auto":
-        for path in reversed(ckpt.list_checkpoints(cfg.out_dir)):
+        found = ckpt.list_checkpoints(cfg.out_dir)
+        failures = []
+        for path in reversed(found):
             try:
                 ckpt.verify_checkpoint(path)
                 return path
             except ckpt.CheckpointError as exc:
                 _warn(f"resume=auto: skipping {exc}")
+                failures.append(str(exc).split("\nHINT")[0])
+        if found:
+            listing = "\n  ".join(failures)
+            raise ckpt.CheckpointError(
+                f"resume=auto: none of the {len(found)} checkpoint(s) in {cfg.out_dir} verifies, so there is nothing "
+                f"to resume from and the run stops without touching them:\n  {listing}\nHINT: restore a good copy "
+                "of one of them, pass resume=PATH to another run's checkpoint, or move checkpoints/ away to start "
+                "over on purpose")
         return None
     if cfg.resume:
         path = ckpt.resolve_checkpoint(cfg.resume)

@@ -225,9 +225,16 @@ def resolve_checkpoint(path_or_out_dir):
     return newest
 
 
-def verify_checkpoint(path):
+def read_state(path):
+    """The parsed state.json of a checkpoint directory (unverified: for a checkpoint already verified)."""
+    with open(os.path.join(path, "state.json")) as f:
+        return json.load(f)
+
+
+def verify_checkpoint(path, files=None):
     """Check a checkpoint directory against the hashes in its state.json; returns the parsed state. Raises
-    CheckpointError naming the file and what is wrong (missing, truncated, edited, unreadable)."""
+    CheckpointError naming the file and what is wrong (missing, truncated, edited, unreadable). ``files``: the
+    tensor files to check (default every one recorded; ("model.safetensors",) for inference)."""
     state_path = os.path.join(path, "state.json")
     try:
         with open(state_path) as f:
@@ -243,6 +250,8 @@ def verify_checkpoint(path):
         raise CheckpointError(f"checkpoint {path} is damaged: state.json was edited (its content no longer "
                               "matches the SHA-256 recorded in it)")
     for name, expect in (state.get("files") or {}).items():
+        if files is not None and name not in files:
+            continue
         file_path = os.path.join(path, name)
         if not os.path.exists(file_path):
             raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing")
@@ -264,11 +273,7 @@ def load_checkpoint(path, verify=True):
     from safetensors.numpy import load_file
 
     path = resolve_checkpoint(path)
-    if verify:
-        state = verify_checkpoint(path)
-    else:
-        with open(os.path.join(path, "state.json")) as f:
-            state = json.load(f)
+    state = verify_checkpoint(path) if verify else read_state(path)
     try:
         model_state = load_file(os.path.join(path, "model.safetensors"))
         opt_arrays = load_file(os.path.join(path, "optimizer.safetensors"))
@@ -277,3 +282,54 @@ def load_checkpoint(path, verify=True):
                               "resume from an earlier one") from exc
     optimizer_state = unflatten_state(state.pop("optimizer"), opt_arrays)
     return model_state, optimizer_state, state
+
+
+def load_model_checkpoint(path, warn=None):
+    """(model_state, state) for inference: only state.json and model.safetensors are verified and read, so a
+    damaged optimizer file does not matter. ``path``: a step directory (which must verify), its state.json, or a
+    run's out_dir, whose newest checkpoint with a good model is used, ``warn(message)`` naming each one skipped.
+    Raises CheckpointError naming every checkpoint tried and why."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = os.fspath(path)
+    if os.path.basename(path) == "state.json":
+        path = os.path.dirname(path) or "."
+    if not os.path.exists(path):
+        resolve_checkpoint(path)  # raises: the path does not exist
+    if STEP_PATTERN.match(os.path.basename(os.path.normpath(path))) or os.path.exists(os.path.join(path,
+                                                                                                   "state.json")):
+        candidates = [path]  # one named checkpoint: it must verify
+    else:
+        resolve_checkpoint(path)  # a missing path or an out_dir without checkpoints: one clear error
+        candidates = list(reversed(list_checkpoints(path)))
+    failures = []
+    for candidate in candidates:
+        try:
+            state = verify_checkpoint(candidate, files=("model.safetensors",))
+            model_state = load_file(os.path.join(candidate, "model.safetensors"))
+        except CheckpointError as exc:
+            failures.append(str(exc))
+        except (OSError, SafetensorError) as exc:
+            failures.append(f"checkpoint {candidate} is unreadable: {exc}")
+        else:
+            for skipped in failures:
+                (warn or print)(f"skipping {skipped}")
+            state.pop("optimizer", None)
+            return model_state, state
+    if candidates == [path]:
+        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        good = [p for p in reversed(list_checkpoints(run_dir)) if _model_verifies(p)]
+        hint = (f"use the newest good one, {good[0]}, or pass the run's out_dir to take it" if good
+                else "resume training to write a new checkpoint, or restore a good copy")
+        raise CheckpointError(f"{failures[0]}\nHINT: {hint}")
+    raise CheckpointError(f"none of the {len(candidates)} checkpoint(s) in {path} has a model file that verifies:\n  "
+                          + "\n  ".join(failures) + "\nHINT: restore a good copy of one of them")
+
+
+def _model_verifies(path):
+    try:
+        verify_checkpoint(path, files=("model.safetensors",))
+        return True
+    except CheckpointError:
+        return False

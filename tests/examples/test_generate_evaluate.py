@@ -174,3 +174,69 @@ def test_evaluate_text_takes_the_exact_bytes(trained, tmp_path):
     proc = script("evaluate.py", "--checkpoint", str(trained), "--text", str(tmp_path / "latin1.txt"),
                   "--batch-size", "2", "--seq-len", "32", "--max-batches", "2")
     assert reported_loss(proc) == pytest.approx(checkpoint_loss(trained, list(data), 2, 32, 2), rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(data_dir, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("gen2") / "run"
+    run(tiny_args(data_dir, out, "train.num_iterations=4", "train.save_every=2", "train.keep_last=0"))
+    return out
+
+
+def _copy_with_damage(source, tmp_path, step, name):
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    target = out / "checkpoints" / f"step_{step:06d}"
+    with open(target / name, "r+b") as f:
+        f.truncate(os.path.getsize(f.name) // 2)
+    return out, target
+
+
+def _eval_args(path, data_dir):  # noqa: F811
+    return ("evaluate.py", "--checkpoint", str(path), "--data", f"{data_dir}/val_*.bin", "--batch-size", "2",
+            "--seq-len", "32", "--max-batches", "2")
+
+
+def _loss(proc):
+    assert proc.returncode == 0, proc.stderr
+    return float(proc.stdout.split("loss ")[1].split()[0])
+
+
+def test_a_damaged_optimizer_file_does_not_stop_generate_or_evaluate(two_checkpoints, data_dir, tmp_path):  # noqa: F811
+    reference = _loss(script(*_eval_args(two_checkpoints, data_dir)))
+    out, _ = _copy_with_damage(two_checkpoints, tmp_path, 4, "optimizer.safetensors")
+    proc = script(*_eval_args(out, data_dir))
+    assert _loss(proc) == reference and "warning" not in proc.stderr
+    gen = script("generate.py", "--checkpoint", str(out), "--prompt", "def ", "--max-new-tokens", "4")
+    assert gen.returncode == 0 and gen.stdout.startswith("def "), gen.stderr
+
+
+def test_an_out_dir_whose_newest_model_is_damaged_falls_back_to_the_newest_good_checkpoint(two_checkpoints, data_dir,  # noqa: F811,E501
+                                                                                          tmp_path):
+    older = _loss(script(*_eval_args(two_checkpoints / "checkpoints" / "step_000002", data_dir)))
+    out, damaged = _copy_with_damage(two_checkpoints, tmp_path, 4, "model.safetensors")
+    proc = script(*_eval_args(out, data_dir))
+    assert _loss(proc) == older
+    assert (f"warning: --checkpoint: skipping checkpoint {damaged} is damaged: model.safetensors is truncated"
+            in proc.stderr)
+    # naming the damaged checkpoint itself is one error that points at the good one
+    proc = script(*_eval_args(damaged, data_dir))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: --checkpoint: checkpoint {damaged} is damaged: model.safetensors is truncated" in proc.stderr
+    assert f"HINT: use the newest good one, {out / 'checkpoints' / 'step_000002'}" in proc.stderr
+
+
+def test_missing_and_wholly_damaged_checkpoints_are_one_message(two_checkpoints, data_dir, tmp_path):  # noqa: F811
+    missing = tmp_path / "nowhere" / "checkpoints" / "step_000004"
+    for name in ("generate.py", "evaluate.py"):
+        args = ("generate.py", "--checkpoint", str(missing), "--prompt", "x") if name == "generate.py" else \
+            _eval_args(missing, data_dir)
+        proc = script(*args)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"error: --checkpoint: no checkpoint found at {missing}: the path does not exist" in proc.stderr
+    out, _ = _copy_with_damage(two_checkpoints, tmp_path, 4, "model.safetensors")
+    os.remove(out / "checkpoints" / "step_000002" / "model.safetensors")
+    proc = script("generate.py", "--checkpoint", str(out), "--prompt", "x")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: --checkpoint: none of the 2 checkpoint(s) in {out} has a model file that verifies" in proc.stderr
+    assert "model.safetensors is truncated" in proc.stderr and "model.safetensors is missing" in proc.stderr

@@ -105,3 +105,39 @@ def test_metrics_of_a_resumed_run_read_like_one_run(data_dir, finished, tmp_path
     shutil.rmtree(out / "checkpoints" / "step_000012")
     run(tiny_args(data_dir, out, *COMMON, "resume=auto"))
     assert [r["step"] for r in metrics(out)] == list(range(13))
+
+
+def _tree_snapshot(out):
+    """(relative path, size, mtime) of every file under ``out``: what 'touch nothing' means."""
+    found = []
+    for root, _, files in os.walk(out):
+        for name in files:
+            path = os.path.join(root, name)
+            st = os.stat(path)
+            found.append((os.path.relpath(path, out), st.st_size, st.st_mtime_ns))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("kind", ["edited_state", "truncated"])
+def test_resume_auto_with_no_checkpoint_that_verifies_stops_and_touches_nothing(data_dir, finished, tmp_path, kind):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    damaged = list_checkpoints(out)
+    reasons = [_damage(path, kind) for path in damaged]
+    before = _tree_snapshot(out)
+    proc = run(tiny_args(data_dir, out, *COMMON, "resume=auto"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: resume=auto: none of the 3 checkpoint(s) in {out} verifies" in proc.stderr
+    for path, why in zip(damaged, reasons):
+        assert f"checkpoint {path} is damaged: {why}" in proc.stderr
+    assert "HINT: restore a good copy" in proc.stderr
+    assert "step     1/" not in proc.stdout  # not a single step trained
+    assert _tree_snapshot(out) == before
+
+
+def test_resume_auto_in_an_out_dir_without_checkpoints_starts_fresh(data_dir, tmp_path):
+    out = tmp_path / "run"
+    os.makedirs(out / "checkpoints")
+    proc = run(tiny_args(data_dir, out, "train.num_iterations=2", "resume=auto"))
+    assert "resumed from" not in proc.stdout
+    assert [r["step"] for r in metrics(out)] == [0, 1, 2]
