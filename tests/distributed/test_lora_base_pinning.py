@@ -148,6 +148,27 @@ def test_the_adapter_is_written_when_a_resume_has_nothing_left_to_train(tune_dir
     assert {name: (adapter / name).read_bytes() for name in os.listdir(adapter)} == written
 
 
+def test_a_stop_at_the_last_step_boundary_exports_the_adapter(tune_dir, base, tmp_path, monkeypatch):  # noqa: F811
+    import signal
+
+    from infini_train.training import EXIT_STOPPED, loop, signals
+    from infini_train.utils.config import load_config
+    from tests.training.tiny_run import CONFIG
+
+    out = tmp_path / "lora"
+    cfg = load_config(CONFIG, tiny_args(tune_dir, out, "train.num_iterations=3", *LORA, f"lora.init_from={base}"))
+    checks = []
+
+    def agreed(self, group=None):  # the ranks agree on a SIGTERM at the top of the loop's last pass (step 3)
+        checks.append(len(checks))
+        return signal.SIGTERM if len(checks) == 4 else None
+
+    monkeypatch.setattr(signals.StopSignals, "agreed", agreed)
+    assert loop.Run(cfg).train() == EXIT_STOPPED
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["step_000003"]
+    assert sorted(os.listdir(out / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
 def _greedy(out, ranks, *extra):
     proc = script("generate.py", "--checkpoint", str(out), "--prompt", "beta ", "--max-new-tokens", "12",
                   "--temperature", "0", *extra, ranks=ranks)
