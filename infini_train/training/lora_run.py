@@ -20,6 +20,7 @@ from ..utils import checkpoint as ckpt
 from ..utils.config import ConfigError
 
 LORA_SETTINGS = ("rank", "alpha", "dropout", "target_modules")
+DIGEST_CHUNK = 1 << 20  # elements hashed at a time
 
 
 @dataclass
@@ -38,9 +39,10 @@ def weights_digest(model):
     copy of the same weights agree), in name order: what identifies a LoRA run's base."""
     digest = hashlib.sha256()
     for name, value in sorted(model.state_dict().items()):
-        array = np.ascontiguousarray(value.numpy(), dtype=np.float64)
-        digest.update(f"{name}:{array.shape};".encode())
-        digest.update(array.tobytes())
+        flat = value.numpy().reshape(-1)
+        digest.update(f"{name}:{tuple(value.shape)};".encode())
+        for start in range(0, flat.size, DIGEST_CHUNK):  # bounded extra memory, whatever the tensor's size
+            digest.update(flat[start:start + DIGEST_CHUNK].astype(np.float64).tobytes())
     return digest.hexdigest()
 
 
