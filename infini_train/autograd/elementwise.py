@@ -121,6 +121,22 @@ class Div(_Binary):
     backward_graph = backward
 
 
+class IntegerDivisionByZero(ZeroDivisionError, RuntimeError):
+    """Integer division or remainder by zero: torch raises (a RuntimeError reading ZeroDivisionError) where NumPy
+    returns 0 with a warning. A ZeroDivisionError and a RuntimeError, so either ``except`` catches it."""
+
+
+def check_integer_divisor(op, a, b):
+    """Raise IntegerDivisionByZero when ``a`` and ``b`` (after promotion) are integers and a divisor is zero."""
+    dtype = getattr(a, "dtype", None) or getattr(b, "dtype", None)
+    if dtype is None or category(dtype) >= 2:
+        return
+    if (b == 0).any() if hasattr(b, "dtype") else b == 0:
+        raise IntegerDivisionByZero(f"{op}: integer division by zero (a divisor of dtype {dtype} is 0)\nHINT: "
+                                    "mask the zero divisors first, or divide in floating point (true division gives "
+                                    "inf/nan)")
+
+
 class RoundedDiv(Op):
     """Division rounded toward zero ("trunc") or down ("floor"); its gradient is zero, as in torch."""
 
@@ -132,6 +148,7 @@ class RoundedDiv(Op):
         xp = self.xp
         if category(dtype) >= 2:
             return _rounded(xp.floor_divide(a, b) if self.mode == "floor" else xp.trunc(a / b), low)
+        check_integer_divisor(f"div(rounding_mode={self.mode!r})", a, b)
         quotient = xp.floor_divide(a, b)
         if self.mode == "trunc":  # floor rounds negative inexact quotients down one more than trunc does
             quotient = quotient + ((xp.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
@@ -148,6 +165,7 @@ class FloorDivide(Op):
 
     def forward(self, a, b):
         a, b, low = promote_pair(a, b)
+        check_integer_divisor("floor_divide", a, b)
         return _rounded(self.xp.floor_divide(a, b), low)
 
     def backward(self, g):
@@ -160,6 +178,7 @@ class Remainder(_Binary):
 
     def forward(self, a, b):
         a, b, low = promote_pair(a, b)
+        check_integer_divisor("remainder", a, b)
         return _rounded(self.xp.remainder(a, b), low)
 
     def backward(self, g):
