@@ -12,12 +12,14 @@ works as ``with`` or as a decorator (generator functions included).
 
 The policy is one table per device type, each equal to torch's for that device type (``policy()``): on CUDA
 softmax, layer_norm, rms_norm, exp/log, pow, sums and the losses run in float32; torch's CPU autocast forces
-only the losses to float32 and leaves softmax, layer_norm, rms_norm and the reductions in their input's dtype
-(those kernels accumulate in float32 internally).
+only the losses and reflection / replication padding to float32 and leaves softmax, layer_norm, rms_norm and the
+reductions in their input's dtype (those kernels accumulate in float32 internally). An entry is LOW, FP32 or a
+rule on the op (its arguments choose, as torch dispatches pad modes to separate kernels).
 """
 from __future__ import annotations
 
 import threading
+import warnings
 
 from .. import backend
 from .grad_mode import _Guard
@@ -44,8 +46,8 @@ def is_autocast_enabled(device_type="cuda"):
     return _state.enabled[_device_type(device_type)]
 
 
-def get_autocast_dtype(device_type="cuda"):
-    """The low dtype autocast uses for ``device_type`` in this thread."""
+def get_autocast_dtype(device_type):
+    """The low dtype autocast uses for ``device_type`` ("cpu" or "cuda", required as in torch) in this thread."""
     return _state.dtype[_device_type(device_type)]
 
 
@@ -74,11 +76,14 @@ class autocast(_Guard):
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=True):
         self.device_type = _device_type(device_type)
         dtype = backend.as_dtype(dtype or _DEFAULT_DTYPE[device_type])
-        if dtype not in (backend.bfloat16, backend.float16):
-            raise ValueError(f"autocast: expected dtype bfloat16 or float16, got {dtype}\n"
-                             "HINT: float32 needs no autocast; use enabled=False to turn it off")
+        enabled = bool(enabled)
+        if enabled and dtype not in (backend.bfloat16, backend.float16):  # torch warns and runs without autocast
+            warnings.warn(f"In {device_type.upper()} autocast, but the target dtype {dtype} is not supported. "
+                          f"Disabling autocast.\n{device_type.upper()} Autocast only supports dtypes of bfloat16, "
+                          "float16 currently.", UserWarning, stacklevel=2)
+            enabled = False
         self.dtype = dtype
-        self.enabled = bool(enabled)
+        self.enabled = enabled
         self.cache_enabled = bool(cache_enabled)
 
     def _clone(self):
@@ -123,8 +128,21 @@ def policy(device_type):
                              activations.Softplus, reduction.Sum, scan.Cumsum, scan.Cumprod, rms_norm.RMSNorm]
         table = {cls: LOW for cls in low}
         table.update({cls: FP32 for cls in fp32})
+        if device_type == "cpu":
+            from .padding import Pad
+
+            table[Pad] = _cpu_pad_rule
         _POLICIES[device_type] = table
     return table
+
+
+def _cpu_pad_rule(fn):
+    """torch's CPU lists hold reflection_pad1d/2d and replication_pad1d/2d/3d (not reflection_pad3d, nor the constant
+    and circular pads, which are not separate kernels)."""
+    padded = len(fn.pad) // 2
+    if (fn.mode == "reflect" and padded in (1, 2)) or (fn.mode == "replicate" and padded in (1, 2, 3)):
+        return FP32
+    return None
 
 
 def _eligible(dtype):
@@ -137,6 +155,8 @@ def cast_inputs(fn, inputs, device):
     if not _state.enabled.get(kind):
         return inputs
     rule = policy(kind).get(type(fn))
+    if rule is not None and rule is not LOW and rule is not FP32:  # a rule that depends on the op's arguments
+        rule = rule(fn)
     if rule is None:
         return inputs
     from ..tensor import Tensor

@@ -49,6 +49,16 @@ OPS = {
     "rsqrt": lambda m, F, x, w, b: b.abs().rsqrt(),
     "cumsum": lambda m, F, x, w, b: b.cumsum(0),
     "float64": lambda m, F, x, w, b: x.double() @ w.double(),
+    # torch's CPU fp32 list names reflection_pad1d/2d and replication_pad1d/2d/3d; the other pads keep the dtype
+    "reflect_pad1d": lambda m, F, x, w, b: F.pad(b[None], (2, 1), mode="reflect"),
+    "reflect_pad2d": lambda m, F, x, w, b: F.pad(b[None, None], (1, 2, 2, 1), mode="reflect"),
+    "reflect_pad3d": lambda m, F, x, w, b: F.pad(b.reshape(1, 2, 2, 8), (1, 1, 1, 1, 1, 1), mode="reflect"),
+    "replicate_pad1d": lambda m, F, x, w, b: F.pad(b[None], (2, 1), mode="replicate"),
+    "replicate_pad2d": lambda m, F, x, w, b: F.pad(b[None, None], (1, 2, 2, 1), mode="replicate"),
+    "replicate_pad3d": lambda m, F, x, w, b: F.pad(b.reshape(1, 2, 2, 8), (1, 1, 1, 1, 1, 1), mode="replicate"),
+    "circular_pad2d": lambda m, F, x, w, b: F.pad(b[None, None], (1, 2, 2, 1), mode="circular"),
+    "constant_pad": lambda m, F, x, w, b: F.pad(b, (1, 2)),
+    "reflect_pad_f32": lambda m, F, x, w, b: F.pad(x[None], (2, 1), mode="reflect"),
 }
 
 
@@ -161,8 +171,37 @@ def test_decorator_and_generator_forms():
 def test_bad_arguments_are_clear():
     with pytest.raises(ValueError, match="autocast: expected device_type 'cpu' or 'cuda', got 'gpu'"):
         it.autocast("gpu")
-    with pytest.raises(ValueError, match="(?s)autocast: expected dtype bfloat16 or float16, got float32.*HINT"):
-        it.autocast("cpu", dtype=it.float32)
+    with pytest.raises(TypeError):  # torch: get_autocast_dtype() missing 1 required positional argument
+        torch.get_autocast_dtype()
+    with pytest.raises(TypeError, match="device_type"):
+        it.get_autocast_dtype()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_an_unsupported_dtype_warns_and_runs_without_autocast_like_torch(dtype):
+    def region(m):
+        with pytest.warns(UserWarning, match="In CPU autocast, but the target dtype .*is not supported. Disabling "
+                                             "autocast"):
+            guard = m.autocast("cpu", dtype=getattr(m, dtype))
+        with guard:
+            x = m.tensor(X)
+            return str((x @ x.T).dtype), m.is_autocast_enabled("cpu"), str(m.get_autocast_dtype("cpu"))
+
+    ours, theirs = region(it), region(torch)
+    assert ours == tuple(v.replace("torch.", "") if isinstance(v, str) else v for v in theirs)
+    assert ours[:2] == ("float32", False)
+    with it.autocast("cpu", dtype=it.bfloat16):  # inside an enabled region it turns autocast off, as torch
+        with pytest.warns(UserWarning):
+            inner = it.autocast("cpu", dtype=getattr(it, dtype))
+        with inner:
+            assert not it.is_autocast_enabled("cpu")
+        assert it.is_autocast_enabled("cpu") and it.get_autocast_dtype("cpu") == it.bfloat16
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with it.autocast("cpu", dtype=getattr(it, dtype), enabled=False):  # disabled: nothing to warn about
+            assert not it.is_autocast_enabled("cpu")
 
 
 @pytest.mark.parametrize("low", ["bfloat16", "float16"])
