@@ -1,130 +1,112 @@
-"""Learning-rate schedules, torch.optim.lr_scheduler's API. Construction applies the lr for iteration 0; each
-``step()`` advances one iteration and writes every group's lr. Schedules are computed in closed form from each
-group's ``initial_lr`` (torch's values for a single scheduler per optimizer, or one at a time in a
-``SequentialLR``); ``step(epoch)`` jumps to ``epoch``, as torch's deprecated form does."""
+"""Learning-rate schedules, torch.optim.lr_scheduler's API (the base class is in lr_base.py).
+
+Chainable schedulers (MultiplicativeLR, StepLR, MultiStepLR, ConstantLR, LinearLR, ExponentialLR, PolynomialLR,
+CosineAnnealingLR) compute each step's lr from the group's current lr, with torch's recursive formulas, so several
+on one optimizer compose (ExponentialLR then MultiStepLR multiplies both factors in) and a single one gives torch's
+values; ``step(epoch)`` uses their closed forms. LambdaLR and the schedules in lr_cycles.py (warm restarts, 1cycle,
+cosine with warmup) set the lr outright from each group's ``initial_lr``, as torch's do. SequentialLR runs
+schedulers one after another, ChainedScheduler steps several together, ReduceLROnPlateau (lr_plateau.py) follows a
+metric."""
 from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
+
+from .lr_base import LRScheduler, _check_optimizer, _per_group  # noqa: F401  (_per_group: part of the interface)
+from .lr_cycles import CosineAnnealingWarmRestarts, CosineWithWarmup, OneCycleLR, cosine_with_warmup
+from .lr_plateau import ReduceLROnPlateau
 
 
-def _check_optimizer(name, optimizer):
-    if not hasattr(optimizer, "param_groups"):
-        raise TypeError(f"{name}: expected an Optimizer, got {type(optimizer).__name__}\nHINT: pass the optimizer "
-                        "whose learning rates to schedule, e.g. optim.SGD(model.parameters(), lr=0.1)")
-
-
-def _per_group(scheduler, arg, optimizer, value):
-    """``value`` for each param group: a list/tuple with one entry per group, or one value for all."""
+def _lambdas(name, optimizer, lr_lambda):
     n = len(optimizer.param_groups)
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{scheduler}: {arg} must have the same length as optimizer.param_groups; {arg} has "
-                             f"{len(value)} values, param_groups has {n}\nHINT: give one value, or one per group")
-        return list(value)
-    return [value] * n
-
-
-class LRScheduler:
-    def __init__(self, optimizer, last_epoch=-1):
-        _check_optimizer(type(self).__name__, optimizer)
-        self.optimizer = optimizer
-        for i, g in enumerate(optimizer.param_groups):
-            if last_epoch == -1:
-                g.setdefault("initial_lr", g["lr"])
-            elif "initial_lr" not in g:
-                raise KeyError(f"{type(self).__name__}: param_groups[{i}] has no 'initial_lr' while resuming with "
-                               f"last_epoch={last_epoch}\nHINT: load the optimizer's state_dict first, or use "
-                               "last_epoch=-1 and load_state_dict on the scheduler")
-        self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
-        self.last_epoch = last_epoch
-        self._initial_step()
-
-    def _initial_step(self):
-        """The step construction takes (SequentialLR repeats it for the scheduler that runs first)."""
-        self.step()
-
-    def get_lr(self):
-        """The lr of every param group at iteration ``last_epoch``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement get_lr")
-
-    def step(self, epoch=None):
-        """Advance one iteration, or (deprecated in torch, kept for its callers) jump to iteration ``epoch``."""
-        self._update_lr(epoch)
-
-    def _update_lr(self, epoch=None):
-        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
-        self._apply(self.get_lr())
-
-    def _apply(self, lrs):
-        if self.optimizer is not None:
-            for g, lr in zip(self.optimizer.param_groups, lrs):
-                g["lr"] = lr
-        self._last_lr = list(lrs)
-
-    def get_last_lr(self):
-        """The lrs the last ``step()`` (or construction) applied, one per param group."""
-        return list(self._last_lr)
-
-    def state_dict(self):
-        """Everything but the optimizer and callables (lambdas are code, not state)."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
-
-    def load_state_dict(self, state):
-        """Restore the state and write its last lrs into the optimizer's groups."""
-        self.__dict__.update(state)
-        if self.optimizer is not None:
-            for g, lr in zip(self.optimizer.param_groups, self._last_lr):
-                g["lr"] = lr
+    lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
+    if len(lambdas) != n:
+        raise ValueError(f"{name}: expected {n} lr_lambdas (one per param group), got {len(lambdas)}")
+    for f in lambdas:
+        if not callable(f):
+            raise TypeError(f"{name}: lr_lambda should be a function, got {type(f).__name__}\nHINT: pass e.g. "
+                            "lambda epoch: 0.95 ** epoch")
+    return lambdas
 
 
 class LambdaLR(LRScheduler):
-    """lr = initial_lr * lr_lambda(iteration); one lambda, or one per param group."""
+    """lr = initial_lr * lr_lambda(iteration); one lambda, or one per param group (sets the lr outright)."""
 
     def __init__(self, optimizer, lr_lambda, last_epoch=-1):
-        n = len(optimizer.param_groups)
-        self.lr_lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
-        if len(self.lr_lambdas) != n:
-            raise ValueError(f"LambdaLR: expected {n} lr_lambdas (one per param group), got {len(self.lr_lambdas)}")
+        _check_optimizer("LambdaLR", optimizer)
+        self.lr_lambdas = _lambdas("LambdaLR", optimizer, lr_lambda)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
         return [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
 
 
+class MultiplicativeLR(LRScheduler):
+    """Each step multiplies the current lr by lr_lambda(iteration); one lambda, or one per param group."""
+
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        _check_optimizer("MultiplicativeLR", optimizer)
+        self.lr_lambdas = _lambdas("MultiplicativeLR", optimizer, lr_lambda)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self._is_initial:
+            return self._current_lrs()
+        return [g["lr"] * f(self.last_epoch) for g, f in zip(self.optimizer.param_groups, self.lr_lambdas)]
+
+
 class StepLR(LRScheduler):
-    """lr = initial_lr * gamma ** (iteration // step_size)."""
+    """Multiplies the lr by gamma every ``step_size`` iterations: initial_lr * gamma ** (iteration // step_size)."""
 
     def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1):
         self.step_size, self.gamma = step_size, gamma
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
+        if self.last_epoch == 0 or self.last_epoch % self.step_size:
+            return self._current_lrs()
+        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
         return [base * self.gamma ** (self.last_epoch // self.step_size) for base in self.base_lrs]
 
 
 class MultiStepLR(LRScheduler):
-    """lr = initial_lr * gamma ** (number of milestones reached)."""
+    """Multiplies the lr by gamma at each milestone (gamma ** k at a milestone listed k times)."""
 
     def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1):
-        self.milestones, self.gamma = sorted(milestones), gamma
+        self.milestones, self.gamma = Counter(milestones), gamma
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
-        return [base * self.gamma ** bisect.bisect_right(self.milestones, self.last_epoch) for base in self.base_lrs]
+        if self.last_epoch not in self.milestones:
+            return self._current_lrs()
+        return [g["lr"] * self.gamma ** self.milestones[self.last_epoch] for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        milestones = sorted(self.milestones.elements())
+        return [base * self.gamma ** bisect.bisect_right(milestones, self.last_epoch) for base in self.base_lrs]
 
 
 class ExponentialLR(LRScheduler):
+    """Multiplies the lr by gamma every iteration."""
+
     def __init__(self, optimizer, gamma, last_epoch=-1):
         self.gamma = gamma
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
+        if self._is_initial:
+            return self._current_lrs()
+        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
         return [base * self.gamma ** self.last_epoch for base in self.base_lrs]
 
 
 class ConstantLR(LRScheduler):
-    """lr = initial_lr * factor for the first ``total_iters`` iterations, then initial_lr."""
+    """Multiplies the lr by ``factor`` for the first ``total_iters`` iterations, then gives the factor back."""
 
     def __init__(self, optimizer, factor=1.0 / 3, total_iters=5, last_epoch=-1):
         if not 0 < factor <= 1:
@@ -133,12 +115,19 @@ class ConstantLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
-        f = self.factor if self.last_epoch < self.total_iters else 1.0
-        return [base * f for base in self.base_lrs]
+        if self.last_epoch == 0:
+            return [g["lr"] * self.factor for g in self.optimizer.param_groups]
+        if self.last_epoch != self.total_iters:
+            return self._current_lrs()
+        return [g["lr"] * (1.0 / self.factor) for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        return [base * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor))
+                for base in self.base_lrs]
 
 
 class LinearLR(LRScheduler):
-    """The factor on initial_lr moves linearly from start_factor to end_factor over ``total_iters``.
+    """The factor on the lr moves linearly from start_factor to end_factor over ``total_iters``.
 
     As in torch, ``total_iters <= 0`` keeps the factor at start_factor."""
 
@@ -153,197 +142,77 @@ class LinearLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
-        if self.total_iters <= 0:  # torch's recursive form never leaves iteration 0's factor
-            f = self.start_factor
-        else:
-            t = min(self.last_epoch, self.total_iters)
-            f = self.start_factor + (self.end_factor - self.start_factor) * t / self.total_iters
-        return [base * f for base in self.base_lrs]
+        if self.last_epoch == 0:
+            return [g["lr"] * self.start_factor for g in self.optimizer.param_groups]
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return self._current_lrs()
+        rise = self.end_factor - self.start_factor
+        factor = 1.0 + rise / (self.total_iters * self.start_factor + (self.last_epoch - 1) * rise)
+        return [g["lr"] * factor for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        t = min(self.total_iters, self.last_epoch)
+        return [base * (self.start_factor + (self.end_factor - self.start_factor) * t / self.total_iters)
+                for base in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """Decays the lr to 0 over ``total_iters``: initial_lr * (1 - iteration / total_iters) ** power."""
+
+    def __init__(self, optimizer, total_iters=5, power=1.0, last_epoch=-1):
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return self._current_lrs()
+        factor = ((1.0 - self.last_epoch / self.total_iters)
+                  / (1.0 - (self.last_epoch - 1) / self.total_iters)) ** self.power
+        return [g["lr"] * factor for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        t = min(self.total_iters, self.last_epoch)
+        return [base * (1.0 - t / self.total_iters) ** self.power for base in self.base_lrs]
 
 
 class CosineAnnealingLR(LRScheduler):
-    """lr = eta_min + (initial_lr - eta_min) * (1 + cos(pi * iteration / T_max)) / 2."""
+    """lr = eta_min + (initial_lr - eta_min) * (1 + cos(pi * iteration / T_max)) / 2, stepped recursively from the
+    current lr (so it composes with other schedulers, and past T_max it rises again, as torch's does)."""
 
     def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch=-1):
         self.T_max, self.eta_min = T_max, eta_min
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
-        t = self.last_epoch
-        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
+        t, groups = self.last_epoch, self.optimizer.param_groups
+        if self._is_initial:
+            return self._current_lrs()
+        if self._step_count == 1 and t > 0:
+            return self._get_closed_form_lr()
+        if (t - 1 - self.T_max) % (2 * self.T_max) == 0:
+            return [g["lr"] + (base - self.eta_min) * (1 - math.cos(math.pi / self.T_max)) / 2
+                    for base, g in zip(self.base_lrs, groups)]
+        ratio = (1 + math.cos(math.pi * t / self.T_max)) / (1 + math.cos(math.pi * (t - 1) / self.T_max))
+        return [ratio * (g["lr"] - self.eta_min) + self.eta_min for g in groups]
+
+    def _get_closed_form_lr(self):
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
                 for base in self.base_lrs]
 
 
-class CosineAnnealingWarmRestarts(LRScheduler):
-    """SGDR: lr = eta_min + (initial_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2, where T_cur counts the
-    iterations since the last restart and the period T_i starts at T_0 and grows by T_mult at each restart.
-
-    ``step(epoch)`` takes a fractional epoch (e.g. ``epoch + batch / batches_per_epoch``), as torch does."""
-
-    def __init__(self, optimizer, T_0, T_mult=1, eta_min=0.0, last_epoch=-1):
-        if not isinstance(T_0, int) or T_0 <= 0:
-            raise ValueError(f"CosineAnnealingWarmRestarts: expected a positive integer T_0, got {T_0!r}\n"
-                             "HINT: T_0 is the number of iterations until the first restart")
-        if not isinstance(T_mult, int) or T_mult < 1:
-            raise ValueError(f"CosineAnnealingWarmRestarts: expected an integer T_mult >= 1, got {T_mult!r}\n"
-                             "HINT: T_mult=1 keeps the period, 2 doubles it after every restart")
-        if not isinstance(eta_min, (float, int)):
-            raise ValueError(f"CosineAnnealingWarmRestarts: expected a float or int eta_min, got {eta_min!r} of "
-                             f"type {type(eta_min).__name__}")
-        self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
-        self.T_cur = last_epoch
-        super().__init__(optimizer, last_epoch)
-
-    def get_lr(self):
-        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
-                for base in self.base_lrs]
-
-    def step(self, epoch=None):
-        """Advance one iteration, or jump to ``epoch`` (int or float >= 0) and find its restart period."""
-        if epoch is None and self.last_epoch < 0:
-            epoch = 0
-        if epoch is None:
-            epoch = self.last_epoch + 1
-            self.T_cur = self.T_cur + 1
-            if self.T_cur >= self.T_i:
-                self.T_cur = self.T_cur % self.T_i
-                self.T_i = self.T_i * self.T_mult
-        else:
-            if epoch < 0:
-                raise ValueError(f"CosineAnnealingWarmRestarts.step: expected a non-negative epoch, got {epoch}")
-            if epoch >= self.T_0:
-                if self.T_mult == 1:
-                    self.T_cur = epoch % self.T_0
-                else:  # restarts so far: the n with T_0 * (T_mult**n - 1) / (T_mult - 1) <= epoch
-                    n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
-                    self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
-                    self.T_i = self.T_0 * self.T_mult ** n
-            else:
-                self.T_i = self.T_0
-                self.T_cur = epoch
-        self.last_epoch = math.floor(epoch)
-        self._apply(self.get_lr())
-
-
-class OneCycleLR(LRScheduler):
-    """The 1cycle policy: the lr anneals from max_lr / div_factor up to max_lr over the first ``pct_start`` of
-    ``total_steps``, then down to initial_lr / final_div_factor (with ``three_phase``: back to the initial lr
-    first, symmetric to the rise, then down to the minimum). With ``cycle_momentum`` the momentum (SGD's
-    ``momentum``, Adam's ``betas[0]``) moves inversely between max_momentum and base_momentum.
-
-    The per-group bounds live in the param groups (``initial_lr``, ``max_lr``, ``min_lr``, ``max_momentum``,
-    ``base_momentum``), as torch keeps them, so the optimizer's state_dict carries them.
-    """
-
-    def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
-                 anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85, max_momentum=0.95,
-                 div_factor=25.0, final_div_factor=1e4, three_phase=False, last_epoch=-1):
-        _check_optimizer("OneCycleLR", optimizer)
-        self.optimizer = optimizer
-        self.total_steps = _one_cycle_total_steps(total_steps, epochs, steps_per_epoch)
-        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
-            raise ValueError(f"OneCycleLR: expected a float pct_start between 0 and 1, got {pct_start!r}\n"
-                             "HINT: pct_start is the fraction of the cycle spent raising the lr, e.g. 0.3")
-        if anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"OneCycleLR: anneal_strategy must be one of 'cos' or 'linear', got {anneal_strategy!r}")
-        self._anneal_func_type = anneal_strategy
-        self._schedule_phases = _one_cycle_phases(self.total_steps, pct_start, three_phase)
-        max_lrs = _per_group("OneCycleLR", "max_lr", optimizer, max_lr)
-        if last_epoch == -1:
-            for group, peak in zip(optimizer.param_groups, max_lrs):
-                group["initial_lr"] = peak / div_factor
-                group["max_lr"] = peak
-                group["min_lr"] = group["initial_lr"] / final_div_factor
-        self.cycle_momentum = cycle_momentum
-        if cycle_momentum:
-            defaults = getattr(optimizer, "defaults", {})
-            if "momentum" not in defaults and "betas" not in defaults:
-                raise ValueError(f"OneCycleLR: cycle_momentum needs an optimizer with momentum or betas, got "
-                                 f"{type(optimizer).__name__}\nHINT: pass cycle_momentum=False")
-            self.use_beta1 = "betas" in defaults
-            max_moms = _per_group("OneCycleLR", "max_momentum", optimizer, max_momentum)
-            base_moms = _per_group("OneCycleLR", "base_momentum", optimizer, base_momentum)
-            if last_epoch == -1:
-                for group, top, low in zip(optimizer.param_groups, max_moms, base_moms):
-                    self._set_momentum(group, top)
-                    group["max_momentum"], group["base_momentum"] = top, low
-        super().__init__(optimizer, last_epoch)
-
-    def _anneal(self, start, end, pct):
-        if self._anneal_func_type == "cos":
-            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
-        return (end - start) * pct + start
-
-    def _set_momentum(self, group, momentum):
-        if self.use_beta1:
-            group["betas"] = (momentum, *group["betas"][1:])
-        else:
-            group["momentum"] = momentum
-
-    def _lr_and_momentum(self, group, step_num):
-        start_step = 0.0
-        for i, phase in enumerate(self._schedule_phases):
-            end_step = phase["end_step"]
-            if step_num <= end_step or i == len(self._schedule_phases) - 1:
-                pct = (step_num - start_step) / (end_step - start_step)
-                lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
-                if not self.cycle_momentum:
-                    return lr, None
-                return lr, self._anneal(group[phase["start_momentum"]], group[phase["end_momentum"]], pct)
-            start_step = end_step
-
-    def get_lr(self):
-        """The lrs at ``last_epoch``; with cycle_momentum, also writes each group's momentum (as torch does)."""
-        step_num = self.last_epoch
-        if step_num > self.total_steps:
-            raise ValueError(f"OneCycleLR: tried to step {step_num} times; the specified number of total steps is "
-                             f"{self.total_steps}\nHINT: total_steps (or epochs * steps_per_epoch) must cover every "
-                             "scheduler.step() of the run")
-        lrs = []
-        for group in self.optimizer.param_groups:
-            lr, momentum = self._lr_and_momentum(group, step_num)
-            lrs.append(lr)
-            if self.cycle_momentum:
-                self._set_momentum(group, momentum)
-        return lrs
-
-    def load_state_dict(self, state):
-        """Restore the state, then the lrs and momenta of the restored iteration into the optimizer's groups."""
-        super().load_state_dict(state)
-        if self.cycle_momentum and self.last_epoch <= self.total_steps:
-            for group in self.optimizer.param_groups:
-                self._set_momentum(group, self._lr_and_momentum(group, self.last_epoch)[1])
-
-
-def _one_cycle_total_steps(total_steps, epochs, steps_per_epoch):
-    if total_steps is not None:
-        if not isinstance(total_steps, int) or total_steps <= 0:
-            raise ValueError(f"OneCycleLR: expected a positive integer total_steps, got {total_steps!r}")
-        return total_steps
-    if epochs is not None and steps_per_epoch is not None:
-        if not isinstance(epochs, int) or epochs <= 0:
-            raise ValueError(f"OneCycleLR: expected a positive integer epochs, got {epochs!r}")
-        if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
-            raise ValueError(f"OneCycleLR: expected a positive integer steps_per_epoch, got {steps_per_epoch!r}")
-        return epochs * steps_per_epoch
-    raise ValueError("OneCycleLR: you must define either total_steps OR (epochs AND steps_per_epoch)\n"
-                     "HINT: OneCycleLR(opt, max_lr, total_steps=1000) or (..., epochs=10, steps_per_epoch=100)")
-
-
-def _one_cycle_phases(total_steps, pct_start, three_phase):
-    """torch's phase table: each phase ends at ``end_step`` and names the group keys it anneals between."""
-    def phase(end_step, lrs, momenta):
-        return {"end_step": end_step, "start_lr": lrs[0], "end_lr": lrs[1], "start_momentum": momenta[0],
-                "end_momentum": momenta[1]}
-
-    rise = float(pct_start * total_steps) - 1
-    if three_phase:
-        return [phase(rise, ("initial_lr", "max_lr"), ("max_momentum", "base_momentum")),
-                phase(float(2 * pct_start * total_steps) - 2, ("max_lr", "initial_lr"),
-                      ("base_momentum", "max_momentum")),
-                phase(total_steps - 1, ("initial_lr", "min_lr"), ("max_momentum", "max_momentum"))]
-    return [phase(rise, ("initial_lr", "max_lr"), ("max_momentum", "base_momentum")),
-            phase(total_steps - 1, ("max_lr", "min_lr"), ("base_momentum", "max_momentum"))]
+def _check_schedulers(name, optimizer, schedulers):
+    for i, s in enumerate(schedulers):
+        if not hasattr(s, "optimizer"):
+            raise TypeError(f"{name}: schedulers[{i}] should have `optimizer` as its attribute, got "
+                            f"{type(s).__name__}\nHINT: pass scheduler objects, e.g. [LinearLR(opt), "
+                            "CosineAnnealingLR(opt, T_max)]")
+        if isinstance(s, ReduceLROnPlateau):
+            raise ValueError(f"{name}: schedulers[{i}] is a ReduceLROnPlateau, whose step() needs the metric\nHINT: "
+                             "step the ReduceLROnPlateau yourself after the others")
+        if s.optimizer is not optimizer:
+            raise ValueError(f"{name}: expects all schedulers to belong to the same optimizer, but "
+                             f"schedulers[{i}] ({type(s).__name__}) drives a different one\nHINT: build every "
+                             f"scheduler on the optimizer given to {name}")
 
 
 class SequentialLR(LRScheduler):
@@ -354,15 +223,7 @@ class SequentialLR(LRScheduler):
         schedulers, milestones = list(schedulers), list(milestones)
         if not schedulers:
             raise ValueError("SequentialLR: expects at least one scheduler, got none")
-        for i, s in enumerate(schedulers):
-            if not hasattr(s, "optimizer"):
-                raise TypeError(f"SequentialLR: schedulers[{i}] should have `optimizer` as its attribute, got "
-                                f"{type(s).__name__}\nHINT: pass scheduler objects, e.g. [LinearLR(opt), "
-                                "CosineAnnealingLR(opt, T_max)]")
-            if s.optimizer is not optimizer:
-                raise ValueError(f"SequentialLR: expects all schedulers to belong to the same optimizer, but "
-                                 f"schedulers[{i}] ({type(s).__name__}) drives a different one\nHINT: build every "
-                                 "scheduler on the optimizer given to SequentialLR")
+        _check_schedulers("SequentialLR", optimizer, schedulers)
         if len(milestones) != len(schedulers) - 1:
             raise ValueError(f"SequentialLR: expects one milestone fewer than schedulers, got {len(schedulers)} "
                              f"schedulers and {len(milestones)} milestones\nHINT: milestones[i] is the iteration "
@@ -414,54 +275,36 @@ def _undo_initial_steps(scheduler):
             s.last_epoch -= 1
 
 
-def cosine_with_warmup(it, max_lr, warmup_iters, num_iterations, final_lr_frac=0.0):
-    """llm.c train_gpt2's get_lr: linear warmup max_lr * (it + 1) / warmup_iters for it < warmup_iters, then
-    cosine decay from max_lr to min_lr = max_lr * final_lr_frac at it = num_iterations (min_lr after)."""
-    min_lr = max_lr * final_lr_frac
-    if it < warmup_iters:
-        return max_lr * (it + 1) / warmup_iters
-    if it > num_iterations:
-        return min_lr
-    decay_ratio = (it - warmup_iters) / max(num_iterations - warmup_iters, 1)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * min(decay_ratio, 1.0)))
-    return min_lr + coeff * (max_lr - min_lr)
+class ChainedScheduler(LRScheduler):
+    """Steps every scheduler of ``schedulers`` at each ``step()``, in order: their factors compose (the same as
+    stepping each by hand). ``optimizer`` defaults to the first scheduler's."""
+
+    def __init__(self, schedulers, optimizer=None):
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueError("ChainedScheduler: expects at least one scheduler to be chained, got none")
+        optimizer = optimizer or getattr(schedulers[0], "optimizer", None)
+        _check_schedulers("ChainedScheduler", optimizer, schedulers)
+        self._schedulers, self.optimizer = schedulers, optimizer
+        self._last_lr = self._current_lrs()
+
+    def step(self):
+        for scheduler in self._schedulers:
+            scheduler.step()
+        self._last_lr = self._current_lrs()
+
+    state_dict = SequentialLR.state_dict
+
+    def load_state_dict(self, state):
+        state = dict(state)
+        inner = state.pop("_schedulers")
+        self.__dict__.update(state)
+        for scheduler, saved in zip(self._schedulers, inner):  # in stepping order: the last writes the lrs
+            scheduler.load_state_dict(saved)
+        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
+            g["lr"] = lr
 
 
-class CosineWithWarmup(LRScheduler):
-    """``cosine_with_warmup`` as a scheduler; each group's initial lr is its max_lr (or ``max_lr`` if given).
-
-    Also a plain schedule: ``get_lr(it)`` (or calling the object) returns the lr at iteration ``it`` for the
-    first group's max_lr, and ``CosineWithWarmup(None, warmup, n, frac, max_lr=6e-4)`` needs no optimizer.
-    """
-
-    def __init__(self, optimizer=None, warmup_iters=0, num_iterations=1, final_lr_frac=0.0, max_lr=None,
-                 last_epoch=-1):
-        if warmup_iters < 0 or num_iterations < 1:
-            raise ValueError(f"CosineWithWarmup: expected warmup_iters >= 0 and num_iterations >= 1, got "
-                             f"{warmup_iters}, {num_iterations}")
-        self.warmup_iters, self.num_iterations, self.final_lr_frac = warmup_iters, num_iterations, final_lr_frac
-        if optimizer is None:
-            if max_lr is None:
-                raise ValueError("CosineWithWarmup: without an optimizer, max_lr is required")
-            self.optimizer, self.base_lrs, self.last_epoch = None, [max_lr], last_epoch
-            self.step()
-            return
-        if max_lr is not None and last_epoch == -1:
-            for g in optimizer.param_groups:
-                g["lr"] = g["initial_lr"] = max_lr
-        super().__init__(optimizer, last_epoch)
-
-    def get_lr(self, it=None):
-        if it is not None:
-            return cosine_with_warmup(it, self.base_lrs[0], self.warmup_iters, self.num_iterations,
-                                      self.final_lr_frac)
-        return [cosine_with_warmup(self.last_epoch, base, self.warmup_iters, self.num_iterations, self.final_lr_frac)
-                for base in self.base_lrs]
-
-    def __call__(self, it):
-        return self.get_lr(it)
-
-
-__all__ = ["LRScheduler", "LambdaLR", "StepLR", "MultiStepLR", "ExponentialLR", "ConstantLR", "LinearLR",
-           "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "OneCycleLR", "SequentialLR", "CosineWithWarmup",
-           "cosine_with_warmup"]
+__all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ExponentialLR", "ConstantLR",
+           "LinearLR", "PolynomialLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "OneCycleLR",
+           "SequentialLR", "ChainedScheduler", "ReduceLROnPlateau", "CosineWithWarmup", "cosine_with_warmup"]
