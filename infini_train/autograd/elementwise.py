@@ -34,16 +34,38 @@ def _raw(x):
     return x.array if isinstance(x, Tensor) else x
 
 
+_NO_CONSTS = (None, None)
+
+
 class _Binary(Op):
     """Saves its tensor operands (scalars are kept as constants); ``operands()`` returns both."""
 
     def setup_context(self, inputs, output):
+        if len(inputs) == 2:  # the hot path, written out: a comprehension here costs more than the saving
+            a, b = inputs
+            if isinstance(a, Tensor):
+                if isinstance(b, Tensor):
+                    self.save_for_backward(a, b)
+                    self.consts = _NO_CONSTS
+                else:
+                    self.save_for_backward(a, None)
+                    self.consts = (None, b)
+            else:
+                self.save_for_backward(None, b)
+                self.consts = (a, None)
+            return
         self.save_for_backward(*[x if isinstance(x, Tensor) else None for x in inputs])
         self.consts = tuple(None if isinstance(x, Tensor) else x for x in inputs)
 
     def operands(self):
         saved = self.saved_arrays
-        return tuple(s if s is not None else c for s, c in zip(saved, self.consts))
+        consts = self.consts
+        if consts is _NO_CONSTS:
+            return saved
+        if len(saved) == 2:
+            a, b = saved
+            return (a if a is not None else consts[0]), (b if b is not None else consts[1])
+        return tuple(s if s is not None else c for s, c in zip(saved, consts))
 
     def reduce_grads(self, ga, gb):
         sa, sb = self._input_shapes[:2]

@@ -122,6 +122,7 @@ class Function:
     xp = None
     _saved = None
     _saved_versions = None
+    _saved_arrays = None
     _stash = None
     _freed = False
     _num_outputs = 1
@@ -173,6 +174,11 @@ class Function:
             versions.append(t._version[0])
         self._saved = saved
         self._saved_versions = versions
+        self._saved_changed()
+
+    def _saved_changed(self):
+        """Refresh the arrays ``saved_arrays`` hands out after ``_saved`` was written."""
+        self._saved_arrays = tuple([None if e is None else e[0] for e in self._saved])
 
     def _freed_error(self):
         return RuntimeError(
@@ -222,9 +228,13 @@ class Function:
     def saved_arrays(self):
         """The saved arrays; during a create_graph backward, the connected tensors instead (an op's backward
         written with operators and ``sum_to`` then serves as its double backward too)."""
-        if self._create_graph:
-            return self.saved_tensors
-        return tuple(None if e is None else e[0] for e in self._check_saved())
+        saved = self._saved
+        if saved is None or self._create_graph:
+            return self.saved_tensors if self._create_graph else self._check_saved()
+        for entry, version in zip(saved, self._saved_versions):
+            if entry is not None and entry[2][0] != version:
+                self._check_saved()  # raises, naming the tensor modified in place
+        return self._saved_arrays
 
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):
@@ -418,7 +428,7 @@ class Function:
 
     def _release(self):
         if self._saved is not None or self._stash is not None:
-            self._saved = None
+            self._saved = self._saved_arrays = None
             self._stash = None
             self._freed = True
 

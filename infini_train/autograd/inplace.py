@@ -93,6 +93,7 @@ def _keep_saved_values(fn, version):
         if entry is not None and entry[2] is version:
             saved[i] = (entry[0].copy(), entry[1], [0], entry[3])
             fn._saved_versions[i] = 0
+    fn._saved_changed()
 
 
 def _rebind_saved_output(fn, produced, t):
@@ -104,6 +105,7 @@ def _rebind_saved_output(fn, produced, t):
         if entry is not None and entry[0] is produced:
             saved[i] = (t.array, entry[1], t._version, entry[3])
             fn._saved_versions[i] = t._version[0]
+    fn._saved_changed()
 
 
 def apply_inplace(t, fn, args, op):
