@@ -55,10 +55,12 @@ def _choose_on_rank0(cfg):
         for path in reversed(found):
             try:
                 ckpt.verify_checkpoint(path)
-                return path
             except ckpt.CheckpointError as exc:
-                _warn(f"resume=auto: skipping {exc}")
                 failures.append(str(exc).split("\nHINT")[0])
+                continue
+            for failure in failures:
+                _warn(f"resume=auto: skipping {failure}")
+            return path
         if found:
             listing = "\n  ".join(failures)
             raise ckpt.CheckpointError(
