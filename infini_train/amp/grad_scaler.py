@@ -148,6 +148,14 @@ class GradScaler:
         raise ValueError(f"GradScaler.scale: outputs must be a Tensor or (nested) lists/tuples of Tensors, got "
                          f"{type(outputs).__name__}\nHINT: scale the loss Tensor: scaler.scale(loss).backward()")
 
+    def expect_scaled_gradients(self):
+        """Start this iteration on a rank whose gradients arrive already scaled from another rank's ``scale`` (a
+        pipeline stage without the loss gets the gradient of the scaled loss from the next stage): fixes the
+        iteration's scale as ``scale`` would, so that ``unscale_``, ``step`` and ``update`` work here. Every rank
+        keeps the same scale, because they all start from the same one and skip (and back off) together."""
+        if self._enabled:
+            self._current_scale()
+
     @no_grad()
     def unscale_(self, optimizer):
         """Divide the gradients of ``optimizer``'s parameters by the scale, in place, and record whether any is

@@ -184,7 +184,7 @@ class Run:
                                                     layout.dp_size, config_key="data.val")
         self.tokenizer = get_tokenizer(self.tok_name)
         self.amp = lambda: autocast_for(cfg.precision, self.device)
-        self.scaler = scaler_for(cfg.precision, self.device)
+        self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
         self.start_step = 0
         self.skipped_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm
         self.skipped_in_a_row = 0

@@ -17,6 +17,12 @@ def autocast_for(precision, device):
     return contextlib.nullcontext() if dtype is None else autocast(device.type, dtype)
 
 
-def scaler_for(precision, device):
-    """A GradScaler for fp16-mixed, else None."""
-    return GradScaler(device=device.type) if precision == "fp16-mixed" else None
+def scaler_for(precision, device, train_cfg):
+    """A GradScaler for fp16-mixed (starting at ``train_cfg.initial_loss_scale``, doubling after
+    ``train_cfg.loss_scale_window`` steps without overflow), else None. Its found-inf flag is reduced over the
+    world, so every pipeline stage, data-parallel replica and tensor-parallel rank skips the same steps and keeps
+    the same scale."""
+    if precision != "fp16-mixed":
+        return None
+    return GradScaler(device=device.type, init_scale=train_cfg.initial_loss_scale,
+                      growth_interval=train_cfg.loss_scale_window)

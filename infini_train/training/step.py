@@ -48,6 +48,8 @@ def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, de
         return loss
 
     if layout.pipeline_parallel:  # the micro-batches go through the stages in the schedule's order
+        if scaler is not None:  # only the last stage scales a loss; the others backpropagate its scaled gradient
+            scaler.expect_scaled_gradients()
         batches = [_next_batch(loader, train_cfg) for _ in range(grad_accum)]
         loss_sum = model.train_step([to_device_tensor(x, device) for x, _ in batches],
                                     [to_device_tensor(y, device) for _, y in batches], backward, amp)

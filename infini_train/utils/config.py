@@ -80,6 +80,9 @@ class TrainConfig:
     beta2: float = _key(0.95, "AdamW beta2")
     eps: float = _key(1e-8, "AdamW epsilon")
     grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping")
+    initial_loss_scale: float = _key(65536.0, "fp16-mixed: the GradScaler's first loss scale (a checkpoint's scale "
+                                              "wins on resume)")
+    loss_scale_window: int = _key(2000, "fp16-mixed: steps without overflow before the loss scale doubles")
     skip_nonfinite: int = _key(0, "skip up to K consecutive optimizer steps whose loss or gradient norm is not "
                                   "finite (0: stop the run at the first one)")
     val_loss_every: int = _key(0, "steps between validation passes (-v); 0 disables")

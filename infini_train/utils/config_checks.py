@@ -68,6 +68,9 @@ def check_ranges(cfg, errors, bad):
     c.need("train.eps", lambda v: _finite(v) and v > 0, "a number > 0")
     c.need("train.weight_decay", lambda v: _finite(v) and v >= 0, "a number >= 0")
     c.need("train.grad_clip", lambda v: _finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")
+    c.need("train.initial_loss_scale", lambda v: _finite(v) and v > 0, "a finite number > 0 (e.g. 65536)")
+    c.need("train.loss_scale_window", lambda v: v >= 1, "an integer >= 1 (steps without overflow before the scale "
+                                                         "doubles)")
     c.need("train.skip_nonfinite", lambda v: v >= 0, "an integer >= 0 (0: stop at the first non-finite step)")
     for name in ("beta1", "beta2"):
         c.need(f"train.{name}", lambda v: 0 <= v < 1, "a number in [0, 1)")

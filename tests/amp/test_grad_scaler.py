@@ -359,3 +359,28 @@ def test_initial_params_are_what_the_runs_start_from():
     """Guards the harness: the recorded first-step parameters moved away from the initial ones."""
     first = run(False, script(1))[0][0]["params"]
     assert all(not np.array_equal(a, b) for a, b in zip(first, initial_params()))
+
+
+@pytest.mark.parametrize("peer_found_inf", [0.0, 1.0])
+def test_a_stage_without_the_loss_unscales_the_gradient_it_received(peer_found_inf):
+    """A pipeline stage whose gradients arrive scaled by another rank's scaler: expect_scaled_gradients fixes the
+    iteration's scale there, so unscale_/step/update give the true gradients and the peer's skip decision."""
+    group = PeerGroup(peer_found_inf)
+    scaler = GradScaler(init_scale=1024.0, growth_interval=1, process_group=group)
+    p = it.tensor(np.array([1.0, -2.0], np.float32), requires_grad=True)
+    opt = Recording(it.optim.SGD([p], lr=0.5))
+    with pytest.raises(AssertionError, match="_scale is None"):
+        scaler.unscale_(opt)
+    scaler.expect_scaled_gradients()
+    (p * 3.0).backward(it.tensor(np.full(2, 1024.0, np.float32)))  # the received gradient of the scaled loss
+    scaler.unscale_(opt)
+    np.testing.assert_array_equal(p.grad.numpy(), [3.0, 3.0])
+    stepped = scaler.step(opt) == "stepped"
+    scaler.update()
+    assert stepped == (peer_found_inf == 0.0)
+    assert scaler.get_scale() == (2048.0 if stepped else 512.0)
+    scaler.expect_scaled_gradients()  # the scale stays what update made it
+    assert scaler.get_scale() == (2048.0 if stepped else 512.0)
+    disabled = GradScaler(enabled=False)
+    disabled.expect_scaled_gradients()
+    assert disabled.get_scale() == 1.0
