@@ -126,7 +126,7 @@ def _state_bytes(optimizer):
 def _grad_bytes(model, zero=None):
     """Bytes of gradient storage: the parameters' .grad arrays, or ZeRO's flat gradient buffers and shards."""
     if zero is not None:
-        return sum((s.flat_grad.nbytes if s.flat_grad is not None else 0) + s.grad_shard.nbytes for s in zero.spaces)
+        return sum(getattr(s.flat_grad, "nbytes", 0) + getattr(s.grad_shard, "nbytes", 0) for s in zero.spaces)
     return sum(p.grad.array.nbytes for p in model.parameters() if p.grad is not None)
 
 

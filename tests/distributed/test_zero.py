@@ -2,6 +2,7 @@
 clipping on (2, 3 and 4 ranks; 3 gives uneven shards), resume across world sizes and between ZeRO and non-ZeRO
 runs, per-rank optimizer state 1/N of DDP's, and stage 3 refused."""
 import os
+import re
 import shutil
 
 import numpy as np
@@ -45,12 +46,17 @@ def single(data_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("ranks,total", [(2, 256), (3, 384), (4, 256)])
 def test_stages_0_1_2_give_the_losses_of_one_process(data_dir, single, tmp_path, ranks, total):
+    gradient_mb = {}
     for stage in (0, 1, 2):
         out = tmp_path / f"stage{stage}"
         proc = _train(data_dir, out, ranks, stage, 10, total)
         np.testing.assert_allclose(_losses(out), single[total], rtol=1e-5, err_msg=f"stage {stage}, {ranks} ranks")
         line = next(x for x in proc.stdout.splitlines() if x.startswith(f"memory (ZeRO stage {stage},"))
         assert line.count("optimizer state") == ranks
+        gradient_mb[stage] = [float(mb) for mb in re.findall(r"gradients ([0-9.]+) MB", line)]
+    # ZeRO-1 keeps the whole gradients (in one flat buffer) and nothing more; ZeRO-2 only its 1/N shard
+    assert gradient_mb[1] == gradient_mb[0], gradient_mb
+    np.testing.assert_allclose(gradient_mb[2], np.array(gradient_mb[0]) / ranks, atol=0.011)
 
 
 @pytest.mark.parametrize("first,second", [((2, 2), (1, 0)), ((1, 0), (2, 1)), ((2, 2), (4, 2)), ((2, 0), (2, 2))],

@@ -48,6 +48,8 @@ for stage in (1, 2):
     if stage == 2:
         assert all(p.grad is None for p in m.parameters())  # no whole gradient kept
         assert opt.spaces[0].grad_shard.size == shard
+    else:
+        assert opt.spaces[0].grad_shard is None  # ZeRO-1 reads its shard of the whole gradients: no shard buffer
     flat = it.tensor(np.concatenate([p.numpy().ravel() for p in m.parameters()]))
     parts = [it.zeros(flat.numel()) for _ in range(world)]
     dist.all_gather(parts, flat)

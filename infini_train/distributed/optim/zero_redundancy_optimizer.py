@@ -47,13 +47,20 @@ class FlatSpace:
         with self.device.context():
             self.flat = xp.zeros(self.shard_size * world, self.dtype)
             self.flat_grad = xp.zeros(self.shard_size * world, self.dtype)
-            self.grad_shard = xp.zeros(self.shard_size, self.dtype)
+        self.grad_shard = None  # ZeRO-2's reduced gradient shard, allocated on first use (ZeRO-1 never needs it)
         for p, start in zip(params, self.offsets):
             region = self.flat[start:start + p.numel()].reshape(p.shape)
             region[...] = p.array
             p.array = region  # the parameter now views the flat buffer (its version is bumped)
         self.lo = min(rank * self.shard_size, total)
         self.hi = min((rank + 1) * self.shard_size, total)
+
+    def sharded_grad(self):
+        """This rank's reduced gradient shard (ZeRO-2), zero-filled on first use."""
+        if self.grad_shard is None:
+            with self.device.context():
+                self.grad_shard = self.device.array_module().zeros(self.shard_size, self.dtype)
+        return self.grad_shard
 
     def owned_pieces(self):
         """(param, flat start, start, stop) for each parameter's elements inside this rank's shard: elements
@@ -149,7 +156,7 @@ class ZeroRedundancyOptimizer:
         for view, space, p, flat_start, a, b in self.pieces:
             if self.sharded_gradients:
                 local = flat_start - space.lo
-                source = space.grad_shard[local:local + (b - a)]
+                source = space.sharded_grad()[local:local + (b - a)]
             else:
                 source = space.flat_grad[flat_start:flat_start + (b - a)]
             view.grad = Tensor._make(source, p.device)
@@ -166,7 +173,7 @@ class ZeroRedundancyOptimizer:
         for space in self.spaces:
             flat = Tensor._make(space.flat_grad, space.device)
             if shard:
-                out = Tensor._make(space.grad_shard, space.device)
+                out = Tensor._make(space.sharded_grad(), space.device)
                 dist.reduce_scatter_tensor(out, flat, dist.ReduceOp.SUM, group=self.group)
                 space.grad_shard /= self.world
             else:
@@ -188,13 +195,14 @@ class ZeroRedundancyOptimizer:
     def accumulate_shard(self, space, start, values):
         """ZeRO-2: add reduced gradients for the flat range [start, start + len(values)) of this rank's shard."""
         local = start - space.lo
-        space.grad_shard[local:local + values.shape[0]] += values
+        space.sharded_grad()[local:local + values.shape[0]] += values
 
     # ------------------------------------------------------------------------------------------- stepping
     def zero_grad(self, set_to_none=True):
         """Zero the gradients (flat buffers are zeroed in place, never freed, whatever ``set_to_none``)."""
         for space in self.spaces:
-            space.grad_shard[...] = 0
+            if space.grad_shard is not None:
+                space.grad_shard[...] = 0
             if space.flat_grad is not None:
                 space.flat_grad[...] = 0
                 for p in space.params:
