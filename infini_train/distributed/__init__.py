@@ -31,6 +31,7 @@ from .launch_utils import (
     node_local_rank,
     uninstall_abort_on_failure,
 )
+from .object_collectives import all_gather_object as _all_gather_object
 from .p2p import P2POp, batch_isend_irecv
 from .process_group import ProcessGroup, ReduceOp, SingleProcessGroup
 from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_timeout, set_oversubscribed
@@ -38,8 +39,8 @@ from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_tim
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
            "get_local_rank", "get_local_world_size", "get_backend", "new_group", "default_group", "ReduceOp",
            "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_into_tensor",
-           "reduce_scatter_tensor", "reduce", "barrier", "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
-           "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
+           "reduce_scatter_tensor", "reduce", "barrier", "all_gather_object", "send", "recv", "isend", "irecv", "P2POp",
+           "batch_isend_irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
 
 _BACKENDS = (None, "auto", "mpi", "nccl", "single")
 _world = None  # the default (world) group
@@ -220,6 +221,11 @@ def broadcast(tensor, src=0, group=None, async_op=False):
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     return (group or default_group()).all_gather(tensor_list, tensor, async_op)
+
+
+def all_gather_object(object_list, obj, group=None):
+    """``object_list[r]`` = rank r's picklable ``obj``, on every rank (as torch.distributed's)."""
+    return _all_gather_object(object_list, obj, group or default_group())
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):

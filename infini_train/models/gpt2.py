@@ -13,6 +13,7 @@ from ..autograd import grad_mode
 from ..creation import arange
 from ..nn import functional as F
 from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, whole_numel  # noqa: F401
+from .flops import training_flops_per_token
 from .gpt2_config import GPT2_PRESETS, GPT2Config
 from .recompute import run_block
 
@@ -190,20 +191,20 @@ class GPT2(nn.Module):
 
         return AdamW(self.optimizer_groups(weight_decay), lr=learning_rate, betas=betas, eps=eps)
 
-    def num_params(self, non_embedding=False):
+    def num_params(self, non_embedding=False, trainable=None):
         """Parameters of the whole model; split over a tensor group, a shard counts as the tensor it is part of
-        (without the vocabulary padding)."""
+        (without the vocabulary padding). ``trainable``: True counts only those that require grad, False only the
+        frozen ones (LoRA's base weights)."""
         size = self.tp.size if self.tp is not None else 1
-        n = sum(whole_numel(p, size) for p in self.parameters())
+        counted = [p for p in self.parameters() if trainable is None or p.requires_grad == trainable]
         if non_embedding:
-            n -= self.transformer.wpe.weight.numel()
-        return n
+            counted = [p for p in counted if p is not self.transformer.wpe.weight]
+        return sum(whole_numel(p, size) for p in counted)
 
     def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12 L H Q T."""
+        """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12 L H Q T (see models.flops)."""
         cfg = self.config
-        T = seq_len or cfg.block_size
-        return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
+        return training_flops_per_token(self, cfg.n_layer, cfg.n_head, cfg.head_dim, seq_len or cfg.block_size)
 
     # ------------------------------------------------------------------------------------- weights
     @classmethod

@@ -12,6 +12,7 @@ from .. import nn
 from ..nn import functional as F
 from ..tensor import Tensor
 from .attention import KVCache, cached_attention, sharded_random, whole_numel
+from .flops import training_flops_per_token
 from .llama_config import LlamaConfig
 from .recompute import run_block
 
@@ -172,20 +173,20 @@ class Llama(nn.Module):
         return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
                 {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
 
-    def num_params(self, non_embedding=False):
+    def num_params(self, non_embedding=False, trainable=None):
         """Parameters of the whole model (shards count as the tensors they are part of); ``non_embedding`` leaves
-        out the token embedding unless it is tied to the output layer (which does compute)."""
+        out the token embedding unless it is tied to the output layer (which does compute). ``trainable``: True
+        counts only those that require grad, False only the frozen ones (LoRA's base weights)."""
         size = self.tp.size if self.tp is not None else 1
-        n = sum(whole_numel(p, size) for p in self.parameters())
+        counted = [p for p in self.parameters() if trainable is None or p.requires_grad == trainable]
         if non_embedding and not self.config.tie_word_embeddings:
-            n -= whole_numel(self.model.embed_tokens.weight, size)
-        return n
+            counted = [p for p in counted if p is not self.model.embed_tokens.weight]
+        return sum(whole_numel(p, size) for p in counted)
 
     def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token: 6N + 12 L H Q T (PaLM appendix B)."""
+        """Training FLOPs per token: 6N + 12 L H Q T (PaLM appendix B; see models.flops)."""
         cfg = self.config
-        return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (
-            seq_len or cfg.max_seq_len)
+        return training_flops_per_token(self, cfg.n_layers, cfg.n_heads, cfg.head_dim, seq_len or cfg.max_seq_len)
 
     # ---------------------------------------------------------------------------------------- weights
     @classmethod

@@ -23,6 +23,7 @@ from ..autograd.grad_mode import no_grad
 from ..nn.parallel.pipeline import PipelineParallel
 from ..nn.parallel.tensor_parallel import ParallelParameter
 from ..tensor import Tensor
+from .flops import training_flops_per_token
 from .tensor_parallel_lm import VocabParallelHead
 
 
@@ -67,18 +68,17 @@ class PipelinedLM(nn.Module):
         self.whole_state_names = list(model.state_dict(keep_vars=True))
         names = {id(p): n for n, p in model.named_parameters()}
         self.whole_groups = [[names[id(p)] for p in g["params"]] for g in model.optimizer_groups(0.0)]
-        self.whole_num_params = model.num_params()
-        self.whole_num_params_non_embedding = model.num_params(non_embedding=True)
+        self.whole_num_params = {(non_embedding, trainable): model.num_params(non_embedding, trainable)
+                                 for non_embedding in (False, True) for trainable in (None, False, True)}
 
     # ---------------------------------------------------------------------------------------- the model API
-    def num_params(self, non_embedding=False):
+    def num_params(self, non_embedding=False, trainable=None):
         """Parameters of the whole model (every stage)."""
-        return self.whole_num_params_non_embedding if non_embedding else self.whole_num_params
+        return self.whole_num_params[bool(non_embedding), trainable]
 
     def flops_per_token(self, seq_len=None):
         cfg = self.config
-        return 6 * self.whole_num_params_non_embedding + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (
-            seq_len or cfg.block_size)
+        return training_flops_per_token(self, cfg.n_layer, cfg.n_head, cfg.head_dim, seq_len or cfg.block_size)
 
     def optimizer_groups(self, weight_decay):
         params = [p for p in self.parameters() if p.requires_grad]

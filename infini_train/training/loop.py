@@ -32,7 +32,8 @@ from ..nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_opti
 from ..tensor import Tensor
 from ..utils import checkpoint as ckpt
 from ..utils.config import ConfigError
-from ..utils.metrics import MetricsLog, measure_sgemm_peak, plot_loss_curve
+from ..utils.metrics import MetricsLog, plot_loss_curve
+from ..utils.peak_flops import run_peak
 from .evaluation import evaluate, sample_text
 from .layout import Layout
 from .lora_run import apply_run_lora, check_same_lora, checkpoint_reference, prepare_base, restore_base
@@ -290,7 +291,8 @@ class Run:
                f"grad_accum {self.grad_accum}, "
                f"{tokens_per_step} tokens/step, {self.raw_model.num_params():,} parameters, tokenizer "
                f"{self.tok_name}")
-        peak = measure_sgemm_peak() * self.world
+        peak, peak_source = run_peak(self.device, cfg.precision, np.dtype(cfg.dtype).itemsize, t.peak_flops)
+        print0(f"MFU against {peak_source}" if peak else f"MFU not reported: {peak_source}")
         flops_per_token = self.raw_model.flops_per_token(t.sequence_length)
         resume_step = self.start_step if self.resumed_from else None
         log = RunLog(MetricsLog(cfg.out_dir, resume_step, enabled=self.rank == 0), cfg.out_dir, cfg.tensorboard,
@@ -323,7 +325,7 @@ class Run:
                     self._report_memory()
                 tokens_per_s = tokens_per_step / dt
                 record.update(loss=result.loss, lr=result.lr, grad_norm=result.grad_norm, ms=dt * 1000,
-                              tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / peak,
+                              tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / peak if peak else None,
                               skipped=not result.updated, skipped_steps=self.skipped_total)
                 if result.loss_scale is not None:
                     record["loss_scale"] = result.loss_scale
@@ -418,7 +420,8 @@ class Run:
         t = self.cfg.train
         if step % t.log_every == 0 or step == t.num_iterations - 1:
             line = (f"step {step + 1:5d}/{t.num_iterations} | loss {result.loss:.6f} | lr {result.lr:.2e} | norm "
-                    f"{result.grad_norm:.4f} | {dt * 1000:.1f} ms | {tokens_per_s:.0f} tok/s | MFU {100 * mfu:.1f}%")
+                    f"{result.grad_norm:.4f} | {dt * 1000:.1f} ms | {tokens_per_s:.0f} tok/s"
+                    + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
             if bar is not None and not bar.disable:
                 bar.write(line)
             else:

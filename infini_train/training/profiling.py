@@ -12,30 +12,19 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 
 from .. import distributed as dist
 from ..atomic_file import write_text_atomically
 from ..autograd import observers
 from ..profiler import merge_traces, module_ranges, profile
 from ..profiler.chrome_trace import write_json_atomic
-from ..tensor import Tensor
 
 
 def gather_traces(trace):
-    """Every rank's trace dict, in rank order, on every rank (an all-gather of their JSON bytes)."""
-    world = dist.get_world_size()
-    if world == 1:
-        return [trace]
-    data = np.frombuffer(json.dumps(trace, separators=(",", ":")).encode(), np.uint8)
-    sizes = [Tensor(np.zeros(1, np.int64)) for _ in range(world)]
-    dist.all_gather(sizes, Tensor(np.array([data.size], np.int64)))
-    longest = max(int(s.numpy()[0]) for s in sizes)
-    padded = np.zeros(longest, np.uint8)
-    padded[:data.size] = data
-    parts = [Tensor(np.zeros(longest, np.uint8)) for _ in range(world)]
-    dist.all_gather(parts, Tensor(padded))
-    return [json.loads(p.numpy()[:int(s.numpy()[0])].tobytes().decode()) for p, s in zip(parts, sizes)]
+    """Every rank's trace dict, in rank order, on every rank."""
+    traces = [None] * dist.get_world_size()
+    dist.all_gather_object(traces, trace)
+    return traces
 
 
 class RunProfiler:

@@ -1,27 +1,8 @@
-"""Run logging: rank-0 printing, metrics.jsonl (one JSON object per step), the loss-curve PNG, and the
-sgemm peak that MFU is measured against."""
+"""Run logging: rank-0 printing, metrics.jsonl (one JSON object per step) and the loss-curve PNG."""
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
-
-import numpy as np
-
-
-def measure_sgemm_peak(n=1024, repeats=5):
-    """Best-of-N float32 matmul throughput of this machine, in FLOP/s (the MFU denominator)."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    a @ b
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
 
 
 class MetricsLog:
