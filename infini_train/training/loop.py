@@ -285,6 +285,8 @@ class Run:
         cfg, t = self.cfg, self.cfg.train
         if self.rank == 0:
             print(f"run config:\n{cfg.to_yaml()}")
+            for warning in cfg.warnings:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
             cfg.save_resolved()
         tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.layout.dp_size
         print0(f"world {self.world} ({dist.get_backend()}; {self.layout.describe()}), device {self.device}, "

@@ -194,6 +194,8 @@ class RunConfig:
     precision: str = _key("fp32", "fp32 | bf16-mixed (forward under bfloat16 autocast, float32 master weights) | "
                                   "fp16-mixed (float16 autocast and a GradScaler)")
 
+    warnings = ()  # (not a setting) what load_config found questionable but valid; the run prints each once
+
     def grad_accum_steps(self, world_size=1):
         """Same as ``self.train.grad_accum_steps(world_size)``."""
         return self.train.grad_accum_steps(world_size)
@@ -375,6 +377,9 @@ def _validated(raw, source, errors):
     if errors:
         raise ConfigError(f"invalid run configuration ({source}), {len(errors)} problem"
                           f"{'s' if len(errors) > 1 else ''}:\n  " + "\n  ".join(errors), errors)
+    cfg.warnings = [f"model.{key}={given} overrides model.preset={cfg.model.preset}'s {theirs} (the run's shape is "
+                    "the preset's with the explicit keys; drop the key, or pass it as null, for the preset's)"
+                    for key, theirs, given in cfg.model.preset_overrides()]
     return cfg
 
 
@@ -435,7 +440,21 @@ def load_config(path=None, overrides=()):
     raw = _read_config_file(path) if path else {}
     errors = []
     apply_overrides(raw, list(overrides), errors, RunConfig)
+    _preset_replaces_file_shape(raw, overrides)
     return _validated(raw, path or "defaults", errors)
+
+
+def _preset_replaces_file_shape(raw, overrides):
+    """A model.preset set on the command line takes the shape from the preset: the config file's shape keys
+    (model.n_layer, n_head, n_embd, n_kv_head, intermediate_size) give way unless the command line sets them too."""
+    given = {}
+    apply_overrides(given, list(overrides), [], RunConfig)  # what the command line alone sets
+    model, cli_model = raw.get("model"), given.get("model")
+    if not isinstance(model, dict) or not isinstance(cli_model, dict) or cli_model.get("preset") is None:
+        return
+    for key in ModelConfig.SHAPE_KEYS:
+        if key not in cli_model:
+            model[key] = None
 
 
 def default_config_path():

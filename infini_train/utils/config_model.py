@@ -15,9 +15,11 @@ def _key(default, doc):
 @dataclass
 class ModelConfig:
     """The model: ``arch`` gpt2 (GPT2Config) or llama3 (LlamaConfig), a preset of that arch (GPT2_PRESETS: gpt2,
-    d12, ...; LLAMA_PRESETS: llama3.2-1b, ...) and/or explicit fields; explicit (non-null) fields override the
-    preset, and without a preset the arch's defaults. The shared names map onto LLaMA's: n_embd = dim, n_layer =
-    n_layers, n_head = n_heads, block_size = max_seq_len, bias = attention and MLP biases."""
+    d12, ...; LLAMA_PRESETS: llama3.2-1b, ...) and/or explicit fields. Explicit (non-null) fields override the
+    preset, and without a preset the arch's defaults; an explicit shape key (SHAPE_KEYS) that differs from the
+    preset's is reported (``preset_overrides``; the run prints a warning for each), and a preset given on the
+    command line replaces the config file's shape keys. The shared names map onto LLaMA's:
+    n_embd = dim, n_layer = n_layers, n_head = n_heads, block_size = max_seq_len, bias = attention and MLP biases."""
 
     arch: str = _key("gpt2", "gpt2 | llama3")
     preset: Optional[str] = _key(None, "a preset of the arch (gpt2, gpt2-medium, d12, ...; llama3.2-1b, ...) or null")
@@ -41,6 +43,8 @@ class ModelConfig:
     rms_norm_eps: Optional[float] = _key(None, "llama3: RMSNorm epsilon; null: default (1e-5)")
     tie_embeddings: Optional[bool] = _key(None, "llama3: output layer tied to the token embedding; null: default")
 
+    SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "n_kv_head", "intermediate_size")
+    LLAMA_NAMES = {"n_embd": "dim", "n_layer": "n_layers", "n_head": "n_heads", "n_kv_head": "n_kv_heads"}
     LLAMA_ONLY = ("n_kv_head", "intermediate_size", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
                   "rope_high_freq_factor", "rope_original_context", "rms_norm_eps", "tie_embeddings")
 
@@ -48,6 +52,19 @@ class ModelConfig:
         """The explicit shared fields (GPT2Config's names)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in ("arch", "preset") + self.LLAMA_ONLY and getattr(self, f.name) is not None}
+
+    def preset_overrides(self):
+        """(key, the preset's value, the given value) for each explicit shape key that differs from the preset."""
+        if not self.preset or self.preset not in self.presets():
+            return []
+        preset = self.presets()[self.preset]
+        conflicts = []
+        for key in self.SHAPE_KEYS:
+            given = getattr(self, key)
+            theirs = preset.get(self.LLAMA_NAMES.get(key, key) if self.arch == "llama3" else key)
+            if given is not None and theirs is not None and given != theirs:
+                conflicts.append((key, theirs, given))
+        return conflicts
 
     def presets(self):
         from ..models.gpt2_config import GPT2_PRESETS

@@ -1,0 +1,46 @@
+"""A preset and explicit shape keys: a preset given on the command line replaces the config file's shape, explicit
+shape keys override the preset with a warning, and a LLaMA preset works without --config."""
+import os
+
+from infini_train.utils.config import REPO_ROOT, load_config, parse_args
+
+LLAMA_TINY = os.path.join(REPO_ROOT, "configs", "llama3_tiny.yaml")
+
+
+def _shape(cfg):
+    model = cfg.model.to_model_config()
+    return model.n_layers, model.dim, model.n_heads, model.n_kv_heads, model.intermediate_size
+
+
+def test_a_command_line_preset_replaces_the_config_files_shape(tmp_path):
+    cfg = load_config(LLAMA_TINY, ["model.preset=llama3.2-1b"])
+    assert _shape(cfg) == (16, 2048, 32, 8, 8192)
+    assert cfg.warnings == []
+    # the saved config says what trains: the preset, no shape keys; the file's data-dependent keys stay
+    assert (cfg.model.preset, cfg.model.n_layer, cfg.model.n_embd) == ("llama3.2-1b", None, None)
+    assert (cfg.model.vocab_size, cfg.model.block_size) == (257, 64)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(cfg.to_yaml())
+    assert _shape(load_config(str(saved))) == _shape(cfg)
+
+
+def test_an_explicit_shape_key_overrides_the_preset_with_a_warning():
+    cfg = load_config(LLAMA_TINY, ["model.preset=llama3.2-1b", "model.n_layer=4"])
+    assert _shape(cfg) == (4, 2048, 32, 8, 8192)
+    assert cfg.warnings == ["model.n_layer=4 overrides model.preset=llama3.2-1b's 16 (the run's shape is the preset's "
+                            "with the explicit keys; drop the key, or pass it as null, for the preset's)"]
+    cfg = load_config(None, ["model.preset=d12", "model.n_layer=2", "model.n_embd=768"])  # 768 is the preset's
+    assert [w.split(" (")[0] for w in cfg.warnings] == ["model.n_layer=2 overrides model.preset=d12's 12"]
+
+
+def test_shape_keys_and_a_preset_in_one_file_warn_too(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  arch: llama3\n  preset: llama3.2-1b\n  n_head: 16\n  n_kv_head: 8\n")
+    cfg = load_config(str(path))
+    assert [w.split(" (")[0] for w in cfg.warnings] == ["model.n_head=16 overrides model.preset=llama3.2-1b's 32"]
+    assert _shape(cfg)[2:4] == (16, 8)
+
+
+def test_a_llama_preset_needs_no_config_file():
+    cfg = parse_args(["model.arch=llama3", "model.preset=llama3.2-1b", "train.sequence_length=64"])
+    assert _shape(cfg) == (16, 2048, 32, 8, 8192) and cfg.warnings == []
