@@ -187,7 +187,7 @@ class Run:
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
         self.start_step = 0
-        self.skipped_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm
+        self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
         state = self._resume(self.resumed_from) if self.resumed_from else None
         self.run_id = run_id_of(state)
@@ -383,10 +383,16 @@ class Run:
             wait_for_rank0()
 
     def _count_nonfinite(self, step, result):
-        if result.finite:  # (an overflow the GradScaler caught is not divergence: it backed off and goes on)
+        """Count a skipped update (``skipped_steps``) and stop the run after more non-finite steps in a row than
+        train.skip_nonfinite allows. Messages number steps as the step lines do (1-based: step N/total)."""
+        if result.updated:
             self.skipped_in_a_row = 0
             return
         self.skipped_total += 1
+        if result.finite:  # the GradScaler caught an overflow: not divergence, it backed off and goes on
+            print0(f"step {step + 1}: skipped the update (gradients overflowed float16 at loss scale "
+                   f"{result.loss_scale:g}; the GradScaler backs off)")
+            return
         self.skipped_in_a_row += 1
         allowed = self.cfg.train.skip_nonfinite
         what = f"loss {result.loss}, grad norm {result.grad_norm}"
@@ -394,10 +400,10 @@ class Run:
             bad = (f"loss became {result.loss}" if not math.isfinite(result.loss)
                    else f"gradient norm became {result.grad_norm}")
             raise TrainingDiverged(
-                f"{bad} at step {step} ({self.skipped_in_a_row} non-finite step(s) in a row, "
+                f"{bad} at step {step + 1} ({self.skipped_in_a_row} non-finite step(s) in a row, "
                 f"train.skip_nonfinite={allowed})\nHINT: lower train.learning_rate or raise warmup_iters, or let "
                 "train.skip_nonfinite skip a few such steps; the last good checkpoint in out_dir is kept")
-        print0(f"step {step}: skipped the update ({what}); {self.skipped_in_a_row} in a row, "
+        print0(f"step {step + 1}: skipped the update ({what}); {self.skipped_in_a_row} in a row, "
                f"{allowed} allowed by train.skip_nonfinite")
 
     def _stop(self, step, number, bar):

@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+
+from ..atomic_file import write_text_atomically
+
+
+def json_safe(record):
+    """``record`` as strict JSON allows: a non-finite float value becomes null, and ``nonfinite`` maps its key to
+    "nan", "inf" or "-inf" (json.dumps would write NaN / Infinity, which JSON parsers other than Python's reject)."""
+    bad = {k: str(v) for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
+    if not bad:
+        return record
+    return {**{k: (None if k in bad else v) for k, v in record.items()}, "nonfinite": bad}
 
 
 class MetricsLog:
-    """Appends one JSON object per line to ``out_dir/metrics.jsonl``. On resume, lines at or after the
-    resumed step are dropped first, so the file reads like one uninterrupted run."""
+    """Appends one JSON object per line to ``out_dir/metrics.jsonl`` (strict JSON: see ``json_safe``). On resume,
+    lines at or after the resumed step are dropped first, so the file reads like one uninterrupted run."""
 
     def __init__(self, out_dir, resume_step=None, enabled=True):
         self.path = os.path.join(out_dir, "metrics.jsonl")
@@ -19,15 +31,12 @@ class MetricsLog:
             open(self.path, "w").close()
         elif os.path.exists(self.path):
             kept = [line for line in read_metrics(self.path) if line.get("step", 0) < resume_step]
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(tmp, self.path)
+            write_text_atomically(self.path, "".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in kept))
 
     def write(self, record):
         if self.enabled:
             with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
 
 
 def read_metrics(path):
@@ -44,8 +53,8 @@ def plot_loss_curve(metrics_path, png_path):
     except ImportError:
         return False
     rows = read_metrics(metrics_path)
-    train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    train = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
+    val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot(*zip(*train), label="train loss", linewidth=1)

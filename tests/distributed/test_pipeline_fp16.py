@@ -75,6 +75,8 @@ def test_the_one_process_run_overflows_backs_off_and_grows(references, model):
     assert scales[0] == 2.0 ** 22 and min(scales) < scales[0]
     assert any(r["skipped"] for r in rows) and not all(r["skipped"] for r in rows)
     assert any(b > a for a, b in zip(scales, scales[1:]))  # grown again after 2 clean steps
+    # steps the GradScaler skipped count as skipped steps
+    assert [r["skipped_steps"] for r in rows] == list(np.cumsum([r["skipped"] for r in rows]))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -71,21 +71,31 @@ def _poisoned_norms(monkeypatch, bad_steps):
     monkeypatch.setattr(layout, "clip_grad_norm_", clip)
 
 
-def test_non_finite_steps_are_skipped_up_to_the_limit_and_counted(data_dir, tmp_path, monkeypatch):
+def test_non_finite_steps_are_skipped_up_to_the_limit_and_counted(data_dir, tmp_path, monkeypatch, capsys):
     _poisoned_norms(monkeypatch, {3, 4, 7})
     out = tmp_path / "run"
     assert Run(_config(data_dir, out, "train.num_iterations=10", "train.skip_nonfinite=2")).train() == 0
     rows = [r for r in metrics(out) if "loss" in r]
     assert [r["skipped"] for r in rows] == [s in {3, 4, 7} for s in range(10)]
     assert [r["skipped_steps"] for r in rows] == [0, 0, 0, 1, 2, 2, 2, 3, 3, 3]
+    # metrics.jsonl is strict JSON: the nan gradient norms are null, flagged
+    with open(out / "metrics.jsonl") as f:
+        assert "NaN" not in f.read()
+    assert [(r["grad_norm"], r.get("nonfinite")) for r in rows if r["skipped"]] == [(None, {"grad_norm": "nan"})] * 3
+    # the skip messages number steps as the step lines do: the 4th step line is the first skipped update
+    printed = capsys.readouterr().out.splitlines()
+    skips = [line.split(":")[0] for line in printed if "skipped the update" in line]
+    assert skips == ["step 4", "step 5", "step 8"]
+    fourth = next(line for line in printed if line.startswith("step     4/10"))
+    assert "norm nan" in fourth
     _, optimizer_state, state = load_checkpoint(out)
     assert state["skipped_steps"] == 3
     assert {s["step"] for s in optimizer_state["state"].values()} == {7}  # AdamW stepped 10 - 3 times
 
 
 def test_more_non_finite_steps_in_a_row_than_allowed_stop_the_run(data_dir, tmp_path, monkeypatch):
-    _poisoned_norms(monkeypatch, {3, 4})
-    with pytest.raises(TrainingDiverged, match=r"(?s)gradient norm became nan at step 4 \(2 non-finite step\(s\) in "
+    _poisoned_norms(monkeypatch, {3, 4})  # the 4th and 5th steps (step lines 4/10 and 5/10)
+    with pytest.raises(TrainingDiverged, match=r"(?s)gradient norm became nan at step 5 \(2 non-finite step\(s\) in "
                                                 r"a row, train.skip_nonfinite=1\).*HINT"):
         Run(_config(data_dir, tmp_path / "run", "train.num_iterations=10", "train.skip_nonfinite=1")).train()
 
