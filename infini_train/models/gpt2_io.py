@@ -13,6 +13,7 @@ import numpy as np
 
 from ..atomic_file import write_atomically
 from .gpt2_config import GPT2Config
+from .special_tokens import text_boundary_ids
 
 HF_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old checkpoints
@@ -105,12 +106,13 @@ def save_hf(model, directory):
     from safetensors.numpy import save
 
     cfg = model.config
+    bos, eos = text_boundary_ids(cfg.vocab_size)
     hf_config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
         "vocab_size": cfg.vocab_size, "n_positions": cfg.block_size, "n_ctx": cfg.block_size,
         "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": None,
         "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
-        "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "bos_token_id": 50256, "eos_token_id": 50256,
+        "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "bos_token_id": bos, "eos_token_id": eos,
         "scale_attn_weights": True, "use_cache": True, "tie_word_embeddings": True,
     }
     tensors = {}

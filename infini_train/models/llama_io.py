@@ -13,6 +13,7 @@ from .. import backend
 from ..utils.safetensors_io import SafetensorsError, read_safetensors, write_safetensors
 from .gpt2_io import WeightsError, _atomic_write
 from .llama_config import ROPE_SCALING_KEYS, LlamaConfig
+from .special_tokens import text_boundary_ids
 
 INDEX = "model.safetensors.index.json"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*$", re.IGNORECASE)
@@ -47,7 +48,9 @@ def llama_to_hf_config(cfg, dtype):
     rope = {"rope_type": "llama3" if cfg.rope_scaling else "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling:
         rope.update(cfg.rope_scaling)
+    bos, eos = text_boundary_ids(cfg.vocab_size)
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+            "bos_token_id": bos, "eos_token_id": eos,
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.intermediate_size,
             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,

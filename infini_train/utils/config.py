@@ -377,7 +377,7 @@ def _validated(raw, source, errors):
     if errors:
         raise ConfigError(f"invalid run configuration ({source}), {len(errors)} problem"
                           f"{'s' if len(errors) > 1 else ''}:\n  " + "\n  ".join(errors), errors)
-    cfg.warnings = [f"model.{key}={given} overrides model.preset={cfg.model.preset}'s {theirs} (the run's shape is "
+    cfg.warnings = [f"model.{key}={given} overrides model.preset={cfg.model.preset}'s {theirs} (the run's model is "
                     "the preset's with the explicit keys; drop the key, or pass it as null, for the preset's)"
                     for key, theirs, given in cfg.model.preset_overrides()]
     return cfg
@@ -445,14 +445,15 @@ def load_config(path=None, overrides=()):
 
 
 def _preset_replaces_file_shape(raw, overrides):
-    """A model.preset set on the command line takes the shape from the preset: the config file's shape keys
-    (model.n_layer, n_head, n_embd, n_kv_head, intermediate_size) give way unless the command line sets them too."""
+    """A model.preset set on the command line takes the architecture from the preset: the config file's keys that a
+    preset defines (ModelConfig.PRESET_KEYS: the shape, LLaMA's rope, norm and tying) give way unless the command line
+    sets them too."""
     given = {}
     apply_overrides(given, list(overrides), [], RunConfig)  # what the command line alone sets
     model, cli_model = raw.get("model"), given.get("model")
     if not isinstance(model, dict) or not isinstance(cli_model, dict) or cli_model.get("preset") is None:
         return
-    for key in ModelConfig.SHAPE_KEYS:
+    for key in ModelConfig.PRESET_KEYS:
         if key not in cli_model:
             model[key] = None
 

@@ -231,6 +231,14 @@ def _check_model(cfg, c, errors, gpt2_presets):
     except (ValueError, TypeError) as exc:
         errors.append(f"model: {' '.join(str(exc).split())}")
         return
+    scaling = model.rope_scaling if llama else None
+    if scaling and scaling["original_max_position_embeddings"] >= model.max_seq_len:
+        key = "model.rope_original_context" if m.rope_original_context is not None else "model.block_size"
+        errors.append(f"{key}: expected rope_original_context ({scaling['original_max_position_embeddings']}) < "
+                      f"block_size ({model.max_seq_len}) with llama3 rope scaling (it rescales the frequencies "
+                      "beyond the original context, and Hugging Face transformers rejects such a config), got both; "
+                      "HINT: set model.rope_original_context below block_size, model.rope_scaling_factor=0 for no "
+                      "scaling, or keep the preset's block_size and shorten train.sequence_length instead")
     _check_model_parallel(cfg, c, errors, model, llama)
     if c.ok("train.sequence_length") and t.sequence_length > model.block_size:
         errors.append(f"train.sequence_length: expected <= model block_size ({model.block_size}), "

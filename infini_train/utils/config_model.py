@@ -16,9 +16,11 @@ def _key(default, doc):
 class ModelConfig:
     """The model: ``arch`` gpt2 (GPT2Config) or llama3 (LlamaConfig), a preset of that arch (GPT2_PRESETS: gpt2,
     d12, ...; LLAMA_PRESETS: llama3.2-1b, ...) and/or explicit fields. Explicit (non-null) fields override the
-    preset, and without a preset the arch's defaults; an explicit shape key (SHAPE_KEYS) that differs from the
-    preset's is reported (``preset_overrides``; the run prints a warning for each), and a preset given on the
-    command line replaces the config file's shape keys. The shared names map onto LLaMA's:
+    preset, and without a preset the arch's defaults. The preset defines the architecture (PRESET_KEYS: the shape and
+    context, and for llama3 the rope, norm and tying settings): an explicit one that differs from the preset's is
+    reported (``preset_overrides``; the run prints a warning for each), and a preset given on the command line
+    replaces the config file's. vocab_size (it follows the tokenizer), dropout and bias override it without a word,
+    and so does GPT-2's block_size (its presets leave it to the default, 1024). The shared names map onto LLaMA's:
     n_embd = dim, n_layer = n_layers, n_head = n_heads, block_size = max_seq_len, bias = attention and MLP biases."""
 
     arch: str = _key("gpt2", "gpt2 | llama3")
@@ -43,8 +45,15 @@ class ModelConfig:
     rms_norm_eps: Optional[float] = _key(None, "llama3: RMSNorm epsilon; null: default (1e-5)")
     tie_embeddings: Optional[bool] = _key(None, "llama3: output layer tied to the token embedding; null: default")
 
-    SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "n_kv_head", "intermediate_size")
-    LLAMA_NAMES = {"n_embd": "dim", "n_layer": "n_layers", "n_head": "n_heads", "n_kv_head": "n_kv_heads"}
+    PRESET_KEYS = ("n_layer", "n_head", "n_embd", "n_kv_head", "intermediate_size", "block_size", "rope_theta",
+                   "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context",
+                   "rms_norm_eps", "tie_embeddings")
+    LLAMA_NAMES = {"n_embd": "dim", "n_layer": "n_layers", "n_head": "n_heads", "n_kv_head": "n_kv_heads",
+                   "block_size": "max_seq_len",
+                   "tie_embeddings": "tie_word_embeddings", "rope_scaling_factor": ("rope_scaling", "factor"),
+                   "rope_low_freq_factor": ("rope_scaling", "low_freq_factor"),
+                   "rope_high_freq_factor": ("rope_scaling", "high_freq_factor"),
+                   "rope_original_context": ("rope_scaling", "original_max_position_embeddings")}
     LLAMA_ONLY = ("n_kv_head", "intermediate_size", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
                   "rope_high_freq_factor", "rope_original_context", "rms_norm_eps", "tie_embeddings")
 
@@ -54,17 +63,25 @@ class ModelConfig:
                 if f.name not in ("arch", "preset") + self.LLAMA_ONLY and getattr(self, f.name) is not None}
 
     def preset_overrides(self):
-        """(key, the preset's value, the given value) for each explicit shape key that differs from the preset."""
+        """(key, the preset's value, the given value) for each explicit PRESET_KEYS entry that differs from the
+        preset."""
         if not self.preset or self.preset not in self.presets():
             return []
         preset = self.presets()[self.preset]
         conflicts = []
-        for key in self.SHAPE_KEYS:
-            given = getattr(self, key)
-            theirs = preset.get(self.LLAMA_NAMES.get(key, key) if self.arch == "llama3" else key)
-            if given is not None and theirs is not None and given != theirs:
+        for key in self.PRESET_KEYS:
+            given, theirs = getattr(self, key), self._preset_value(preset, key)
+            if key == "rope_scaling_factor" and given == 0 and self.arch == "llama3":
+                given = None if preset.get("rope_scaling") is None else given  # 0: no scaling
+            if given is not None and given != theirs:
                 conflicts.append((key, theirs, given))
         return conflicts
+
+    def _preset_value(self, preset, key):
+        name = self.LLAMA_NAMES.get(key, key) if self.arch == "llama3" else key
+        if isinstance(name, tuple):
+            return (preset.get(name[0]) or {}).get(name[1], 0 if key == "rope_scaling_factor" else None)
+        return preset.get(name)
 
     def presets(self):
         from ..models.gpt2_config import GPT2_PRESETS

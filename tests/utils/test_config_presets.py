@@ -1,8 +1,12 @@
-"""A preset and explicit shape keys: a preset given on the command line replaces the config file's shape, explicit
-shape keys override the preset with a warning, and a LLaMA preset works without --config."""
+"""A preset and explicit architecture keys: a preset given on the command line replaces the config file's shape,
+context and rope settings, explicit ones override the preset with a warning, a LLaMA preset works without --config,
+and llama3 rope scaling needs its original context below block_size (as transformers requires)."""
 import os
 
-from infini_train.utils.config import REPO_ROOT, load_config, parse_args
+import pytest
+
+from infini_train.models.llama_config import LLAMA_PRESETS
+from infini_train.utils.config import REPO_ROOT, ConfigError, load_config, parse_args
 
 LLAMA_TINY = os.path.join(REPO_ROOT, "configs", "llama3_tiny.yaml")
 
@@ -12,13 +16,19 @@ def _shape(cfg):
     return model.n_layers, model.dim, model.n_heads, model.n_kv_heads, model.intermediate_size
 
 
+ONE_B = LLAMA_PRESETS["llama3.2-1b"]
+
+
 def test_a_command_line_preset_replaces_the_config_files_shape(tmp_path):
     cfg = load_config(LLAMA_TINY, ["model.preset=llama3.2-1b"])
     assert _shape(cfg) == (16, 2048, 32, 8, 8192)
     assert cfg.warnings == []
-    # the saved config says what trains: the preset, no shape keys; the file's data-dependent keys stay
-    assert (cfg.model.preset, cfg.model.n_layer, cfg.model.n_embd) == ("llama3.2-1b", None, None)
-    assert (cfg.model.vocab_size, cfg.model.block_size) == (257, 64)
+    model = cfg.model.to_model_config()  # the preset's context and rope, not the tiny file's
+    assert (model.max_seq_len, model.rope_scaling, model.rope_theta) == (131072, ONE_B["rope_scaling"], 500000.0)
+    # the saved config says what trains: the preset, no architecture keys; the file's vocabulary (its tokenizer's)
+    assert (cfg.model.preset, cfg.model.n_layer, cfg.model.n_embd, cfg.model.rope_original_context) == \
+           ("llama3.2-1b", None, None, None)
+    assert cfg.model.vocab_size == 257
     saved = tmp_path / "config.yaml"
     saved.write_text(cfg.to_yaml())
     assert _shape(load_config(str(saved))) == _shape(cfg)
@@ -27,7 +37,7 @@ def test_a_command_line_preset_replaces_the_config_files_shape(tmp_path):
 def test_an_explicit_shape_key_overrides_the_preset_with_a_warning():
     cfg = load_config(LLAMA_TINY, ["model.preset=llama3.2-1b", "model.n_layer=4"])
     assert _shape(cfg) == (4, 2048, 32, 8, 8192)
-    assert cfg.warnings == ["model.n_layer=4 overrides model.preset=llama3.2-1b's 16 (the run's shape is the preset's "
+    assert cfg.warnings == ["model.n_layer=4 overrides model.preset=llama3.2-1b's 16 (the run's model is the preset's "
                             "with the explicit keys; drop the key, or pass it as null, for the preset's)"]
     cfg = load_config(None, ["model.preset=d12", "model.n_layer=2", "model.n_embd=768"])  # 768 is the preset's
     assert [w.split(" (")[0] for w in cfg.warnings] == ["model.n_layer=2 overrides model.preset=d12's 12"]
@@ -44,3 +54,14 @@ def test_shape_keys_and_a_preset_in_one_file_warn_too(tmp_path):
 def test_a_llama_preset_needs_no_config_file():
     cfg = parse_args(["model.arch=llama3", "model.preset=llama3.2-1b", "train.sequence_length=64"])
     assert _shape(cfg) == (16, 2048, 32, 8, 8192) and cfg.warnings == []
+
+
+def test_llama3_rope_scaling_needs_the_original_context_below_block_size():
+    with pytest.raises(ConfigError, match=r"model.rope_original_context: expected rope_original_context \(64\) < "
+                                          r"block_size \(64\) with llama3 rope scaling .*HINT"):
+        load_config(LLAMA_TINY, ["model.rope_original_context=64"])
+    with pytest.raises(ConfigError, match=r"model.block_size: expected rope_original_context \(8192\) < block_size "
+                                          r"\(64\)"):  # the default original context
+        load_config(LLAMA_TINY, ["model.rope_original_context=null"])
+    cfg = load_config(LLAMA_TINY, ["model.rope_original_context=null", "model.rope_scaling_factor=0"])
+    assert cfg.model.to_model_config().rope_scaling is None
