@@ -145,6 +145,10 @@ def _check_lora(cfg, c, errors):
     c.need("lora.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")
     c.need("lora.target_modules", lambda v: v.strip() != "", "all-linear, module names or a regex")
     c.need("lora.init_from", lambda v: os.path.exists(v), "an existing HF directory, llm.c .bin or checkpoint path")
+    if c.ok("lora.rank", "lora.init_from") and lora.rank == 0 and lora.init_from is not None:
+        errors.append(f"lora.init_from: the base weights of a LoRA run, used only with lora.rank > 0; got "
+                      f"lora.init_from={lora.init_from!r} with lora.rank=0, which would train from scratch; HINT: set "
+                      "lora.rank (e.g. 8) to fine-tune adapters on those weights, or drop lora.init_from")
     if c.ok("lora.rank", "parallel.pipeline") and lora.rank > 0 and cfg.parallel.pipeline > 1:
         errors.append(f"lora.rank: LoRA runs with data and tensor parallelism, not pipeline stages; got lora.rank="
                       f"{lora.rank} with parallel.pipeline={cfg.parallel.pipeline}; HINT: set parallel.pipeline=1 "

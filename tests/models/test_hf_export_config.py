@@ -29,17 +29,17 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _models():
-    yield "gpt2", GPT2(GPT2Config(block_size=32, vocab_size=257, n_layer=2, n_head=2, n_embd=64))
-    yield "llama3", Llama(LlamaConfig(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128,
-                                      max_seq_len=64, rope_scaling=dict(factor=8.0, low_freq_factor=1.0,
-                                                                        high_freq_factor=4.0,
-                                                                        original_max_position_embeddings=32)))
+def _model(arch):
+    if arch == "gpt2":
+        return GPT2(GPT2Config(block_size=32, vocab_size=257, n_layer=2, n_head=2, n_embd=64))
+    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)
+    return Llama(LlamaConfig(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128,
+                             max_seq_len=64, rope_scaling=scaling))
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama3"])
 def test_an_exported_byte_vocabulary_model_loads_and_generates_in_transformers_without_warnings(tmp_path, arch):
-    model = dict(_models())[arch]
+    model = _model(arch)
     model.save_pretrained(tmp_path / arch)
     config = json.loads((tmp_path / arch / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"]) == (256, 256)

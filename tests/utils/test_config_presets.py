@@ -1,6 +1,7 @@
 """A preset and explicit architecture keys: a preset given on the command line replaces the config file's shape,
 context and rope settings, explicit ones override the preset with a warning, a LLaMA preset works without --config,
-and llama3 rope scaling needs its original context below block_size (as transformers requires)."""
+llama3 rope scaling needs its original context below block_size (as transformers requires), and lora.init_from
+needs lora.rank."""
 import os
 
 import pytest
@@ -65,3 +66,11 @@ def test_llama3_rope_scaling_needs_the_original_context_below_block_size():
         load_config(LLAMA_TINY, ["model.rope_original_context=null"])
     cfg = load_config(LLAMA_TINY, ["model.rope_original_context=null", "model.rope_scaling_factor=0"])
     assert cfg.model.to_model_config().rope_scaling is None
+
+
+def test_lora_init_from_without_a_rank_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"lora.init_from: the base weights of a LoRA run, used only with lora.rank > "
+                                          r"0; got lora.init_from='.*' with lora.rank=0, which would train from "
+                                          r"scratch; HINT: set lora.rank"):
+        load_config(None, [f"lora.init_from={tmp_path}"])
+    assert load_config(None, [f"lora.init_from={tmp_path}", "lora.rank=4"]).lora.rank == 4
