@@ -36,6 +36,7 @@ from ..utils.metrics import MetricsLog, plot_loss_curve
 from ..utils.peak_flops import run_peak
 from .evaluation import evaluate, sample_text
 from .layout import Layout
+from .out_dir import check_writable
 from .lora_run import apply_run_lora, check_same_lora, checkpoint_reference, prepare_base, restore_base
 from .precision import autocast_for, scaler_for
 from .precision_run import precision_checker_for
@@ -149,6 +150,8 @@ class Run:
     def __init__(self, cfg):
         self.cfg = cfg
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.rank == 0 or cfg.profile.start_step >= 0 or cfg.precision_check.level > 0:  # the ranks that write
+            check_writable(cfg.out_dir)
         t = cfg.train
         p = cfg.parallel
         self.layout = layout = Layout(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)

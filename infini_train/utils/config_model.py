@@ -73,7 +73,7 @@ class ModelConfig:
             given, theirs = getattr(self, key), self._preset_value(preset, key)
             if key == "rope_scaling_factor" and given == 0 and self.arch == "llama3":
                 given = None if preset.get("rope_scaling") is None else given  # 0: no scaling
-            if given is not None and given != theirs:
+            if given is not None and theirs is not None and given != theirs:
                 conflicts.append((key, theirs, given))
         return conflicts
 
