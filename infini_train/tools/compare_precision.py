@@ -2,6 +2,7 @@
 
     python -m infini_train.tools.compare_precision A.jsonl B.jsonl [--rtol R] [--atol A] [--skip-missing]
     python -m infini_train.tools.compare_precision runs/a runs/b      # run directories: rank files pairwise
+    python -m infini_train.tools.compare_precision runs/fp32 runs/bf16 --ignore-dtype --rtol 2e-2   # across dtypes
 
 Entries are matched by (step, phase, name, occurrence): the k-th entry of a name in a step and phase of A with
 the k-th in B. Walking A in order, the first entry that diverges is reported with both sides' values: a
@@ -9,7 +10,10 @@ different shape or dtype, different nan/inf counts, a statistic (min, max, mean,
 ``atol + rtol * scale`` where scale is the larger absmax of the two (the tensor's magnitude, so a mean near zero
 is not judged relative to itself), or (with rtol = atol = 0, the default) a different content hash; then an
 entry found in only one file (``--skip-missing``: compare only the entries both have, e.g. a level-2 file against
-a level-1 one). Exit status: 0 when none diverge, 1 when one does, 2 on bad input.
+a level-1 one). ``--ignore-dtype`` compares values across dtypes (an fp32 run against a bf16-mixed one): a dtype
+difference alone is no divergence, the statistics are held to the tolerances and the hash is not compared where
+the dtypes differ; the report shows both dtypes and counts the entries compared across dtypes. Exit status: 0 when
+none diverge, 1 when one does, 2 on bad input.
 """
 from __future__ import annotations
 
@@ -64,9 +68,10 @@ def keyed(entries):
     return out
 
 
-def differences(a, b, rtol, atol):
+def differences(a, b, rtol, atol, ignore_dtype=False):
     """[(field, value in A, value in B)] of the fields where entry ``a`` diverges from ``b``."""
-    diffs = [(f, a[f], b[f]) for f in ("shape", "dtype", "nan", "inf") if a[f] != b[f]]
+    fields = ("shape", "nan", "inf") if ignore_dtype else ("shape", "dtype", "nan", "inf")
+    diffs = [(f, a[f], b[f]) for f in fields if a[f] != b[f]]
     if diffs:
         return diffs
     scale = max(abs(a["absmax"] or 0.0), abs(b["absmax"] or 0.0))
@@ -74,31 +79,33 @@ def differences(a, b, rtol, atol):
         va, vb = a[f], b[f]
         if (va is None) != (vb is None) or (va is not None and abs(va - vb) > atol + rtol * scale):
             diffs.append((f, va, vb))
-    if not diffs and rtol == 0 and atol == 0 and a["hash"] != b["hash"]:
+    if not diffs and rtol == 0 and atol == 0 and a["dtype"] == b["dtype"] and a["hash"] != b["hash"]:
         diffs.append(("hash", a["hash"], b["hash"]))
     return diffs
 
 
-def first_divergence(entries_a, entries_b, rtol=0.0, atol=0.0, skip_missing=False):
-    """(report lines or None, number of entries compared)."""
+def first_divergence(entries_a, entries_b, rtol=0.0, atol=0.0, skip_missing=False, ignore_dtype=False):
+    """(report lines or None, number of entries that agree, {(dtype A, dtype B): how many of them across those})."""
     by_key_b = keyed(entries_b)
     keys_a = keyed(entries_a)
-    compared = 0
+    compared, across = 0, {}
     for key, a in keys_a.items():
         b = by_key_b.get(key)
         if b is None:
             if skip_missing:
                 continue
-            return _missing(key, a, "A", "B"), compared
-        compared += 1
-        diffs = differences(a, b, rtol, atol)
+            return _missing(key, a, "A", "B"), compared, across
+        diffs = differences(a, b, rtol, atol, ignore_dtype)
         if diffs:
-            return _report(key, a, b, diffs, rtol, atol), compared
+            return _report(key, a, b, diffs, rtol, atol), compared, across
+        compared += 1
+        if a["dtype"] != b["dtype"]:
+            across[a["dtype"], b["dtype"]] = across.get((a["dtype"], b["dtype"]), 0) + 1
     if not skip_missing:
         for key, b in by_key_b.items():
             if key not in keys_a:
-                return _missing(key, b, "B", "A"), compared
-    return None, compared
+                return _missing(key, b, "B", "A"), compared, across
+    return None, compared, across
 
 
 def _title(key):
@@ -130,6 +137,9 @@ def _report(key, a, b, diffs, rtol, atol):
             gap, allowed = f"{abs(va - vb):.3g}", f"{atol + rtol * scale:.3g}"
         mark = "*" if f in bad else " "
         lines.append(f"{mark} {f:8} {_fmt(va):>24} {_fmt(vb):>24} {gap:>12} {allowed:>12}")
+    if "dtype" in bad:
+        lines.append(f"  HINT: the runs hold this tensor in {a['dtype']} and {b['dtype']}: pass --ignore-dtype (with a "
+                     "tolerance such as --rtol 2e-2) to compare their values")
     return lines
 
 
@@ -149,7 +159,7 @@ def rank_files(path):
     return files
 
 
-def compare_paths(path_a, path_b, rtol=0.0, atol=0.0, skip_missing=False, out=None):
+def compare_paths(path_a, path_b, rtol=0.0, atol=0.0, skip_missing=False, out=None, ignore_dtype=False):
     """Compare two files or two run directories; prints the result (to ``out``, default stdout) and returns the
     exit status (0 or 1)."""
     out = out or sys.stdout
@@ -163,16 +173,17 @@ def compare_paths(path_a, path_b, rtol=0.0, atol=0.0, skip_missing=False, out=No
                        "two rank files")
     status = 0
     for name in sorted(files_a, key=lambda n: (n is None, n)):
-        report, compared = first_divergence(load_entries(files_a[name]), load_entries(files_b[name]), rtol, atol,
-                                            skip_missing)
+        report, compared, across = first_divergence(load_entries(files_a[name]), load_entries(files_b[name]), rtol,
+                                                    atol, skip_missing, ignore_dtype)
         prefix = f"{name}: " if name is not None else ""
+        dtypes = "".join(f"; {n} of them {da} in A, {db} in B" for (da, db), n in across.items())
         if report is None:
-            print(f"{prefix}no divergence: {compared} entries agree (rtol {rtol:g}, atol {atol:g})", file=out)
+            print(f"{prefix}no divergence: {compared} entries agree (rtol {rtol:g}, atol {atol:g}{dtypes})", file=out)
         else:
             status = 1
             print(f"{prefix}{report[0]}", file=out)
             print("\n".join(report[1:]), file=out)
-            print(f"  ({compared} entries before it agree; rtol {rtol:g}, atol {atol:g})", file=out)
+            print(f"  ({compared} entries before it agree; rtol {rtol:g}, atol {atol:g}{dtypes})", file=out)
     return status
 
 
@@ -185,12 +196,14 @@ def main(argv=None):
     parser.add_argument("--rtol", type=float, default=0.0, help="relative tolerance, times the larger absmax")
     parser.add_argument("--atol", type=float, default=0.0, help="absolute tolerance")
     parser.add_argument("--skip-missing", action="store_true", help="compare only entries present in both")
+    parser.add_argument("--ignore-dtype", action="store_true",
+                        help="compare values across dtypes (e.g. an fp32 run with a bf16-mixed one)")
     args = parser.parse_args(argv)
     try:
         if args.rtol < 0 or args.atol < 0:
             raise BadInput(f"--rtol/--atol: expected numbers >= 0, got {args.rtol:g} and {args.atol:g}\n"
                            "HINT: 1e-4 is a usual rtol between frameworks in float32")
-        return compare_paths(args.a, args.b, args.rtol, args.atol, args.skip_missing)
+        return compare_paths(args.a, args.b, args.rtol, args.atol, args.skip_missing, ignore_dtype=args.ignore_dtype)
     except BadInput as exc:
         print(f"compare_precision: {exc}", file=sys.stderr)
         return 2

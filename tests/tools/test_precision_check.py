@@ -3,6 +3,7 @@
 precision_check.level."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -263,3 +264,23 @@ def test_bad_levels_are_refused_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match="expected a model"):
         PrecisionChecker(1, str(tmp_path / "x.jsonl"))
     assert load_config(None, ["precision_check.level=2"]).precision_check.level == 2
+
+
+def test_an_fp32_run_compares_with_a_bf16_mixed_run_across_dtypes(data_dir, tmp_path, capsys):
+    runs = {}
+    for precision in ("fp32", "bf16-mixed"):
+        runs[precision] = str(tmp_path / precision)
+        run(tiny_args(data_dir, runs[precision], "precision_check.level=1", "train.num_iterations=1",
+                      "train.val_loss_every=0", f"precision={precision}"))
+    assert compare([runs["fp32"], runs["bf16-mixed"]]) == 1  # the dtypes differ: say so and how to compare
+    out = capsys.readouterr().out
+    assert "diverged: dtype" in out and '"float32"' in out and '"bfloat16"' in out
+    assert "HINT: the runs hold this tensor in float32 and bfloat16: pass --ignore-dtype" in out
+    assert compare([runs["fp32"], runs["bf16-mixed"], "--ignore-dtype", "--rtol", "2e-2"]) == 0
+    out = capsys.readouterr().out
+    agree = re.search(r"no divergence: (\d+) entries agree \(rtol 0.02, atol 0; (\d+) of them float32 in A, bfloat16 "
+                      r"in B\)", out)
+    assert agree and 0 < int(agree.group(2)) < int(agree.group(1)), out
+    # the values still have to agree: bfloat16 rounding is beyond 1e-4 of the magnitudes
+    assert compare([runs["fp32"], runs["bf16-mixed"], "--ignore-dtype", "--rtol", "1e-4"]) == 1
+    assert "HINT: the runs hold" not in capsys.readouterr().out
