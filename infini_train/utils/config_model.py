@@ -38,7 +38,8 @@ class ModelConfig:
     intermediate_size: Optional[int] = _key(None, "llama3: SwiGLU hidden width; null: default")
     rope_theta: Optional[float] = _key(None, "llama3: rotary base; null: default (500000)")
     rope_scaling_factor: Optional[float] = _key(None, "llama3: llama3 rope scaling factor; 0: no scaling; null: the "
-                                                      "preset's")
+                                                      "preset's, or none without a preset (8 when another "
+                                                      "rope_* scaling key is given)")
     rope_low_freq_factor: Optional[float] = _key(None, "llama3 rope scaling: low frequency factor; null: 1")
     rope_high_freq_factor: Optional[float] = _key(None, "llama3 rope scaling: high frequency factor; null: 4")
     rope_original_context: Optional[int] = _key(None, "llama3 rope scaling: original context; null: 8192")
@@ -119,10 +120,12 @@ class ModelConfig:
                 fields[theirs] = getattr(self, ours)
         if self.bias is not None:
             fields["attention_bias"] = fields["mlp_bias"] = self.bias
-        scaling = fields.get("rope_scaling", LlamaConfig.__dataclass_fields__["rope_scaling"].default_factory())
+        scaling = fields.get("rope_scaling")  # without a preset none, as in transformers' LlamaConfig
+        given = (self.rope_scaling_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
+                 self.rope_original_context)
         if self.rope_scaling_factor == 0:
             scaling = None
-        elif scaling is not None or self.rope_scaling_factor is not None:
+        elif scaling is not None or any(v is not None for v in given):
             scaling = dict(scaling or {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 8192})
             for key, value in (("factor", self.rope_scaling_factor), ("low_freq_factor", self.rope_low_freq_factor),
