@@ -68,3 +68,32 @@ def test_an_unknown_device_means_no_mfu_and_says_why():
 def test_format_flops():
     assert [format_flops(v) for v in (3.5e15, 2.5e12, 3.3e11, 5e6)] == ["3.5 PFLOP/s", "2.5 TFLOP/s", "330.0 GFLOP/s",
                                                                        "5e+06 FLOP/s"]
+
+
+class _FakeCupy:
+    """cupy.cuda.runtime.getDeviceProperties as cupy answers it (bytes name, PCI ids)."""
+
+    def __init__(self, name):
+        runtime = type("runtime", (), {"getDeviceProperties": staticmethod(
+            lambda index: {"name": name.encode(), "pciBusID": 20 + index, "pciDeviceID": 0})})
+        self.cuda = type("cuda", (), {"runtime": runtime})
+
+
+class _Device:
+    def __init__(self, kind, index=0):
+        self.type, self.index = kind, index
+
+
+def test_a_gpu_rank_takes_its_gpus_datasheet_peak_not_a_host_timing(monkeypatch):
+    from infini_train import backend
+    from infini_train.utils.peak_flops import device_peak
+
+    monkeypatch.setattr(backend, "cupy_module", lambda: _FakeCupy("NVIDIA H100 80GB HBM3"))
+    peak = device_peak(_Device("cuda", 1), "bf16-mixed")
+    assert peak.flops == pytest.approx(989.4e12) and peak.key[0] == "cuda" and peak.key[2] == 21
+    assert peak.source == "NVIDIA H100 80GB HBM3 bf16 dense (datasheet)"
+    configured = device_peak(_Device("cuda", 1), "bf16-mixed", peak_flops=5e14)
+    assert configured.flops == 5e14 and configured.source == "train.peak_flops per GPU (NVIDIA H100 80GB HBM3)"
+    monkeypatch.setattr(backend, "cupy_module", lambda: _FakeCupy("Some Future GPU"))
+    unknown = device_peak(_Device("cuda"), "fp32")
+    assert unknown.flops == 0.0 and job_peak([unknown])[0] is None
