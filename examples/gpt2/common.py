@@ -140,10 +140,9 @@ def split_over_ranks(model, tp_group):
 
 
 def _head_counts(model):
-    config = model.config
-    if hasattr(config, "n_kv_heads"):  # LLaMA: query and key/value heads are split alike
-        return {"n_head": config.n_heads, "n_kv_head": config.n_kv_heads}
-    return {"n_head": config.n_head}
+    config = model.config  # query and key/value heads are split alike
+    counts = {"n_head": config.num_heads, "n_kv_head": config.num_kv_heads}
+    return counts if counts["n_kv_head"] != counts["n_head"] else {"n_head": config.num_heads}
 
 
 def join_tensor_parallel(size, device):

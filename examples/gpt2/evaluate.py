@@ -96,9 +96,9 @@ def main(argv=None):
             raise SystemExit(f"error: --{name.replace('_', '-')}: expected an integer >= 1, got {value}")
 
     model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
-    seq_len = args.seq_len or model.config.block_size
-    if seq_len > model.config.block_size:
-        raise SystemExit(f"error: --seq-len {seq_len} exceeds the model's block_size {model.config.block_size}")
+    seq_len = args.seq_len or model.config.context_length
+    if seq_len > model.config.context_length:
+        raise SystemExit(f"error: --seq-len {seq_len} exceeds the model's block_size {model.config.context_length}")
     try:
         if args.data:
             batches = shard_batches(args.data, args.batch_size, seq_len, args.max_batches)

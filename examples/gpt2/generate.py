@@ -74,7 +74,7 @@ def main(argv=None):
     if tp_group is not None:
         split_over_ranks(model, tp_group)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
-    block = model.config.block_size
+    block = model.config.context_length
     if len(ids) > block:
         raise SystemExit(f"error: the prompt is {len(ids)} tokens, more than the model's block_size {block}\n"
                          f"HINT: shorten the prompt to at most {block} tokens")

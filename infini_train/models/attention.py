@@ -12,19 +12,19 @@ from ..nn.parallel.tensor_parallel import TP_RANDOM
 
 class KVCache:
     """Per-layer key/value buffers for incremental decoding: each new token attends over the cached prefix
-    instead of re-running it. Buffers are preallocated to ``block_size`` and written in place (no_grad only).
-    ``n_head``: the heads whose keys and values are cached (this rank's, or LLaMA's key/value heads); ``config``
-    gives n_layer, block_size and head_dim."""
+    instead of re-running it. Buffers are preallocated to the context length and written in place (no_grad only).
+    ``n_head``: the heads whose keys and values are cached (this rank's, or LLaMA's key/value heads; default the
+    config's key/value heads); ``config`` (an LMConfig) gives num_layers, context_length and head_dim."""
 
     def __init__(self, config, batch_size: int, device, dtype=backend.float32, n_head=None):
         dev = backend.Device.parse(device)
         xp = dev.array_module()
-        shape = (batch_size, n_head or config.n_head, config.block_size, config.head_dim)
+        shape = (batch_size, n_head or config.num_kv_heads, config.context_length, config.head_dim)
         with dev.context():
-            self.keys = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
-            self.values = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
+            self.keys = [xp.zeros(shape, dtype) for _ in range(config.num_layers)]
+            self.values = [xp.zeros(shape, dtype) for _ in range(config.num_layers)]
         self.length = 0  # positions filled so far
-        self.capacity = config.block_size
+        self.capacity = config.context_length
         self.device = dev
 
     def append(self, layer: int, k, v):

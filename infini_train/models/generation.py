@@ -56,7 +56,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         idx = Tensor(np.asarray(idx, dtype=np.int64))
     if idx.ndim == 1:
         idx = idx.view(1, -1)
-    block = model.config.block_size
+    block = model.config.context_length
     B, T0 = idx.shape
     if T0 == 0:
         raise ValueError("generate: the prompt is empty\nHINT: start from the end-of-text token")

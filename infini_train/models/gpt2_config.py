@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .lm_config import LMConfig
+
 GPT2_PRESETS = {
     # OpenAI GPT-2 checkpoints (Hugging Face names)
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),
@@ -19,7 +21,7 @@ GPT2_PRESETS = {
 
 
 @dataclass
-class GPT2Config:
+class GPT2Config(LMConfig):
     block_size: int = 1024
     vocab_size: int = 50257
     n_layer: int = 12
@@ -52,10 +54,9 @@ class GPT2Config:
     def to_dict(self):
         return dataclasses.asdict(self)
 
-    @property
-    def head_dim(self):
-        return self.n_embd // self.n_head
-
-    @property
-    def hidden_size(self):
-        return self.n_embd
+    # the LMConfig names
+    head_dim = property(lambda self: self.n_embd // self.n_head)
+    hidden_size = property(lambda self: self.n_embd)
+    num_layers = property(lambda self: self.n_layer)
+    num_heads = num_kv_heads = property(lambda self: self.n_head)
+    context_length = property(lambda self: self.block_size)

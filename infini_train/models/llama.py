@@ -1,7 +1,7 @@
 """LLaMA-3: RMSNorm, rotary position embeddings (with llama3 frequency scaling), grouped-query attention and a
 SwiGLU MLP. Module names are Hugging Face's LlamaForCausalLM names (``model.layers.3.self_attn.q_proj``), so its
-checkpoints load as they are (llama_io.py). The call shape is GPT2's: ``model(idx, targets=None) -> (logits, loss)``,
-and the parts the run loop, pipelines and generation use (``embed``, ``run_blocks``, ``head``, KV cache) match too.
+checkpoints load as they are (llama_io.py). The shell (forward, pipeline chunks, counts, generation) is the
+CausalLM every model shares (causal_lm.py); this file holds LLaMA's blocks, embedding and rotary tables.
 """
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from .. import backend
 from .. import nn
 from ..nn import functional as F
 from ..tensor import Tensor
-from .attention import KVCache, cached_attention, sharded_random, whole_numel
-from .flops import training_flops_per_token
+from .attention import cached_attention, sharded_random
+from .causal_lm import CausalLM
 from .llama_config import LlamaConfig
-from .recompute import run_block
 
 
 class LlamaAttention(nn.Module):
@@ -68,9 +67,10 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Llama(nn.Module):
-    tp = None  # a TensorParallel after parallelize_llama (models/llama_parallel.py)
-    recompute = "none"  # "block": recompute each block's activations in backward (models/recompute.py)
+class Llama(CausalLM):
+    BODY, EMBEDDING, BLOCKS, FINAL_NORM = "model", ("embed_tokens",), "layers", "norm"
+    CONTEXT_KEY = "max_seq_len"
+    CHUNK_ATTRIBUTES = CausalLM.CHUNK_ATTRIBUTES + ("_inv_freq", "_rope_tables")
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -85,7 +85,7 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.apply(self._init_weights)
         self._inv_freq = config.inv_freq()
-        self._rope_tables = {}
+        self._rope_tables = {}  # device -> (cos, sin) of the positions so far, shared with pipeline chunks
 
     @staticmethod
     def _init_weights(module):
@@ -95,50 +95,19 @@ class Llama(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
-        """idx (B, T) int token ids -> (logits (B, T, V), loss or None); see GPT2.forward."""
-        T = idx.shape[1]
-        start = kv_cache.length if kv_cache is not None else 0
-        x = self.run_blocks(self.embed(idx, kv_cache), kv_cache, self.rope(start, T, idx.device))
-        if kv_cache is not None:
-            kv_cache.advance(T)
-        return self.head(x, targets, last_only)
-
-    # the parts of forward, also run one by one by pipeline stages
     def embed(self, idx, kv_cache=None):
-        T = idx.shape[1]
-        start = kv_cache.length if kv_cache is not None else 0
-        if start + T > self.config.max_seq_len:
-            raise ValueError(f"Llama.forward: sequence of length {start + T} exceeds max_seq_len "
-                             f"{self.config.max_seq_len}\nHINT: crop the context to the last max_seq_len tokens")
+        self.check_length((kv_cache.length if kv_cache is not None else 0) + idx.shape[1])
         x = self.model.embed_tokens(idx)
         tp = self.tp
         if tp is not None and tp.sequence_parallel:
             x = tp.scatter_sequence(x)
         return x
 
-    def run_blocks(self, x, kv_cache=None, rope=None):
-        if rope is None:  # a pipeline stage: the positions follow from the cache
-            T = x.shape[1] * (self.tp.size if self.tp is not None and self.tp.sequence_parallel else 1)
-            rope = self.rope(kv_cache.length if kv_cache is not None else 0, T, x.device)
-        for layer, block in self.numbered_blocks():
-            x = run_block(block, self.recompute, x, rope, kv_cache, layer)
-        return x
-
-    def numbered_blocks(self):
-        return enumerate(self.model.layers)
-
-    def head(self, x, targets=None, last_only=False):
-        x = self.model.norm(x)
-        if last_only:
-            x = x[:, -1:, :]
-        logits = self.lm_head(x)
-        if self.tp is not None:
-            return self.tp.logits_and_loss(logits, targets, self.config.vocab_size)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
-        return logits, loss
+    def block_args(self, x, kv_cache):
+        """The rotary tables of the positions ``x`` holds (under sequence parallelism x is this rank's slice of the
+        whole sequence, whose positions the rotation needs)."""
+        length = x.shape[1] * (self.tp.size if self.tp is not None and self.tp.sequence_parallel else 1)
+        return (self.rope(kv_cache.length if kv_cache is not None else 0, length, x.device),)
 
     def rope(self, start, length, device):
         """(cos, sin) of positions start .. start+length-1, (length, head_dim) float32 on ``device``, computed in
@@ -153,40 +122,17 @@ class Llama(nn.Module):
             self._rope_tables[device] = table
         return tuple(Tensor._make(t[start:start + length], device) for t in table)
 
-    def new_kv_cache(self, batch_size, device, dtype=backend.float32):
-        """A KV cache of this model's (this rank's) key/value heads."""
-        _, block = next(iter(self.numbered_blocks()))
-        return KVCache(self.config, batch_size, device, dtype, n_head=block.self_attn.k_proj.weight.shape[0]
-                       // self.config.head_dim)
+    def kv_heads(self, block):
+        return block.self_attn.k_proj.weight.shape[0] // self.config.head_dim
 
-    def pipeline_chunk(self, layers, first, last, head=None):
-        """The module a pipeline stage runs: blocks ``layers`` (and the embeddings / head when first / last)."""
-        return LlamaChunk(self, layers, first, last, head)
+    def position_embeddings(self):
+        """The token embedding unless it is tied to the output layer (which computes)."""
+        if self.config.tie_word_embeddings or "embed_tokens" not in self.model:
+            return []
+        return [self.model.embed_tokens.weight]
 
     def tied_weight_names(self):
         return ("model.embed_tokens.weight", "lm_head.weight") if self.config.tie_word_embeddings else None
-
-    # ----------------------------------------------------------------------------------- accounting
-    def optimizer_groups(self, weight_decay):
-        """Weight decay on 2-D parameters (matmul weights, embeddings) only."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-
-    def num_params(self, non_embedding=False, trainable=None):
-        """Parameters of the whole model (shards count as the tensors they are part of); ``non_embedding`` leaves
-        out the token embedding unless it is tied to the output layer (which does compute). ``trainable``: True
-        counts only those that require grad, False only the frozen ones (LoRA's base weights)."""
-        size = self.tp.size if self.tp is not None else 1
-        counted = [p for p in self.parameters() if trainable is None or p.requires_grad == trainable]
-        if non_embedding and not self.config.tie_word_embeddings:
-            counted = [p for p in counted if p is not self.model.embed_tokens.weight]
-        return sum(whole_numel(p, size) for p in counted)
-
-    def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token: 6N + 12 L H Q T (PaLM appendix B; see models.flops)."""
-        cfg = self.config
-        return training_flops_per_token(self, cfg.n_layers, cfg.n_heads, cfg.head_dim, seq_len or cfg.max_seq_len)
 
     # ---------------------------------------------------------------------------------------- weights
     @classmethod
@@ -202,39 +148,5 @@ class Llama(nn.Module):
         from .llama_io import save_hf
         save_hf(self, directory, max_shard_size, dtype)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None,
-                 use_cache=True, stream=None):
-        """Sample ``max_new_tokens`` after the prompts ``idx`` (B, T); see generation.py."""
-        from .generation import generate
-        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, use_cache=use_cache, stream=stream)
 
-
-class LlamaChunk(Llama):
-    """Some consecutive blocks of a Llama, with the token embedding when ``first`` and the final norm and output
-    layer when ``last``; submodules keep their names in the whole model (``model.layers.5``, ``lm_head``)."""
-
-    def __init__(self, model, layers, first, last, head=None):
-        nn.Module.__init__(self)
-        self.config, self.tp = model.config, model.tp
-        self.first, self.last = first, last
-        self._inv_freq, self._rope_tables = model._inv_freq, {}
-        parts = {"embed_tokens": model.model.embed_tokens} if first else {}
-        parts["layers"] = nn.ModuleDict({str(i): model.model.layers[i] for i in layers})
-        if last:
-            parts["norm"] = model.model.norm
-        self.model = nn.ModuleDict(parts)
-        if last:
-            self.lm_head = head if head is not None else model.lm_head
-
-    def numbered_blocks(self):
-        return ((int(k), block) for k, block in self.model.layers.items())
-
-    def forward(self, x, targets=None, kv_cache=None, last_only=False):
-        if self.first:
-            x = self.embed(x, kv_cache)
-        x = self.run_blocks(x, kv_cache)
-        return self.head(x, targets, last_only) if self.last else x
-
-
-__all__ = ["Llama", "LlamaConfig", "LlamaAttention", "LlamaMLP", "LlamaDecoderLayer", "LlamaChunk"]
+__all__ = ["Llama", "LlamaConfig", "LlamaAttention", "LlamaMLP", "LlamaDecoderLayer"]

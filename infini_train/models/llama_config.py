@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .lm_config import LMConfig
+
 LLAMA_PRESETS = {
     # LLaMA-3.2-1B's shape: 16 layers, 2048 wide, 32 heads sharing 8 key/value heads, tied embeddings
     "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, intermediate_size=8192, vocab_size=128256,
@@ -27,7 +29,7 @@ ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_
 
 
 @dataclass
-class LlamaConfig:
+class LlamaConfig(LMConfig):
     """``dim`` is HF's hidden_size, ``n_layers`` num_hidden_layers, ``n_heads`` num_attention_heads, ``n_kv_heads``
     num_key_value_heads (None: as many as n_heads), ``max_seq_len`` max_position_embeddings (the longest sequence,
     also called block_size here). ``rope_scaling``: None, or the llama3 scaling's ``factor``, ``low_freq_factor``,
@@ -87,12 +89,12 @@ class LlamaConfig:
                              f"{sorted(LLAMA_PRESETS)}\nHINT: {hint}or give the shape explicitly")
         return cls(**{**LLAMA_PRESETS[name], **overrides})
 
-    # HF's names, and the ones the run loop shares with GPT2Config
+    # the LMConfig names
     hidden_size = property(lambda self: self.dim)
-    n_embd = property(lambda self: self.dim)
-    n_layer = property(lambda self: self.n_layers)
-    n_head = property(lambda self: self.n_heads)
-    block_size = property(lambda self: self.max_seq_len)
+    num_layers = property(lambda self: self.n_layers)
+    num_heads = property(lambda self: self.n_heads)
+    num_kv_heads = property(lambda self: self.n_kv_heads)
+    context_length = property(lambda self: self.max_seq_len)
 
     def to_dict(self):
         return dataclasses.asdict(self)

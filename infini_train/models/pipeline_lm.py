@@ -49,7 +49,7 @@ class PipelinedLM(nn.Module):
 
     def __init__(self, model, group, schedule="1f1b", virtual=1):
         super().__init__()
-        P, V, L = group.size, int(virtual), model.config.n_layer
+        P, V, L = group.size, int(virtual), model.config.num_layers
         if L % (P * V):
             raise ValueError(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
                              f"{P} x {V} = {P * V}, got {L}\nHINT: choose sizes whose product divides the layers")
@@ -78,7 +78,8 @@ class PipelinedLM(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         cfg = self.config
-        return training_flops_per_token(self, cfg.n_layer, cfg.n_head, cfg.head_dim, seq_len or cfg.block_size)
+        return training_flops_per_token(self, cfg.num_layers, cfg.num_heads, cfg.head_dim,
+                                        seq_len or cfg.context_length)
 
     def optimizer_groups(self, weight_decay):
         params = [p for p in self.parameters() if p.requires_grad]

@@ -244,8 +244,8 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       "HINT: set model.rope_original_context below block_size, model.rope_scaling_factor=0 for no "
                       "scaling, or keep the preset's block_size and shorten train.sequence_length instead")
     _check_model_parallel(cfg, c, errors, model, llama)
-    if c.ok("train.sequence_length") and t.sequence_length > model.block_size:
-        errors.append(f"train.sequence_length: expected <= model block_size ({model.block_size}), "
+    if c.ok("train.sequence_length") and t.sequence_length > model.context_length:
+        errors.append(f"train.sequence_length: expected <= model block_size ({model.context_length}), "
                       f"got {t.sequence_length}")
     need = TOKENIZER_VOCAB.get(cfg.data.tokenizer)
     if need and c.ok("data.tokenizer") and model.vocab_size < need:
@@ -255,14 +255,14 @@ def _check_model(cfg, c, errors, gpt2_presets):
 
 def _check_model_parallel(cfg, c, errors, model, llama):
     stages = cfg.parallel.pipeline * cfg.parallel.virtual_pipeline
-    if c.ok("parallel.pipeline", "parallel.virtual_pipeline") and stages > 1 and model.n_layer % stages:
+    if c.ok("parallel.pipeline", "parallel.virtual_pipeline") and stages > 1 and model.num_layers % stages:
         errors.append(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
                       f"{cfg.parallel.pipeline} x {cfg.parallel.virtual_pipeline} = {stages} (equal model chunks), "
-                      f"got {model.n_layer}")
+                      f"got {model.num_layers}")
     tensor = cfg.parallel.tensor
     if not c.ok("parallel.tensor") or tensor == 1:
         return
-    heads = [("n_head", model.n_head)] + ([("n_kv_head", model.n_kv_heads)] if llama else [])
+    heads = [("n_head", model.num_heads)] + ([("n_kv_head", model.num_kv_heads)] if llama else [])
     for name, count in heads:
         if count % tensor:
             divisors = [d for d in range(1, count + 1) if count % d == 0]

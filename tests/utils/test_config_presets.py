@@ -69,7 +69,8 @@ def test_llama3_rope_scaling_needs_the_original_context_below_block_size():
     # without a preset or a rope scaling key there is no scaling (transformers' LlamaConfig default)
     cfg = load_config(None, ["model.arch=llama3", "model.n_layer=2", "model.n_head=4", "model.n_embd=64"])
     assert cfg.model.to_model_config().rope_scaling is None
-    cfg = load_config(None, ["model.arch=llama3", "model.n_head=4", "model.n_embd=64", "model.rope_original_context=32"])
+    cfg = load_config(None, ["model.arch=llama3", "model.n_head=4", "model.n_embd=64",
+                             "model.rope_original_context=32"])
     assert cfg.model.to_model_config().rope_scaling == dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                             original_max_position_embeddings=32)
 
