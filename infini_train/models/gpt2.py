@@ -12,6 +12,7 @@ from ..creation import arange
 from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, whole_numel  # noqa: F401
 from .causal_lm import CausalLM
 from .gpt2_config import GPT2_PRESETS, GPT2Config
+from .registry import ModelSpec, register
 
 
 class CausalSelfAttention(nn.Module):
@@ -150,4 +151,12 @@ class GPT2(CausalLM):
         save_llmc(self, path, dtype)
 
 
-__all__ = ["GPT2", "GPT2Config", "GPT2_PRESETS", "KVCache"]
+def _parallelize(model, group, sequence_parallel=False):
+    from .gpt2_parallel import parallelize_gpt2
+
+    return parallelize_gpt2(model, group, sequence_parallel)
+
+
+SPEC = register(ModelSpec("gpt2", GPT2, GPT2Config, _parallelize, head_counts=lambda config: {"n_head": config.n_head}))
+
+__all__ = ["GPT2", "GPT2Config", "GPT2_PRESETS", "KVCache", "SPEC"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ..autograd.grad_mode import no_grad
 from ..nn.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mark_sequence_parallel
+from .registry import spec_of
 from .tensor_parallel_lm import (TensorParallel, TensorParallelError, VocabParallelHead,  # noqa: F401 (re-exported)
                                  check_split, without_sequence_parallel)
 
@@ -31,7 +32,7 @@ def parallelize_gpt2(model, group, sequence_parallel=False):
     """Split ``model`` (a whole GPT2) over the tensor-parallel ``group`` in place; returns the model."""
     cfg = model.config
     size = group.size
-    check_split(size, sequence_parallel, {"n_head": cfg.n_head})
+    check_split(size, sequence_parallel, spec_of(model).head_counts(cfg))
     if size == 1:
         return model
     tp = TensorParallel(group, sequence_parallel)

@@ -14,6 +14,7 @@ from ..tensor import Tensor
 from .attention import cached_attention, sharded_random
 from .causal_lm import CausalLM
 from .llama_config import LlamaConfig
+from .registry import ModelSpec, register
 
 
 class LlamaAttention(nn.Module):
@@ -149,4 +150,16 @@ class Llama(CausalLM):
         save_hf(self, directory, max_shard_size, dtype)
 
 
-__all__ = ["Llama", "LlamaConfig", "LlamaAttention", "LlamaMLP", "LlamaDecoderLayer"]
+def _parallelize(model, group, sequence_parallel=False):
+    from .llama_parallel import parallelize_llama
+
+    return parallelize_llama(model, group, sequence_parallel)
+
+
+def _head_counts(config):
+    return {"n_head": config.n_heads, "n_kv_head": config.n_kv_heads}  # query and key/value heads split alike
+
+
+SPEC = register(ModelSpec("llama3", Llama, LlamaConfig, _parallelize, _head_counts))
+
+__all__ = ["Llama", "LlamaConfig", "LlamaAttention", "LlamaMLP", "LlamaDecoderLayer", "SPEC"]

@@ -14,6 +14,7 @@ from ..autograd.grad_mode import no_grad
 from ..nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, VocabParallelEmbedding,
                            mark_sequence_parallel)
 from ..nn.parallel.tensor_parallel import shard_parameter
+from .registry import spec_of
 from .tensor_parallel_lm import TensorParallel, VocabParallelHead, check_split
 
 
@@ -21,7 +22,7 @@ def parallelize_llama(model, group, sequence_parallel=False):
     """Split ``model`` (a whole Llama) over the tensor-parallel ``group`` in place; returns the model."""
     cfg = model.config
     size = group.size
-    check_split(size, sequence_parallel, {"n_head": cfg.n_heads, "n_kv_head": cfg.n_kv_heads})
+    check_split(size, sequence_parallel, spec_of(model).head_counts(cfg))
     if size == 1:
         return model
     tp = TensorParallel(group, sequence_parallel)

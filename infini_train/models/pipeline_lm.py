@@ -24,6 +24,7 @@ from ..nn.parallel.pipeline import PipelineParallel
 from ..nn.parallel.tensor_parallel import ParallelParameter
 from ..tensor import Tensor
 from .flops import training_flops_per_token
+from .registry import spec_of
 from .tensor_parallel_lm import VocabParallelHead
 
 
@@ -50,9 +51,9 @@ class PipelinedLM(nn.Module):
     def __init__(self, model, group, schedule="1f1b", virtual=1):
         super().__init__()
         P, V, L = group.size, int(virtual), model.config.num_layers
-        if L % (P * V):
-            raise ValueError(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
-                             f"{P} x {V} = {P * V}, got {L}\nHINT: choose sizes whose product divides the layers")
+        problems = spec_of(model).validate(model.config, pipeline=P, virtual=V)
+        if problems:
+            raise ValueError(f"{problems[0]}\nHINT: choose sizes whose product divides the layers")
         self.config, self.tp, self.group = model.config, model.tp, group
         self.tied = model.tied_weight_names()  # (embedding, output layer) names of a tied weight, or None
         per_chunk = L // (P * V)

@@ -7,6 +7,8 @@ import fnmatch
 import math
 import os
 
+from ..models.registry import ARCHS, model_spec
+
 DTYPES = ("float32", "float64")
 TOKENIZERS = ("byte", "gpt2", "auto")
 TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # smallest model vocab_size each tokenizer needs
@@ -14,7 +16,6 @@ BACKENDS = ("auto", "mpi", "nccl")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-ARCHS = ("gpt2", "llama3")
 RECOMPUTE = ("none", "block")
 
 
@@ -243,7 +244,7 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       "beyond the original context, and Hugging Face transformers rejects such a config), got both; "
                       "HINT: set model.rope_original_context below block_size, model.rope_scaling_factor=0 for no "
                       "scaling, or keep the preset's block_size and shorten train.sequence_length instead")
-    _check_model_parallel(cfg, c, errors, model, llama)
+    _check_model_parallel(cfg, c, errors, model)
     if c.ok("train.sequence_length") and t.sequence_length > model.context_length:
         errors.append(f"train.sequence_length: expected <= model block_size ({model.context_length}), "
                       f"got {t.sequence_length}")
@@ -253,19 +254,10 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       f"got {model.vocab_size}")
 
 
-def _check_model_parallel(cfg, c, errors, model, llama):
-    stages = cfg.parallel.pipeline * cfg.parallel.virtual_pipeline
-    if c.ok("parallel.pipeline", "parallel.virtual_pipeline") and stages > 1 and model.num_layers % stages:
-        errors.append(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
-                      f"{cfg.parallel.pipeline} x {cfg.parallel.virtual_pipeline} = {stages} (equal model chunks), "
-                      f"got {model.num_layers}")
-    tensor = cfg.parallel.tensor
-    if not c.ok("parallel.tensor") or tensor == 1:
-        return
-    heads = [("n_head", model.num_heads)] + ([("n_kv_head", model.num_kv_heads)] if llama else [])
-    for name, count in heads:
-        if count % tensor:
-            divisors = [d for d in range(1, count + 1) if count % d == 0]
-            errors.append(f"parallel.tensor: expected a divisor of model {name} ({count}; each rank takes {name} / "
-                          f"tensor heads), got {tensor}; HINT: use one of {divisors}")
-            return
+def _check_model_parallel(cfg, c, errors, model):
+    """The model's own shape-vs-layout checks (its ModelSpec's validate), on the settings that are valid."""
+    p = cfg.parallel
+    pipeline_ok, tensor_ok = c.ok("parallel.pipeline", "parallel.virtual_pipeline"), c.ok("parallel.tensor")
+    errors.extend(model_spec(cfg.model.arch).validate(model, p.tensor if tensor_ok else 1,
+                                                      p.pipeline if pipeline_ok else 1,
+                                                      p.virtual_pipeline if pipeline_ok else 1))
