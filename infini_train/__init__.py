@@ -44,7 +44,7 @@ from . import autograd, return_types
 from .autograd.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from .lazy_mode import is_lazy_enabled, lazy  # it.lazy: the context manager
 from . import amp
-from . import distributed, nn, optim  # it.distributed, it.nn, it.optim as in the contract
+from . import distributed, linalg, nn, optim  # it.distributed, it.linalg, it.nn, it.optim
 from . import profiler  # it.profiler.profile, record_function
 from .serialization import load, save
 from .functional import *  # noqa: F401,F403  (it.cat, it.matmul, it.exp, ...)

@@ -10,6 +10,7 @@ from .autograd import (
     dropout,
     einsum,
     elementwise,
+    fmod,
     linear,
     logic,
     loss,
@@ -18,15 +19,20 @@ from .autograd import (
     normalization,
     outer,
     reduction,
+    reorder,
     scan,
+    scatter,
+    selection,
     softmax,
     sorting,
     sparse,
+    statistics,
     transform,
 )
 
 FAMILIES = (elementwise, logic, activations, matmul, linear, outer, softmax, normalization, loss, reduction,
-            transform, misc, sparse, dropout, attention, conversion, einsum, sorting, scan)
+            transform, misc, sparse, dropout, attention, conversion, einsum, sorting, scan, reorder, scatter, selection,
+            statistics, fmod)
 
 __all__ = []
 for _family in FAMILIES:

@@ -10,9 +10,10 @@ from .autograd import engine
 from .autograd.function import RemovableHandle
 from .autograd.grad_mode import _state
 from .lazy_mode.mode import ACTIVE as _LAZY
+from .tensor_methods import TensorMethods
 
 
-class Tensor:
+class Tensor(TensorMethods):
     __slots__ = ("array", "device", "_requires_grad", "grad", "grad_fn", "_output_idx", "_version",
                  "_accumulate", "_view", "_lazy", "__weakref__")  # _lazy: set only on lazy mode's placeholders
     __array_priority__ = 1000
@@ -470,8 +471,6 @@ class Tensor:
     def min(self, dim=None, keepdim=False): return reduction.min(self, dim, keepdim)
     def amax(self, dim=(), keepdim=False): return reduction.amax(self, dim, keepdim)
     def amin(self, dim=(), keepdim=False): return reduction.amin(self, dim, keepdim)
-    def var(self, dim=None, keepdim=False, correction=1): return reduction.var(self, dim, keepdim, correction)
-    def std(self, dim=None, keepdim=False, correction=1): return reduction.std(self, dim, keepdim, correction)
     def argmax(self, dim=None, keepdim=False): return reduction.argmax(self, dim, keepdim)
     def argmin(self, dim=None, keepdim=False): return reduction.argmin(self, dim, keepdim)
     def all(self, dim=None, keepdim=False): return reduction.all(self, dim, keepdim)
@@ -495,7 +494,8 @@ class Tensor:
     def expand_as(self, other): return transform.expand(self, other.shape)
     def repeat(self, *sizes): return transform.repeat(self, _shape_arg(sizes))
     def flatten(self, start_dim=0, end_dim=-1): return transform.flatten(self, start_dim, end_dim)
-    def repeat_interleave(self, repeats, dim=None): return transform.repeat_interleave(self, repeats, dim)
+    def repeat_interleave(self, repeats, dim=None, *, output_size=None):
+        return transform.repeat_interleave(self, repeats, dim, output_size=output_size)
     def masked_fill(self, mask, value): return transform.masked_fill(self, mask, value)
     def tril(self, diagonal=0): return transform.tril(self, diagonal)
     def triu(self, diagonal=0): return transform.triu(self, diagonal)

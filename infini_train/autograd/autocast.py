@@ -114,18 +114,19 @@ def policy(device_type):
     table = _POLICIES.get(device_type)
     if table is None:
         from . import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization,
-                       reduction, rms_norm, scan, softmax)
+                       reduction, rms_norm, scan, softmax, statistics)
         from . import conv
 
         low = [matmul.Matmul, matmul.Mm, matmul.Bmm, matmul.Baddbmm, linear.Linear, einsum.Einsum,
                attention.ScaledDotProductAttention, conv.Conv2d]
         losses = [loss.CrossEntropy, loss.SoftCrossEntropy, loss.NLLLoss, loss.MSELoss,
                   loss.BinaryCrossEntropyWithLogits]
-        fp32 = losses
+        fp32 = losses + [statistics.Prod]  # prod: CPU's float32 list, CUDA's fp32_set_opt_dtype list
         if device_type == "cuda":
-            fp32 = losses + [softmax.Softmax, softmax.LogSoftmax, normalization.LayerNorm, elementwise.Exp,
-                             elementwise.Log, elementwise.Pow, elementwise.Rsqrt, elementwise.Reciprocal,
-                             activations.Softplus, reduction.Sum, scan.Cumsum, scan.Cumprod, rms_norm.RMSNorm]
+            fp32 = fp32 + [softmax.Softmax, softmax.LogSoftmax, normalization.LayerNorm, elementwise.Exp,
+                           elementwise.Log, elementwise.Pow, elementwise.Rsqrt, elementwise.Reciprocal,
+                           activations.Softplus, reduction.Sum, scan.Cumsum, scan.Cumprod, rms_norm.RMSNorm,
+                           statistics.VectorNorm]
         table = {cls: LOW for cls in low}
         table.update({cls: FP32 for cls in fp32})
         if device_type == "cpu":

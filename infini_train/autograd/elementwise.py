@@ -601,9 +601,13 @@ def minimum(a, b):
     return Minimum().apply(a, b)
 
 
-def where(cond, a, b):
+def where(cond, a=None, b=None):
     """Pick a where cond is True, else b (broadcasting). cond is a bool tensor; a and b are tensors or
-    Python scalars. Gradients flow to a where cond holds and to b elsewhere."""
+    Python scalars. Gradients flow to a where cond holds and to b elsewhere. ``where(cond)`` alone is
+    ``cond.nonzero(as_tuple=True)``, as torch's."""
+    if a is None and b is None:
+        from .selection import nonzero
+        return nonzero(cond, as_tuple=True)
     if not isinstance(cond, Tensor):
         raise op_error("Where", "the condition as a bool Tensor", type(cond).__name__,
                        "wrap it with infini_train.tensor(...) or build it with a comparison")

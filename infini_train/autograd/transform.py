@@ -11,6 +11,7 @@ import numbers
 
 import numpy as np
 
+from .. import backend
 from ..tensor import Tensor
 from .function import Op, op_error, sum_to
 from .misc import index_add
@@ -480,10 +481,26 @@ def masked_fill(x, mask, value):
     return MaskedFill().apply(x, mask, value)
 
 
-def repeat_interleave(x, repeats, dim=None):
+def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
     """Repeat each entry along ``dim`` ``repeats`` times (an int, or a 1-D int tensor with one count per entry).
-    With dim=None the input is flattened first."""
-    return RepeatInterleave(dim).apply(x, repeats)
+    With dim=None the input is flattened first. ``repeat_interleave(counts)`` alone (a 1-D integer tensor) gives
+    each index i repeated counts[i] times, as torch's. ``output_size``, torch's hint of the result's length along
+    ``dim``, must be that length."""
+    if repeats is None:
+        counts = x
+        if counts.ndim != 1 or counts.dtype.kind not in "iu":
+            raise op_error("repeat_interleave", "a 1-D integer tensor of counts (the one-argument form)",
+                           f"a tensor of dtype {counts.dtype} and shape {tuple(counts.shape)}")
+        positions = Tensor._make(counts.device.array_module().arange(counts.numel(), dtype=backend.int64),
+                                 counts.device)
+        return repeat_interleave(positions, counts.reshape(-1), 0, output_size=output_size)
+    out = RepeatInterleave(dim).apply(x, repeats)
+    if output_size is not None:
+        length = out.shape[dim if dim is not None else 0] if out.ndim else 1
+        if int(output_size) != length:
+            raise op_error("repeat_interleave", f"output_size equal to the result's length ({length})",
+                           f"output_size={output_size}", "drop output_size, or pass the sum of the repeats")
+    return out
 
 
 def contiguous(x):

@@ -6,7 +6,6 @@ import math
 
 from .. import backend
 from ..autograd.conv import pair, same_padding
-from ..autograd.function import op_error
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -127,57 +126,6 @@ class AvgPool2d(Module):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class BatchNorm2d(Module):
-    """Per-channel normalisation of (N, C, H, W) inputs. Training normalises with the batch statistics and
-    updates ``running_mean`` / ``running_var`` (buffers, in the state dict with ``num_batches_tracked``, as
-    torch's); eval normalises with them. ``momentum=None`` keeps a cumulative average instead."""
-
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
-                 dtype=None):
-        super().__init__()
-        self.num_features, self.eps, self.momentum = int(num_features), eps, momentum
-        self.affine, self.track_running_stats = affine, track_running_stats
-        self.register_parameter("weight", _param(num_features, device=device, dtype=dtype) if affine else None)
-        self.register_parameter("bias", _param(num_features, device=device, dtype=dtype) if affine else None)
-        if track_running_stats:
-            self.register_buffer("running_mean", _buffer((num_features,), 0.0, dtype, device))
-            self.register_buffer("running_var", _buffer((num_features,), 1.0, dtype, device))
-            self.register_buffer("num_batches_tracked", _buffer((), 0, backend.int64, device))
-        else:
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                self.register_buffer(name, None)
-        self.reset_parameters()
-
-    def reset_running_stats(self):
-        if self.track_running_stats:
-            self.running_mean.array[...] = 0
-            self.running_var.array[...] = 1
-            self.num_batches_tracked.array[...] = 0
-
-    def reset_parameters(self):
-        self.reset_running_stats()
-        if self.affine:
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
-
-    def forward(self, x):
-        if x.ndim != 4:
-            raise op_error("BatchNorm2d", "a 4-D input (N, C, H, W)", f"input of shape {tuple(x.shape)}",
-                           "BatchNorm2d normalises images; use LayerNorm or a 1-d batch norm for other inputs")
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
-            self.num_batches_tracked.array[...] += 1
-            factor = 1.0 / float(self.num_batches_tracked.array) if self.momentum is None else self.momentum
-        use_batch_stats = self.training or self.running_mean is None
-        # eval without running statistics normalises with the batch's, and then must not update anything
-        stats = (self.running_mean, self.running_var) if self.training or not use_batch_stats else (None, None)
-        return F.batch_norm(x, *stats, self.weight, self.bias, use_batch_stats, factor, self.eps)
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"track_running_stats={self.track_running_stats}")
-
-
 class Flatten(Module):
     """Merge dims ``start_dim``..``end_dim`` (by default every dim but the batch dim) into one."""
 
@@ -192,4 +140,4 @@ class Flatten(Module):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
 
 
-__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "Flatten"]
+__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten"]

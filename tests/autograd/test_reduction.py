@@ -160,7 +160,7 @@ def test_argmax_rejects_tuple_dims():
 @pytest.mark.parametrize("name", ["var", "std"])
 def test_var_std(name, dim, keepdim, correction):
     # every reduced extent > correction: degrees of freedom stay positive (see the nan test below)
-    check_op([(3, 4, 2)], lambda x: getattr(x, name)(dim, keepdim, correction),
+    check_op([(3, 4, 2)], lambda x: getattr(x, name)(dim, keepdim=keepdim, correction=correction),
              lambda x: getattr(x, name)(dim, keepdim=keepdim, correction=correction))
     check_op([(3, 4, 2)], lambda x: getattr(it, name)(x, dim=dim, keepdim=keepdim, correction=correction),
              lambda x: getattr(torch, name)(x, dim=dim, keepdim=keepdim, correction=correction))
