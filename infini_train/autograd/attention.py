@@ -19,8 +19,10 @@ import math
 
 import numpy as np
 
+from ..tensor import Tensor
 from . import low_precision as lp
 from .dropout import keep_mask
+from .double_backward import recomputed_grads
 from .function import Op, op_error, sum_to
 
 _NAME = "scaled_dot_product_attention"
@@ -169,14 +171,13 @@ class ScaledDotProductAttention(Op):
         return lp.narrow(xp, out, self.in_dtype)
 
     def setup_context(self, inputs, output):
-        need_q, need_k, need_v = self.needs_input_grad[:3]
-        need_scores = need_q or need_k or (len(inputs) == 4 and self.needs_input_grad[3])
-        self.save_for_backward(inputs[0] if need_k else None, inputs[1] if need_q else None,
-                               inputs[2] if need_scores else None)
+        # q, k and v by reference (the first-order backward reads k for dq, q for dk, v for the scores; a double
+        # backward recomputes the forward from all three and the mask)
+        self.save_for_backward(*inputs)
 
     def backward(self, g):
         xp = self.xp
-        q, k, v = lp.widen(xp, *self.saved_arrays)
+        q, k, v = lp.widen(xp, *self.saved_arrays[:3])
         blocks, probs, keeps = self.stashed
         shapes = self._input_shapes
         k, v = self._repeat_heads(shapes[0][-3] if len(shapes[0]) > 2 else 1, k, v)
@@ -222,6 +223,37 @@ class ScaledDotProductAttention(Op):
         grads = (grad_q, grad_k, grad_v)
         return grads + (grad_mask,) if len(shapes) == 4 else grads
 
+    def backward_graph(self, g):
+        saved = self.saved_tensors
+        return recomputed_grads(self, self._composite, saved, g)[:len(saved)]
+
+    def _composite(self, q, k, v, mask=None):
+        """Attention in differentiable ops (the same dropout mask), for double backward."""
+        from .elementwise import where
+
+        xp, dev = self.xp, q.device
+        if self.enable_gqa and q.ndim > 2:
+            heads = q.shape[-3]
+            k, v = (a if a.shape[-3] in (1, heads) else _repeat_heads_graph(a, heads) for a in (k, v))
+        scores = (q @ k.transpose(-1, -2)) * self.used_scale
+        if self.is_causal:
+            scores = scores + Tensor._make(_causal_bias(xp, dev, self.tq, self.tk, scores.dtype), dev)
+        if mask is not None:
+            if mask.dtype == bool:
+                mask = Tensor._make(xp.where(mask.array, 0.0, -np.inf).astype(scores.dtype), dev)
+            scores = scores + mask
+        probs = scores.softmax(-1)
+        if mask is not None:  # a fully masked row attends to nothing (zeros), as the forward's safe softmax
+            blocked = Tensor._make(xp.isneginf(scores.array).all(axis=-1, keepdims=True), dev)
+            probs = where(blocked, 0.0, probs)
+        blocks, _, keeps = self.stashed
+        if self.dropout_p > 0.0:
+            keep = xp.zeros(tuple(probs.shape), probs.dtype)
+            for (q0, q1, keys), block_keep in zip(blocks, keeps):
+                keep[..., q0:q1, :keys] = block_keep
+            probs = probs * Tensor._make(keep * (1.0 / (1.0 - self.dropout_p)), dev)
+        return probs @ v
+
     def _finish(self, grad, coef, input_index):
         """Apply the scalar factor to the (T, E)-sized gradient, sum repeated k/v heads over their group, undo
         batch broadcasting, cast to the input dtype."""
@@ -232,6 +264,15 @@ class ScaledDotProductAttention(Op):
             heads = shape[-3]
             grad = grad.reshape(grad.shape[:-3] + (heads, grad.shape[-3] // heads) + grad.shape[-2:]).sum(axis=-3)
         return lp.narrow(self.xp, sum_to(grad, shape), self.in_dtype)
+
+
+def _repeat_heads_graph(a, heads):
+    """``a`` (..., h, T, E) with each head repeated to ``heads`` heads (repeat_interleave on dim -3), by expand and
+    reshape, which double backward differentiates."""
+    h = a.shape[-3]
+    lead = tuple(a.shape[:-3])
+    grown = a.reshape(lead + (h, 1) + tuple(a.shape[-2:])).expand(lead + (h, heads // h) + tuple(a.shape[-2:]))
+    return grown.reshape(lead + (heads,) + tuple(a.shape[-2:]))
 
 
 def _sum_key_prefixes(xp, parts, keys):

@@ -10,6 +10,7 @@ float16/bfloat16 inputs accumulate in float32 and are rounded once, as in linear
 from __future__ import annotations
 
 from . import low_precision as lp
+from .double_backward import recomputed_grads
 from .function import Op, op_error
 
 
@@ -107,7 +108,7 @@ class Conv2d(Op):
     def setup_context(self, inputs, output):
         if not self.needs_input_grad[1]:
             self.stash(None)
-        self.save_for_backward(None, inputs[1] if self.needs_input_grad[0] else None)
+        self.save_for_backward(inputs[0], inputs[1])  # (references: a double backward recomputes the forward)
 
     def backward(self, grad):
         xp, g = self.xp, self.groups
@@ -135,6 +136,32 @@ class Conv2d(Op):
                     view += gcols[:, i, j].transpose(1, 0, 2, 3)
             grad_x = lp.narrow(xp, gpad[:, :, top:top + h, left:left + w], self._input_dtypes[0])
         return grad_x, grad_w, grad_b
+
+    def backward_graph(self, grad):
+        x, weight = self.saved_tensors
+        grad_x, grad_w = recomputed_grads(self, self._composite, (x, weight), grad)[:2]
+        grad_b = grad.sum((0, 2, 3)) if self.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+    def _composite(self, x, weight):
+        """The convolution (without bias) in differentiable ops, for double backward: the padded input's strided
+        windows, stacked per kernel position, times the weight, group by group."""
+        from .padding import pad
+        from .misc import stack
+
+        top, bottom, left, right = self.padding
+        (dh, dw), (sh, sw) = self.dilation, self.stride
+        n, c = x.shape[:2]
+        o, _, kh, kw = weight.shape
+        g = self.groups
+        xpad = pad(x, (left, right, top, bottom)) if any(self.padding) else x
+        ho = (xpad.shape[2] - dh * (kh - 1) - 1) // sh + 1
+        wo = (xpad.shape[3] - dw * (kw - 1) - 1) // sw + 1
+        windows = [xpad[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw]
+                   for i in range(kh) for j in range(kw)]
+        cols = stack(windows, 2).reshape(n, g, (c // g) * kh * kw, ho * wo)  # channel-major, then kernel position
+        out = weight.reshape(g, o // g, (c // g) * kh * kw) @ cols  # (n, g, o / g, ho * wo)
+        return out.reshape(n, o, ho, wo)
 
 
 def conv_padding(padding, kernel, dilation, stride):

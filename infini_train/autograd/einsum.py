@@ -14,7 +14,7 @@ import string
 
 from ..tensor import Tensor
 from . import low_precision as lp
-from .function import Op, op_error
+from .function import Op, op_error, sum_to
 
 __all__ = ["einsum"]
 
@@ -209,6 +209,31 @@ class Einsum(Op):
         views = [_canonical(xp, a, d, u, plan.sizes) for a, d, u in zip(operands, plan.dims, plan.unique)]
         return tuple(lp.narrow(xp, self._operand_grad(g, views, k), self._input_dtypes[k]) if need else None
                      for k, need in enumerate(self.needs_input_grad))
+
+    def backward_graph(self, g):
+        """Each operand's gradient as an einsum of g and the other operands (on Tensors, recorded): the equation
+        written with the plan's letters (``...`` dims have letters of their own there); letters of the operand
+        alone are broadcast back, size-1 dims summed."""
+        plan, operands = self.plan, self.saved_tensors
+        grads = []
+        for k, need in enumerate(self.needs_input_grad):
+            if not need:
+                grads.append(None)
+                continue
+            dims = plan.dims[k]
+            if len(set(dims)) != len(dims):
+                raise RuntimeError(f"einsum: double backward of an operand with a repeated subscript (a diagonal, "
+                                   f"{''.join(dims)!r}) is not supported\nHINT: take the diagonal with "
+                                   "torch-style indexing before einsum")
+            others = [j for j in range(len(operands)) if j != k]
+            reached = [label for label in dims if label in plan.out or any(label in plan.dims[j] for j in others)]
+            equation = ",".join(["".join(plan.out)] + ["".join(plan.dims[j]) for j in others]) + "->" + \
+                "".join(reached)
+            grad = einsum(equation, g, *(operands[j] for j in others))
+            grad = grad.reshape(tuple(plan.sizes[label] if label in reached else 1 for label in dims))
+            grad = grad.expand(tuple(plan.sizes[label] for label in dims))
+            grads.append(sum_to(grad, self._input_shapes[k]))
+        return tuple(grads)
 
     def _operand_grad(self, g, views, k):
         xp, plan = self.xp, self.plan

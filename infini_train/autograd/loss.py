@@ -21,7 +21,8 @@ import warnings
 import numpy as np
 
 from ..tensor import Tensor
-from .function import Op, ignore_fp_errors, op_error, sum_to
+from .double_backward import recomputed_grads
+from .function import Op, graph_handle, ignore_fp_errors, op_error, sum_to
 from .softmax import exp_and_sum, logsumexp, row_dot, row_sum, subtract_wide, upcast
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -173,6 +174,7 @@ class CrossEntropy(_ClassLoss):
 
     def forward(self, logits, target, weight=None):
         xp = self.xp
+        self._target_shape = tuple(target.shape)
         x, t, valid = self._rows(logits, target)
         num_classes = x.shape[1]
         w = self._class_weights(weight, num_classes, logits.dtype)
@@ -192,6 +194,7 @@ class CrossEntropy(_ClassLoss):
             losses = (1 - eps) * losses - (eps / num_classes) * smooth.astype(np.float64)
         losses = xp.where(valid, losses, 0.0)
         self.stash(e, s, t, valid, row_weights, w)
+        self.shift = shift  # (with e, the logits' values again, for a double backward)
         return xp.asarray(self._reduce(losses, target.shape)).astype(logits.dtype, copy=False)
 
     def backward(self, g):
@@ -216,6 +219,41 @@ class CrossEntropy(_ClassLoss):
                 grad -= smooth if w is None else smooth * w.astype(grad.dtype)
             grad[xp.arange(rows), t] -= target_coef
         return self._unrows(grad).astype(g.dtype, copy=False), None, None
+
+    def setup_context(self, inputs, output):
+        # only the logits' place in the graph, not their memory (the largest activation of a language model): a
+        # double backward rebuilds their values from the stashed exp and row shift
+        self.save_for_backward(graph_handle(inputs[0]))
+
+    def backward_graph(self, g):
+        (handle,) = self.saved_tensors
+        return recomputed_grads(self, self._composite, (handle,), g)[0], None, None
+
+    def _composite(self, handle):
+        """The loss in differentiable ops (log_softmax, a gather of the targets, weights, smoothing, reduction),
+        on the logits rebuilt as log(e) + shift (their handle carries the gradient, not the values)."""
+        e, _, t, valid, row_weights, w = self.stashed
+        xp, dev = self.xp, handle.device
+        num_classes = e.shape[1]
+        rows = handle.reshape(1, -1) if handle.ndim == 1 else handle
+        if handle.ndim > 2:
+            rows = rows.reshape(rows.shape[0], num_classes, -1).transpose(1, 2).reshape(-1, num_classes)
+        with ignore_fp_errors(xp):
+            values = xp.log(e) + (self.shift if self.shift is not None else 0)
+        x = rows - rows.detach() + Tensor._make(values.astype(rows.dtype), dev)
+        log_probs = x.log_softmax(-1)
+        losses = -log_probs[Tensor._make(xp.arange(x.shape[0]), dev), Tensor._make(t, dev)]
+        if row_weights is not None:
+            losses = losses * Tensor._make(row_weights.astype(x.dtype), dev)
+        eps = self.label_smoothing
+        if eps > 0:
+            smooth = (log_probs * Tensor._make(w.astype(x.dtype), dev)).sum(-1) if w is not None else log_probs.sum(-1)
+            losses = (1 - eps) * losses - (eps / num_classes) * smooth
+        losses = losses * Tensor._make(valid.astype(x.dtype), dev)
+        if self.reduction == "none":
+            return losses.reshape(self._target_shape)
+        total = losses.sum()
+        return total if self.reduction == "sum" else total / float(self.denominator)
 
 
 class SoftCrossEntropy(_ClassLoss):
@@ -310,6 +348,12 @@ class _ElementLoss(Op):
             total = _reduce_total(total, losses.size)
         return self.xp.asarray(total).astype(dtype)
 
+    def _reduce_graph(self, losses):
+        """The reduction on Tensors (double backward's recomputation)."""
+        if self.reduction == "none":
+            return losses
+        return losses.sum() if self.reduction == "sum" else losses.mean()
+
     def _element_scale(self, g, size):
         g = upcast(g)
         return g / size if self.reduction == "mean" else g
@@ -342,6 +386,13 @@ class MSELoss(_ElementLoss):
         need_x, need_target = self.needs_input_grad
         shapes = self._input_shapes
         return (sum_to(diff, shapes[0]) if need_x else None), (sum_to(-diff, shapes[1]) if need_target else None)
+
+    def backward_graph(self, g):
+        def composite(x, target):
+            diff = x - target
+            return self._reduce_graph(diff * diff)
+
+        return recomputed_grads(self, composite, self.operands(), g)
 
 
 class BinaryCrossEntropyWithLogits(_ElementLoss):
@@ -404,6 +455,17 @@ class BinaryCrossEntropyWithLogits(_ElementLoss):
             grad_target = -x if pos_weight is None else -x - (pos_weight - 1) * log_sig
             grad_target = grad_target * scale
         return grad_x, grad_target, None, None
+
+    def backward_graph(self, g):
+        def composite(x, target, weight=None, pos_weight=None):
+            from .activations import softplus
+
+            log_sig = -softplus(-x)
+            log_weight = log_sig if pos_weight is None else log_sig * ((pos_weight - 1) * target + 1)
+            losses = (1 - target) * x - log_weight
+            return self._reduce_graph(losses * weight if weight is not None else losses)
+
+        return recomputed_grads(self, composite, self.operands(), g)
 
 
 # ------------------------------------------------------------------------------------------ public

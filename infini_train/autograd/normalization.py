@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from .function import Op, op_error
+from .double_backward import recomputed_grads
+from .function import Op, op_error, sum_to
 from .low_precision import narrow
 from .softmax import row_dot, row_sum, upcast
 
@@ -62,8 +63,7 @@ class LayerNorm(Op):
         return narrow(xp, out.reshape(x.shape), x.dtype)
 
     def setup_context(self, inputs, output):
-        weight = inputs[1] if inputs[1] is not None and self.needs_input_grad[0] else None
-        self.save_for_backward(inputs[0], weight)
+        self.save_for_backward(inputs[0], inputs[1])
 
     def backward(self, g):
         xp = self.xp
@@ -95,6 +95,19 @@ class LayerNorm(Op):
             gx *= rstd
             gx = narrow(xp, gx.reshape(shapes[0]), dtypes[0])
         return gx, gw, gb
+
+    def backward_graph(self, g):
+        x, weight = self.saved_tensors
+        gx, gw = recomputed_grads(self, self._composite, (x, weight), g)[:2]
+        gb = sum_to(g, self._input_shapes[2]) if self.needs_input_grad[2] else None
+        return gx, gw, gb
+
+    def _composite(self, x, weight):
+        """The forward (without the bias) in differentiable ops, for double backward."""
+        dims = tuple(range(x.ndim - len(self.normalized_shape), x.ndim))
+        centered = x - x.mean(dims, keepdim=True)
+        out = centered * ((centered * centered).mean(dims, keepdim=True) + self.eps).rsqrt()
+        return out * weight if weight is not None else out
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):

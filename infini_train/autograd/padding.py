@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numbers
 
+from .double_backward import LinearAdjoint
 from .function import Op, op_error
 
 __all__ = []
@@ -132,6 +133,10 @@ class Pad(Op):
         for (dim, left, right), source in reversed(list(zip(self.pairs, self.sources))):
             g = self._unpad_dim(g, dim, shape[dim], left, right, source)
         return g
+
+    def backward_graph(self, g):
+        """The gradient is linear in g: the same map as an op, whose own backward pads again (with zeros)."""
+        return LinearAdjoint(self.backward, Pad(self.pad, self.mode, 0.0).apply).apply(g)
 
     def _unpad_dim(self, g, dim, n, left, right, source):
         """Sum the gradient of one padded dim back onto the positions read. The output splits into a left

@@ -8,7 +8,10 @@ indices it can return (flat h * W + w in the unpadded input, as torch's).
 """
 from __future__ import annotations
 
+import math
+
 from .conv import pad_hw, pair, window
+from .double_backward import LinearAdjoint
 from .function import Op, op_error
 
 
@@ -92,6 +95,20 @@ class MaxPool2d(Op):
                 view += xp.where(arg == i * kernel[1] + j, grad, 0)  # not grad * mask: inf * 0 is nan
         return gpad[..., top:top + shape[-2], left:left + shape[-1]]
 
+    def backward_graph(self, grad, _grad_indices):
+        """Linear in the gradient for fixed maxima: as an op, whose own backward reads each window's maximum."""
+        (arg,) = self.stashed
+        shape = self._input_shapes[0]
+        flat = self._indices(arg, shape)  # where each output's maximum sits in its (H * W) plane
+        lead = int(math.prod(shape[:-2]))
+        planes = self.xp.arange(lead).reshape((lead,) + (1,) * (flat.ndim - len(shape[:-2])))
+        index = (planes, flat.reshape((lead,) + flat.shape[-2:]))
+
+        def gather_maxima(gg):
+            return gg.reshape(lead, shape[-2] * shape[-1])[index].reshape(tuple(flat.shape))
+
+        return LinearAdjoint(lambda g: self.backward(g, None), gather_maxima).apply(grad)
+
 
 class AvgPool2d(Op):
     def __init__(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
@@ -127,6 +144,12 @@ class AvgPool2d(Op):
                 out += window(xpad, i, j, dilation, stride, out_hw)
         out /= self._divisor(x.shape, wide.dtype)
         return out.astype(x.dtype, copy=False)
+
+    def backward_graph(self, g):
+        """Linear in the gradient: as an op, whose own backward pools again."""
+        kernel, stride, padding, _, _ = self.args
+        again = (kernel, stride, padding, self.args[4], self.count_include_pad, self.divisor_override)
+        return LinearAdjoint(self.backward, lambda gg: AvgPool2d(*again).apply(gg)).apply(g)
 
     def backward(self, grad):
         xp = self.xp

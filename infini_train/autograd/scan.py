@@ -49,6 +49,13 @@ class Cumsum(_Scan):
             g = _reversed_cumsum(self.xp, g, self.axis)
         return g.astype(self.input_dtype, copy=False)
 
+    def backward_graph(self, g):
+        from .reorder import flip
+
+        if g.ndim:
+            g = flip(flip(g, (self.axis,)).cumsum(self.axis), (self.axis,))
+        return g.to(self.input_dtype)
+
 
 class Cumprod(_Scan):
     scan = "cumprod"

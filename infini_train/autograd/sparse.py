@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numbers
 
+from ..tensor import Tensor
+from .double_backward import LinearAdjoint
 from .function import Op, op_error
 from .low_precision import narrow
 from .softmax import upcast
@@ -89,6 +91,23 @@ class Embedding(Op):
         if self.padding_idx is not None:
             grad[self.padding_idx] = 0
         return None, grad
+
+    def backward_graph(self, g):
+        """The weight's gradient is linear in g: as an op, whose own backward looks the rows up again (the
+        padding row excluded)."""
+        if not self.needs_input_grad[1]:
+            return None, None
+        (ids,) = self.stashed
+        padding = self.padding_idx
+
+        def look_up(gg):
+            if padding is not None:
+                keep = self.xp.ones((gg.shape[0], 1), gg.dtype)
+                keep[padding] = 0
+                gg = gg * Tensor._make(keep, gg.device)
+            return gg[Tensor._make(ids, gg.device)]
+
+        return None, LinearAdjoint(lambda grad: self.backward(grad)[1], look_up).apply(g)
 
 
 def embedding(ids, weight, padding_idx=None):
