@@ -1,6 +1,6 @@
-"""Where this rank sits in a run's process mesh (``parallel.pipeline`` x data parallel x ``parallel.tensor``), and
-the parts of a step that depend on it: per-rank seeds, the loss average, the gradient sums between ranks that
-hold parts or copies of one tensor, and clipping by the whole model's norm.
+"""Where this rank sits in a run's process mesh (``parallel.pipeline`` x data parallel x ``parallel.tensor``): its
+coordinates and groups, per-rank seeds and the loss average. Gradient synchronisation and clipping for the layout
+are GradientSync's (grad_sync.py).
 
 With ``parallel.tensor = parallel.pipeline = 1`` there is no mesh: the data-parallel group is the world, exactly as
 before model parallelism existed, so such runs (and their checkpoints and resumes) are unchanged.
@@ -12,9 +12,6 @@ import numpy as np
 from .. import backend
 from .. import distributed as dist
 from ..models.attention import TP_RANDOM
-from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
-from ..nn.parallel.tensor_parallel import all_reduce_grads
-from ..nn.utils import clip_grad_norm_
 from ..tensor import Tensor
 
 
@@ -33,7 +30,6 @@ class Layout:
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.tp_size, self.sequence_parallel = int(tensor), bool(sequence)
         self.pp_size, self.virtual, self.schedule = int(pipeline), int(virtual), schedule
-        self.zero_stage = 0  # set by the run: how pipeline runs reduce gradients over the data-parallel group
         self.tp_group = self.pp_group = self.embedding_group = None
         self.tp_rank = self.pp_rank = 0
         if self.tp_size == 1 and self.pp_size == 1:
@@ -83,48 +79,6 @@ class Layout:
         mean = Tensor(np.array([value], np.float64))
         dist.all_reduce(mean, "avg", group=self.dp_group)
         return float(mean.numpy()[0])
-
-    def finish_gradients(self, model, optimizer):
-        """Sum over the ranks that hold parts or copies of one tensor the gradients each computed part of: the
-        tied embedding's copies on the first and last pipeline stage, and (with sequence parallelism) the layer
-        norms' and row-parallel biases' over the tensor group. Pipeline runs then average the gradients over the
-        data-parallel group (no DDP reduces them during backward); elsewhere DDP already did, and under ZeRO the
-        sequence-parallel sums cover the pieces this rank owns."""
-        if self.pipeline_parallel:
-            if self.embedding_group is not None:
-                all_reduce_grads([p.grad for p in model.shared_embedding_params() if p.grad is not None],
-                                 self.embedding_group)
-            if self.sequence_parallel:
-                all_reduce_grads(_sequence_parallel_grads(model), self.tp_group)
-            if self.dp_size > 1:
-                if hasattr(optimizer, "reduce_gradients"):
-                    optimizer.reduce_gradients(shard=self.zero_stage == 2)
-                else:
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    all_reduce_grads(grads, self.dp_group)
-                    for g in grads:
-                        g.array /= self.dp_size
-            return
-        if not self.sequence_parallel:
-            return
-        if hasattr(optimizer, "owned_grads"):
-            grads = [g for p, g in optimizer.owned_grads() if getattr(p, "sequence_parallel", False)]
-        else:
-            grads = _sequence_parallel_grads(model)
-        all_reduce_grads(grads, self.tp_group)
-
-    def clip(self, params, optimizer, max_norm):
-        """Clip by the whole model's gradient norm; returns it as a float."""
-        if hasattr(optimizer, "clip_grad_norm_"):  # ZeRO: the norm over every data-parallel rank's shard
-            return float(optimizer.clip_grad_norm_(max_norm, tensor_group=self.tp_group,
-                                                   pipeline_group=self.pp_group).item())
-        if self.mesh is not None:
-            return float(clip_grad_norm_model_parallel_(params, max_norm, self.tp_group, self.pp_group).item())
-        return float(clip_grad_norm_(params, max_norm).item())
-
-
-def _sequence_parallel_grads(model):
-    return [p.grad for p in model.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
 
 
 __all__ = ["Layout", "step_seed"]

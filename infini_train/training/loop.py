@@ -43,7 +43,8 @@ from .precision_run import precision_checker_for
 from .profiling import RunProfiler
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
-from .step import train_step
+from .grad_sync import GradientSync
+from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
 
 
@@ -173,10 +174,11 @@ class Run:
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
         self.raw_model, self.tok_name, self.lora_base = build_model(
             cfg, self.device, layout, lora_reference=(resume_state or {}).get("lora"))
-        self.zero_stage = layout.zero_stage = cfg.parallel.zero_stage
+        self.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, layout.dp_group)
         self.model = self.raw_model
-        if layout.dp_size > 1 and not layout.pipeline_parallel:  # pipeline runs reduce after the schedule
+        ddp = layout.dp_size > 1 and not layout.pipeline_parallel  # pipeline runs reduce after the schedule
+        if ddp:
             zero = self.optimizer if self.zero_stage else None
             self.model = DistributedDataParallel(self.raw_model, process_group=layout.dp_group, zero_optimizer=zero,
                                                  zero_stage=self.zero_stage or 2)
@@ -189,6 +191,9 @@ class Run:
         self.tokenizer = get_tokenizer(self.tok_name)
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
+        self.plan = StepPlan(self.model, self.optimizer, layout,
+                             GradientSync(layout, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
+                             self.device, self.amp, self.scaler, ddp)
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -320,9 +325,7 @@ class Run:
                 t0 = time.perf_counter()
                 profiler.begin(step)
                 with check.recording(step):
-                    result = train_step(self.model, self.raw_model.parameters(), self.optimizer, self.train_loader,
-                                        t, step, self.grad_accum, self.device, cfg.seed, self.amp, self.scaler,
-                                        self.layout)
+                    result = train_step(self.plan, self.train_loader, t, step, cfg.seed)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
                 profiler.end(step)

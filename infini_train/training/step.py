@@ -1,5 +1,6 @@
-"""One optimizer step of a run: gradient accumulation over micro-batches (DDP all-reduces only the last one),
-the loss averaged over ranks, gradient clipping, the learning-rate schedule, and the non-finite check.
+"""One optimizer step of a run, the same for every layout: the plan's forward-backward over the micro-batches
+(DDP all-reduces only the last one; a pipeline runs its schedule), the loss averaged over ranks, the plan's
+gradient synchronisation and clipping, the learning-rate schedule, and the non-finite check.
 
 A step whose loss or gradient norm is not finite is skipped (no update); every rank sees the same loss and the
 same all-reduced gradients, so they all skip together.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from ..optim.lr_scheduler import cosine_with_warmup
 from .evaluation import to_device_tensor
+from .forward_backward import forward_backward_func
 from .layout import Layout, step_seed  # noqa: F401  (step_seed is part of this module's interface)
 
 
@@ -31,46 +33,55 @@ class StepResult:
     loss_scale: float = None  # the GradScaler's scale for this step (fp16-mixed)
 
 
-def train_step(model, params, optimizer, loader, train_cfg, step, grad_accum, device, seed, amp=None, scaler=None,
-               layout=None):
-    """Forward and backward over ``grad_accum`` micro-batches (the forward under ``amp()``, the loss scaled by
-    ``scaler`` when given), then unscale, clip, schedule and (when finite) update. ``layout``: the run's
-    Layout (default: data parallel over the world)."""
-    layout = layout or Layout()
+@dataclass
+class StepPlan:
+    """What every step of a run does, decided once when the run is built: the model (DDP-wrapped or pipelined),
+    the optimizer, the forward-backward for the layout, who synchronises gradients, the precision's autocast and
+    GradScaler, and the micro-batches per step."""
+
+    model: object
+    optimizer: object
+    layout: Layout
+    sync: object  # a GradientSync
+    grad_accum: int
+    device: object
+    amp: object = None  # () -> the forward's context (autocast), or None
+    scaler: object = None  # a GradScaler (fp16-mixed), or None
+    ddp: bool = False  # the model is DistributedDataParallel: its no_sync() defers the reduction
+
+    def __post_init__(self):
+        self.forward_backward = forward_backward_func(self.layout.pipeline_parallel)
+        self.no_sync = self.model.no_sync if self.ddp else None
+        self.amp = self.amp or contextlib.nullcontext
+
+
+def train_step(plan, loader, train_cfg, step, seed):
+    """One optimizer step: forward and backward over ``plan.grad_accum`` micro-batches (the loss scaled by the
+    plan's GradScaler when there is one), gradient synchronisation, unscale, clip, schedule and (when finite)
+    update."""
+    layout, optimizer, scaler = plan.layout, plan.optimizer, plan.scaler
     layout.seed_step(seed, step)
     optimizer.zero_grad(set_to_none=True)
-    params = list(params)
-    amp = amp or contextlib.nullcontext
 
     def backward(loss):
-        loss = loss / grad_accum
+        loss = loss / plan.grad_accum
         (loss if scaler is None else scaler.scale(loss)).backward()
         return loss
 
-    if layout.pipeline_parallel:  # the micro-batches go through the stages in the schedule's order
-        if scaler is not None:  # only the last stage scales a loss; the others backpropagate its scaled gradient
-            scaler.expect_scaled_gradients()
-        batches = [_next_batch(loader, train_cfg) for _ in range(grad_accum)]
-        loss_sum = model.train_step([to_device_tensor(x, device) for x, _ in batches],
-                                    [to_device_tensor(y, device) for _, y in batches], backward, amp)
-    else:
-        loss_sum = 0.0
-        ddp = hasattr(model, "no_sync")
-        for micro in range(grad_accum):
-            x, y = _next_batch(loader, train_cfg)
-            last = micro == grad_accum - 1
-            with model.no_sync() if ddp and not last else contextlib.nullcontext():
-                with amp():
-                    _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
-                loss_sum += backward(loss).item()
+    def next_batch():
+        x, y = _next_batch(loader, train_cfg)
+        return to_device_tensor(x, plan.device), to_device_tensor(y, plan.device)
+
+    if scaler is not None and layout.pipeline_parallel:  # only the last stage scales a loss; the others
+        scaler.expect_scaled_gradients()                  # backpropagate its scaled gradient
+    loss_sum = plan.forward_backward(plan.model, next_batch, plan.grad_accum, backward, plan.amp, plan.no_sync)
     loss_sum = layout.mean_over_data(loss_sum)
-    layout.finish_gradients(model, optimizer)
+    plan.sync.finish()
     scale = None
     if scaler is not None:
         scale = scaler.get_scale()
         scaler.unscale_(optimizer)  # clip the true gradients
-    max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
-    norm = layout.clip(params, optimizer, max_norm)
+    norm = plan.sync.clip(train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf"))
     lr = cosine_with_warmup(step, train_cfg.learning_rate, train_cfg.warmup_iters, train_cfg.num_iterations,
                             train_cfg.learning_rate_decay_frac)
     for group in optimizer.param_groups:

@@ -1,0 +1,67 @@
+"""The one owner of gradient synchronisation for a run's layout (as Megatron's finalize_model_grads): after the
+forward-backward of a step, ``finish()`` sums the gradients of tensors that live on several ranks and averages
+over the data-parallel group where no DDP did during backward; ``clip(max_norm)`` clips by the whole model's norm.
+
+Everything is decided when the run is built, from the layout and the ZeRO stage:
+- pipeline runs: the tied embedding's copies are summed over the embedding group (first and last stage), the
+  sequence-parallel parameters over the tensor group, then the gradients are averaged over the data-parallel
+  group (by ZeRO's reduction when the optimizer shards, else an all-reduce);
+- other runs: DDP (or ZeRO-2's reducer) averaged them during backward; with sequence parallelism the layer norms'
+  and row-parallel biases' gradients are summed over the tensor group (under ZeRO, the pieces this rank owns);
+- clipping: ZeRO's norm over every rank's shard, the model-parallel norm over a mesh, or the plain norm.
+"""
+from __future__ import annotations
+
+from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
+from ..nn.parallel.tensor_parallel import all_reduce_grads
+from ..nn.utils import clip_grad_norm_
+
+
+class GradientSync:
+    def __init__(self, layout, model, optimizer, zero_stage=0):
+        self.layout, self.model, self.optimizer = layout, model, optimizer
+        self.zero_stage = zero_stage
+        self.params = list(model.parameters())
+
+    def finish(self):
+        layout = self.layout
+        if layout.pipeline_parallel:
+            if layout.embedding_group is not None:
+                all_reduce_grads([p.grad for p in self.model.shared_embedding_params() if p.grad is not None],
+                                 layout.embedding_group)
+            if layout.sequence_parallel:
+                all_reduce_grads(self._sequence_parallel_grads(), layout.tp_group)
+            if layout.dp_size > 1:
+                self._average_over_data()
+        elif layout.sequence_parallel:
+            if self.zero_stage:
+                grads = [g for p, g in self.optimizer.owned_grads() if getattr(p, "sequence_parallel", False)]
+            else:
+                grads = self._sequence_parallel_grads()
+            all_reduce_grads(grads, layout.tp_group)
+
+    def _average_over_data(self):
+        if self.zero_stage:
+            self.optimizer.reduce_gradients(shard=self.zero_stage == 2)
+            return
+        grads = [p.grad for p in self.params if p.grad is not None]
+        all_reduce_grads(grads, self.layout.dp_group)
+        for g in grads:
+            g.array /= self.layout.dp_size
+
+    def _sequence_parallel_grads(self):
+        return [p.grad for p in self.params if getattr(p, "sequence_parallel", False) and p.grad is not None]
+
+    def clip(self, max_norm):
+        """Clip by the whole model's gradient norm; returns it as a float."""
+        layout = self.layout
+        if self.zero_stage:  # the norm over every data-parallel rank's shard
+            return float(self.optimizer.clip_grad_norm_(max_norm, tensor_group=layout.tp_group,
+                                                        pipeline_group=layout.pp_group).item())
+        if layout.mesh is not None:
+            return float(clip_grad_norm_model_parallel_(self.params, max_norm, layout.tp_group,
+                                                        layout.pp_group).item())
+        return float(clip_grad_norm_(self.params, max_norm).item())
+
+
+__all__ = ["GradientSync"]
