@@ -74,8 +74,6 @@ def test_a_deadlocking_order_is_reported():
                                "parallel.pipeline (4)"),
     (("interleaved", 4, 2, 6), "to be a multiple of parallel.pipeline (4)\nHINT: set train.total_batch_size so that "
                                "total / (batch_size x sequence_length x data-parallel size) is 8"),
-    (("1f1b", 4, 1, 4, 6), "model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
-                           "4 x 1 = 4 (equal model chunks), got 6"),
 ])
 def test_impossible_combinations_name_the_numbers(args, message):
     with pytest.raises(ScheduleError) as info:

@@ -37,9 +37,9 @@ class Action:
         return f"{self.kind}{self.chunk}.{self.mb}"
 
 
-def check_schedule(schedule, stages, virtual, micro_batches, layers=None):
+def check_schedule(schedule, stages, virtual, micro_batches):
     """Raise ScheduleError when ``schedule`` cannot run P = ``stages``, V = ``virtual``, M = ``micro_batches``
-    (and, given ``layers``, when they do not split into P x V equal chunks)."""
+    (whether a model's layers split into P x V chunks is its ModelSpec's check)."""
     if schedule not in SCHEDULES:
         raise ScheduleError(f"parallel.pipeline_schedule: expected one of {SCHEDULES}, got {schedule!r}")
     if virtual > 1 and schedule != "interleaved":
@@ -56,10 +56,6 @@ def check_schedule(schedule, stages, virtual, micro_batches, layers=None):
                 f"steps, {micro_batches}) to be a multiple of parallel.pipeline ({stages})\nHINT: set "
                 f"train.total_batch_size so that total / (batch_size x sequence_length x data-parallel size) is "
                 f"{max(stages, -(-micro_batches // stages) * stages)}, or use 1f1b")
-    if layers is not None and layers % (stages * virtual):
-        raise ScheduleError(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
-                            f"{stages} x {virtual} = {stages * virtual} (equal model chunks), got {layers}\nHINT: "
-                            "choose pipeline and virtual_pipeline sizes whose product divides the layers")
 
 
 def stage_order(schedule, stages, virtual, micro_batches, stage):
