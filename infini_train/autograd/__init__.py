@@ -1,6 +1,6 @@
 """Autograd: Function nodes, the backward engine, grad mode, AccumulateGrad, the op families and activation
 recomputation (checkpoint)."""
-from .accumulate import AccumulateGrad, AllReducePostAccumulateHook, PostAccumulateGradHook
+from .accumulate import AccumulateGrad, PostAccumulateGradHook
 from .engine import backward, grad
 from .function import Function, Op, OpError, RemovableHandle, sum_to
 from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
@@ -13,3 +13,12 @@ __all__ = [
     "OpError", "RemovableHandle", "sum_to", "enable_grad", "inference_mode", "is_grad_enabled",
     "is_inference_mode_enabled", "no_grad", "set_grad_enabled", "checkpoint", "checkpoint_sequential",
 ]
+
+
+def __getattr__(name):
+    """``it.autograd.AllReducePostAccumulateHook`` (the contract's name) lives in distributed/, which this layer does
+    not import: it is looked up there on first use."""
+    if name == "AllReducePostAccumulateHook":
+        from ..distributed.grad_hooks import AllReducePostAccumulateHook
+        return AllReducePostAccumulateHook
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

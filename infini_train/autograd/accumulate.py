@@ -3,7 +3,8 @@
 A leaf tensor that requires grad owns one AccumulateGrad (created on first use and kept, so hooks
 registered on it persist across iterations). Its backward adds the incoming gradient, scaled by
 ``learning_rate``, into ``tensor.grad`` and then runs the post-accumulate hooks in registration order;
-DDP registers an all-reduce there.
+DDP registers its bucketed reduction there (a plain all-reduce hook is infini_train.distributed's
+AllReducePostAccumulateHook).
 """
 from __future__ import annotations
 
@@ -16,21 +17,6 @@ class PostAccumulateGradHook:
 
     def __call__(self, tensor):
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(tensor)")
-
-
-class AllReducePostAccumulateHook(PostAccumulateGradHook):
-    """All-reduces a parameter's gradient across ``process_group`` as soon as it is accumulated."""
-
-    def __init__(self, reduce_op, process_group=None):
-        self.reduce_op = reduce_op
-        self.process_group = process_group
-
-    def __call__(self, tensor):
-        group = self.process_group
-        if group is None:
-            from ..distributed import default_group
-            group = default_group()
-        group.all_reduce(tensor.grad, self.reduce_op)
 
 
 class AccumulateGrad(Function):

@@ -12,6 +12,7 @@ from ..creation import arange
 from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, whole_numel  # noqa: F401
 from .causal_lm import CausalLM
 from .gpt2_config import GPT2_PRESETS, GPT2Config
+from .gpt2_io import HF_CONV1D
 from .registry import ModelSpec, register
 
 
@@ -79,6 +80,7 @@ class Block(nn.Module):
 class GPT2(CausalLM):
     BODY, EMBEDDING, BLOCKS, FINAL_NORM = "transformer", ("wte", "wpe", "drop"), "h", "ln_f"
     CONTEXT_KEY = "block_size"
+    hf_conv1d_weights = HF_CONV1D  # the weights HF's GPT-2 stores (in, out) (PEFT's fan_in_fan_out for their adapters)
 
     def __init__(self, config: GPT2Config):
         super().__init__()

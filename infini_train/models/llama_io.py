@@ -10,7 +10,7 @@ import re
 import numpy as np
 
 from .. import backend
-from ..utils.safetensors_io import SafetensorsError, read_safetensors, write_safetensors
+from ..safetensors_io import SafetensorsError, read_safetensors, write_safetensors
 from .gpt2_io import WeightsError, _atomic_write
 from .llama_config import ROPE_SCALING_KEYS, LlamaConfig
 from .special_tokens import text_boundary_ids

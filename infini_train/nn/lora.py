@@ -481,13 +481,11 @@ def load_adapter(model, directory):
 
 
 def _fan_in_fan_out(model):
-    """PEFT's flag for Conv1D targets: HF GPT-2 stores its projections (in, out), so PEFT sets it for them."""
-    from ..models.gpt2_config import GPT2Config
-    from ..models.gpt2_io import HF_CONV1D
-
-    if not isinstance(getattr(model, "config", None), GPT2Config):
-        return False
-    return any((name + ".weight").endswith(HF_CONV1D) for name, _ in named_lora_layers(model))
+    """PEFT's flag for Conv1D targets: a model whose Hugging Face checkpoint stores some projections (in, out)
+    names their weights' suffixes in ``hf_conv1d_weights`` (GPT-2 does), and PEFT sets the flag when an adapter
+    wraps one of them."""
+    conv1d = tuple(getattr(model, "hf_conv1d_weights", ()))
+    return bool(conv1d) and any((name + ".weight").endswith(conv1d) for name, _ in named_lora_layers(model))
 
 
 __all__ = ["LoRAError", "LoRASettings", "LoRALinear", "ColumnParallelLoRALinear", "RowParallelLoRALinear",

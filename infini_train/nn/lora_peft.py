@@ -81,7 +81,7 @@ def _json_targets(targets):
 
 def write_adapter_files(directory, config, tensors):
     """Write the weights, then the config, each into a temporary file renamed into place."""
-    from ..utils.safetensors_io import write_safetensors
+    from ..safetensors_io import write_safetensors
 
     os.makedirs(directory, exist_ok=True)
     write_safetensors(os.path.join(directory, WEIGHTS_FILE), dict(sorted(tensors.items())), {"format": "pt"})
@@ -104,7 +104,7 @@ def from_peft_keys(tensors, directory):
 
 
 def read_adapter_weights(directory):
-    from ..utils.safetensors_io import SafetensorsError, read_safetensors
+    from ..safetensors_io import SafetensorsError, read_safetensors
 
     path = os.path.join(directory, WEIGHTS_FILE)
     if not os.path.exists(path):

@@ -10,8 +10,8 @@ import struct
 
 import numpy as np
 
-from .. import backend
-from ..atomic_file import write_atomically
+from . import backend
+from .atomic_file import write_atomically
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": None, "I64": np.int64, "I32": np.int32,
            "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
