@@ -16,6 +16,19 @@ from .function import Function, Op
 from .grad_mode import enable_grad
 
 
+def graph_handle(t):
+    """``t``'s place in the graph without its memory: a tensor of t's shape, dtype, version counter and graph
+    node whose array is a broadcast zero (no storage). Saved for backward in place of a large tensor whose
+    values the op can rebuild itself; a leaf is returned as it is (its owner keeps it alive anyway)."""
+    if t.grad_fn is None:
+        return t
+    xp = t.device.array_module()
+    handle = Tensor._make(xp.broadcast_to(xp.zeros((), t.dtype), tuple(t.shape)), t.device)
+    handle._version = t._version
+    handle.grad_fn, handle._output_idx, handle._requires_grad = t.grad_fn, t._output_idx, t._requires_grad
+    return handle
+
+
 def recomputed_grads(fn, composite, inputs, grads):
     """The gradients ``fn``'s inputs get from ``grads``, as tensors connected to the graph: those of
     ``composite(*inputs)`` (the forward recomputed with differentiable ops). ``inputs`` are fn's saved inputs
@@ -101,4 +114,4 @@ class LinearAdjoint(Op):
         return self.forward_map(gg)
 
 
-__all__ = ["recomputed_grads", "LinearAdjoint"]
+__all__ = ["recomputed_grads", "LinearAdjoint", "graph_handle"]

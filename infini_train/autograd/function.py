@@ -64,19 +64,6 @@ class ignore_fp_errors:
         return False
 
 
-def graph_handle(t):
-    """``t``'s place in the graph without its memory: a tensor of t's shape, dtype, version counter and graph
-    node whose array is a broadcast zero (no storage). Saved for backward in place of a large tensor whose
-    values the op can rebuild itself; a leaf is returned as it is (its owner keeps it alive anyway)."""
-    if t.grad_fn is None:
-        return t
-    xp = t.device.array_module()
-    handle = _tensor_class()._make(xp.broadcast_to(xp.zeros((), t.dtype), tuple(t.shape)), t.device)
-    handle._version = t._version
-    handle.grad_fn, handle._output_idx, handle._requires_grad = t.grad_fn, t._output_idx, t._requires_grad
-    return handle
-
-
 def sum_to(grad, shape):
     """Sum ``grad`` down to ``shape``: undoes numpy broadcasting in every binary op's backward. ``grad`` may be
     an array, or a Tensor during a create_graph backward (then the sum is recorded)."""

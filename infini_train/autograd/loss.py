@@ -21,8 +21,8 @@ import warnings
 import numpy as np
 
 from ..tensor import Tensor
-from .double_backward import recomputed_grads
-from .function import Op, graph_handle, ignore_fp_errors, op_error, sum_to
+from .double_backward import graph_handle, recomputed_grads
+from .function import Op, ignore_fp_errors, op_error, sum_to
 from .softmax import exp_and_sum, logsumexp, row_dot, row_sum, subtract_wide, upcast
 
 _REDUCTIONS = ("mean", "sum", "none")
