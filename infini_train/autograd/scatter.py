@@ -4,7 +4,7 @@ index_add / index_copy / index_fill along a dim by a list of positions, masked_s
 All but scatter_reduce's prod/amax/amin are indexing in disguise: the index becomes a tuple of integer arrays (one
 per dim, ``index`` itself along ``dim``) and the result is ``x + ScatterBack(...)`` (a sum at repeated positions)
 or ``IndexPut`` (an overwrite), whose backward and double backward read the same positions back. The in-place
-``_`` forms record through inplace.run as every in-place op does."""
+``_`` forms compute out of place and ``copy_`` the result in, recorded as every in-place op is (``in_place``)."""
 from __future__ import annotations
 
 import numbers
