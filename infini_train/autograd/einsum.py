@@ -213,26 +213,28 @@ class Einsum(Op):
     def backward_graph(self, g):
         """Each operand's gradient as an einsum of g and the other operands (on Tensors, recorded): the equation
         written with the plan's letters (``...`` dims have letters of their own there); letters of the operand
-        alone are broadcast back, size-1 dims summed."""
+        alone are broadcast back, size-1 dims summed, and a repeated letter's gradient placed on its diagonal."""
+        from .misc import ScatterBack
+
         plan, operands = self.plan, self.saved_tensors
         grads = []
         for k, need in enumerate(self.needs_input_grad):
             if not need:
                 grads.append(None)
                 continue
-            dims = plan.dims[k]
-            if len(set(dims)) != len(dims):
-                raise RuntimeError(f"einsum: double backward of an operand with a repeated subscript (a diagonal, "
-                                   f"{''.join(dims)!r}) is not supported\nHINT: take the diagonal with "
-                                   "torch-style indexing before einsum")
+            dims, unique, shape = plan.dims[k], plan.unique[k], self._input_shapes[k]
             others = [j for j in range(len(operands)) if j != k]
-            reached = [label for label in dims if label in plan.out or any(label in plan.dims[j] for j in others)]
+            reached = [label for label in unique if label in plan.out or any(label in plan.dims[j] for j in others)]
             equation = ",".join(["".join(plan.out)] + ["".join(plan.dims[j]) for j in others]) + "->" + \
                 "".join(reached)
             grad = einsum(equation, g, *(operands[j] for j in others))
-            grad = grad.reshape(tuple(plan.sizes[label] if label in reached else 1 for label in dims))
-            grad = grad.expand(tuple(plan.sizes[label] for label in dims))
-            grads.append(sum_to(grad, self._input_shapes[k]))
+            grad = grad.reshape(tuple(plan.sizes[label] if label in reached else 1 for label in unique))
+            grad = grad.expand(tuple(plan.sizes[label] for label in unique))
+            own = dict(zip(dims, shape))
+            grad = sum_to(grad, tuple(own[label] for label in unique))  # size-1 dims broadcast in forward
+            if len(unique) != len(dims):  # repeated letters read a diagonal: the gradient goes back onto it
+                grad = ScatterBack(_diagonal_index(self.xp, dims, unique, shape), shape, False).apply(grad)
+            grads.append(grad)
         return tuple(grads)
 
     def _operand_grad(self, g, views, k):

@@ -235,9 +235,7 @@ class CrossEntropy(_ClassLoss):
         e, _, t, valid, row_weights, w = self.stashed
         xp, dev = self.xp, handle.device
         num_classes = e.shape[1]
-        rows = handle.reshape(1, -1) if handle.ndim == 1 else handle
-        if handle.ndim > 2:
-            rows = rows.reshape(rows.shape[0], num_classes, -1).transpose(1, 2).reshape(-1, num_classes)
+        rows = _rows_graph(handle, num_classes)
         with ignore_fp_errors(xp):
             values = xp.log(e) + (self.shift if self.shift is not None else 0)
         x = rows - rows.detach() + Tensor._make(values.astype(rows.dtype), dev)
@@ -280,6 +278,7 @@ class SoftCrossEntropy(_ClassLoss):
         losses = -row_dot(xp, weighted, log_probs, 1)[:, 0].astype(np.float64)
         self.denominator = x.shape[0]  # 'mean' averages over rows, whatever the weights
         self.stash(e, s, weighted, probs, log_probs, w)
+        self.shift = shift  # (with e, the logits' values again, for a double backward)
         out_dtype = _promote(logits, target)
         return xp.asarray(self._reduce(losses, logits.shape[:1] + logits.shape[2:] if logits.ndim > 1 else ())
                           ).astype(out_dtype, copy=False)
@@ -304,12 +303,40 @@ class SoftCrossEntropy(_ClassLoss):
             grad_weight = -(probs * log_probs * scale).sum(axis=0)
         return grad_x, grad_target, grad_weight
 
+    def setup_context(self, inputs, output):
+        # the logits by a storage-free handle (their values come back from the stashed exp and shift), the target
+        # and weight as they are
+        self.save_for_backward(graph_handle(inputs[0]), *inputs[1:])
+
+    def backward_graph(self, g):
+        return recomputed_grads(self, self._composite, self.saved_tensors, g)
+
+    def _composite(self, handle, target, weight=None):
+        """The loss in differentiable ops: -sum_c w_c p_c log_softmax(x)_c per row, then the reduction."""
+        e = self.stashed[0]
+        xp, dev, num_classes = self.xp, handle.device, e.shape[1]
+        with ignore_fp_errors(xp):
+            values = xp.log(e) + (self.shift if self.shift is not None else 0)
+        rows = _rows_graph(handle, num_classes)
+        x = rows - rows.detach() + Tensor._make(values.astype(rows.dtype), dev)
+        probs = _rows_graph(target, num_classes)
+        eps = self.label_smoothing
+        if eps > 0:
+            probs = probs * (1 - eps) + eps / num_classes
+        if weight is not None:
+            probs = probs * weight
+        losses = -(probs * x.log_softmax(-1)).sum(-1)
+        if self.reduction == "none":
+            return losses.reshape(tuple(handle.shape[:1]) + tuple(handle.shape[2:]) if handle.ndim > 1 else ())
+        return losses.sum() if self.reduction == "sum" else losses.sum() / float(self.denominator)
+
 
 class NLLLoss(_ClassLoss):
     op_name = "nll_loss"
 
     def forward(self, log_probs, target, weight=None):
         xp = self.xp
+        self._target_shape = tuple(target.shape)
         x, t, valid = self._rows(log_probs, target)
         w = self._class_weights(weight, x.shape[1], log_probs.dtype)
         picked = upcast(x[xp.arange(x.shape[0]), t])
@@ -328,6 +355,35 @@ class NLLLoss(_ClassLoss):
         with ignore_fp_errors(xp) if row_weights is not None else _QUIET:
             grad[xp.arange(rows_shape[0]), t] = -scale if row_weights is None else -scale * row_weights
         return self._unrows(grad).astype(g.dtype, copy=False), None, None
+
+    def setup_context(self, inputs, output):
+        self.save_for_backward(graph_handle(inputs[0]))  # the loss is linear in the input: no values needed
+
+    def backward_graph(self, g):
+        (handle,) = self.saved_tensors
+        return recomputed_grads(self, self._composite, (handle,), g)[0], None, None
+
+    def _composite(self, handle):
+        """-log_probs[row, target] (weighted, ignored rows dropped), reduced: linear, so the handle's placeholder
+        values never matter."""
+        t, valid, rows_shape, row_weights = self.stashed
+        xp, dev = self.xp, handle.device
+        rows = _rows_graph(handle, rows_shape[1])
+        scale = valid.astype(rows.dtype) if row_weights is None else row_weights.astype(rows.dtype)
+        losses = -rows[Tensor._make(xp.arange(rows_shape[0]), dev), Tensor._make(t, dev)] * Tensor._make(scale, dev)
+        if self.reduction == "none":
+            return losses.reshape(self._target_shape)
+        total = losses.sum()
+        return total if self.reduction == "sum" else total / float(self.denominator)
+
+
+def _rows_graph(a, num_classes):
+    """_ClassLoss._to_rows on Tensors: (C,) -> (1, C); (N, C, d...) -> (N*d..., C)."""
+    if a.ndim == 1:
+        return a.reshape(1, -1)
+    if a.ndim > 2:
+        return a.reshape(a.shape[0], num_classes, -1).transpose(1, 2).reshape(-1, num_classes)
+    return a
 
 
 # ----------------------------------------------------------------------------------- elementwise losses

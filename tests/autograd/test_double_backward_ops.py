@@ -1,7 +1,8 @@
 """Double backward (create_graph=True) of the ops gradient penalties, input-gradient regularisers and MAML reach:
-layer norm, RMS norm, cross-entropy, MSE, BCE-with-logits, embedding, conv2d, max/avg pooling, attention (causal,
-masks, GQA, dropout-free), einsum, pad (every mode) and cumsum. Each against torch 2.13's second derivatives, and in
-float64 against central finite differences of the first gradient (gradgradcheck-style)."""
+layer norm, RMS norm, cross-entropy (class indices and probabilities), nll_loss, MSE, BCE-with-logits, embedding,
+conv2d, max/avg pooling, attention (causal, masks, GQA, dropout-free), einsum (diagonals too), pad (every mode) and
+cumsum. Each against torch 2.13's second derivatives, and in float64 against central finite differences of the
+first gradient (gradgradcheck-style)."""
 import numpy as np
 import pytest
 import torch
@@ -52,6 +53,14 @@ CASES = {  # name: (input, fn(m, x) -> a tensor built from x)
         x, m.tensor(np.where(TARGETS == 0, -1, TARGETS)), weight=m.tensor([0.5, 1.0, 2.0, 1.5], dtype=m.float64),
         ignore_index=-1, label_smoothing=0.2)),
     "cross_entropy_3d_none": (IMG[:, :3], lambda m, x: F(m).cross_entropy(x, m.tensor(T3 % 3), reduction="none")),
+    "cross_entropy_soft": (IMG[:, :, 0, :4].reshape(6, 4), lambda m, x: F(m).cross_entropy(
+        x * x, (x * 0.5).softmax(1), weight=m.tensor([0.5, 1.0, 2.0, 1.5], dtype=m.float64), label_smoothing=0.1)),
+    "cross_entropy_soft_3d_none": (IMG[:, :3], lambda m, x: F(m).cross_entropy(x, x.tanh().softmax(1),
+                                                                              reduction="none")),
+    "nll_loss": (IMG[:, :, 0, :4].reshape(6, 4), lambda m, x: F(m).nll_loss(
+        (x * x).log_softmax(1), m.tensor(np.where(TARGETS == 0, -100, TARGETS)),
+        weight=m.tensor([0.5, 1.0, 2.0, 1.5], dtype=m.float64))),
+    "nll_loss_3d_sum": (IMG[:, :3], lambda m, x: F(m).nll_loss(x.log_softmax(1), m.tensor(T3 % 3), reduction="sum")),
     "mse": (IMG, lambda m, x: F(m).mse_loss(x * x, m.tensor(IMG[::-1].copy()))),
     "mse_sum": (IMG, lambda m, x: F(m).mse_loss(x.tanh(), x.exp(), reduction="sum")),
     "bce_logits": (IMG, lambda m, x: F(m).binary_cross_entropy_with_logits(
@@ -72,6 +81,9 @@ CASES = {  # name: (input, fn(m, x) -> a tensor built from x)
     "einsum": (IMG, lambda m, x: m.einsum("nchw,nkhw->nck", x, x * x)),
     "einsum_ellipsis_lone": (IMG, lambda m, x: m.einsum("...ij,...jk->...ik", x[..., :5], x.tanh()[..., :5, :])
                              + m.einsum("nchw->n", x)[:, None, None, None]),
+    "einsum_diagonal": (IMG[0, 0, :5, :5], lambda m, x: m.einsum("ii->i", x * x) + m.einsum("ii", x.tanh())),
+    "einsum_diagonal_contract": (IMG[0, :2, :2, :4], lambda m, x: m.einsum("iij,jk->ik", x, (x * x)[0, :, :, None]
+                                                                          .reshape(4, 2))),
     "pad_constant": (IMG, lambda m, x: F(m).pad(x * x, (1, 2, 0, 1), value=0.5)),
     "pad_reflect": (IMG, lambda m, x: F(m).pad(x * x, (2, 1, 1, 2), mode="reflect")),
     "pad_replicate": (IMG[0], lambda m, x: F(m).pad(x * x, (2, 1), mode="replicate")),
@@ -95,8 +107,9 @@ def test_second_derivatives_match_torch(name):
     same(lambda m: _second(m, name, x, v), rtol=1e-7, atol=1e-9)
 
 
-FD_CASES = ["layer_norm", "cross_entropy_options", "bce_logits", "embedding_padding", "conv2d_options", "max_pool2d",
-            "avg_pool2d", "sdpa_causal", "sdpa_float_mask_gqa", "einsum_ellipsis_lone", "pad_reflect", "cumsum"]
+FD_CASES = ["layer_norm", "cross_entropy_options", "cross_entropy_soft", "nll_loss", "einsum_diagonal_contract",
+            "bce_logits", "embedding_padding", "conv2d_options", "max_pool2d", "avg_pool2d", "sdpa_causal",
+            "sdpa_float_mask_gqa", "einsum_ellipsis_lone", "pad_reflect", "cumsum"]
 
 
 @pytest.mark.parametrize("name", FD_CASES)
