@@ -155,3 +155,7 @@ class TensorMethods:
     def fmod(self, other):
         from .autograd import fmod
         return fmod.fmod(self, other)
+
+    def fmod_(self, other):
+        from .autograd import fmod, inplace
+        return inplace.run(self, fmod.Fmod(), (other,), "fmod_")

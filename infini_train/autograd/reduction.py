@@ -293,15 +293,21 @@ def _cast_for(x, dtype):
     return x if dtype is None else x.to(dtype)
 
 
+def every_dim_if_empty(dim):
+    """torch's sum/mean/var/std (and nansum, nanmean, norms) read an empty dim list, () or [], as every dim;
+    all/any read it as no dim, so ``_axes`` keeps () as is and these entry points translate it."""
+    return None if isinstance(dim, (tuple, list)) and len(dim) == 0 else dim
+
+
 def sum(x, dim=None, keepdim=False, dtype=None):  # noqa: A001 - mirrors torch.sum
-    """Sum over all elements, or over ``dim`` (int or tuple); ``dtype`` casts the input first. Integer and
-    bool inputs sum to int64, as in torch."""
-    return Sum(dim, keepdim).apply(_cast_for(x, dtype))
+    """Sum over all elements (dim None or ()), or over ``dim`` (int or tuple); ``dtype`` casts the input first.
+    Integer and bool inputs sum to int64, as in torch."""
+    return Sum(every_dim_if_empty(dim), keepdim).apply(_cast_for(x, dtype))
 
 
 def mean(x, dim=None, keepdim=False, dtype=None):
     """Mean over all elements, or over ``dim`` (int or tuple); integer inputs need ``dtype``, as in torch."""
-    return Mean(dim, keepdim).apply(_cast_for(x, dtype))
+    return Mean(every_dim_if_empty(dim), keepdim).apply(_cast_for(x, dtype))
 
 
 def _extremum(cls, name, x, dim, keepdim):
@@ -365,9 +371,9 @@ def argmin(x, dim=None, keepdim=False):
 
 def var(x, dim=None, keepdim=False, correction=1):
     """Variance over all elements or ``dim``; divides by N - correction (torch semantics)."""
-    return Var(dim, keepdim, correction).apply(x)
+    return Var(every_dim_if_empty(dim), keepdim, correction).apply(x)
 
 
 def std(x, dim=None, keepdim=False, correction=1):
     """Standard deviation: sqrt(var(x, dim, keepdim, correction))."""
-    return Std(dim, keepdim, correction).apply(x)
+    return Std(every_dim_if_empty(dim), keepdim, correction).apply(x)

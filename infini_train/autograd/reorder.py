@@ -49,7 +49,7 @@ def fliplr(x):
 def flipud(x):
     """Rows reversed (dim 0); ``x`` must have at least 1 dim."""
     if x.ndim < 1:
-        raise op_error("flipud", "a tensor of at least 1 dim", "a 0-d tensor")
+        raise op_error("flipud", "a tensor of at least 1 dim", "a 0-d tensor", "a 0-d tensor has no rows to reverse")
     return flip(x, (0,))
 
 
@@ -64,7 +64,8 @@ def roll(x, shifts, dims=None):
         return roll(x.reshape(-1), shifts, 0).reshape(x.shape)
     dims = (dims,) if isinstance(dims, numbers.Integral) else tuple(dims)
     if len(shifts) != len(dims):
-        raise op_error("roll", "as many shifts as dims", f"shifts={shifts!r}, dims={dims!r}")
+        raise op_error("roll", "as many shifts as dims", f"shifts={shifts!r}, dims={dims!r}",
+                       "pass one shift per dim, e.g. roll(x, (1, 2), (0, 1))")
     out = x
     for shift, dim in zip(shifts, dims):
         dim = _dim("roll", dim, x.ndim)
@@ -80,9 +81,9 @@ def rot90(x, k=1, dims=(0, 1)):
     (torch.rot90)."""
     dims = tuple(dims)
     if len(dims) != 2:
-        raise op_error("rot90", "two dims (the plane of rotation)", f"dims={dims!r}")
+        raise op_error("rot90", "two dims (the plane of rotation)", f"dims={dims!r}", "e.g. dims=(0, 1)")
     if x.ndim < 2:
-        raise op_error("rot90", "a tensor of at least 2 dims", f"{x.ndim} dims")
+        raise op_error("rot90", "a tensor of at least 2 dims", f"{x.ndim} dims", "use flip(x, 0) for a 1-D tensor")
     d0, d1 = _dims("rot90", dims, x.ndim)
     k = int(k) % 4
     if k == 1:
@@ -97,7 +98,7 @@ def rot90(x, k=1, dims=(0, 1)):
 def unbind(x, dim=0):
     """The slices of ``x`` along ``dim``, as a tuple of views (torch.unbind)."""
     if x.ndim == 0:
-        raise op_error("unbind", "a tensor of at least 1 dim", "a 0-d tensor")
+        raise op_error("unbind", "a tensor of at least 1 dim", "a 0-d tensor", "a 0-d tensor has no dim to split")
     dim = _dim("unbind", dim, x.ndim)
     return tuple(x[_along(dim, i)] for i in range(x.shape[dim]))
 
@@ -106,14 +107,15 @@ def diff(x, n=1, dim=-1, prepend=None, append=None):
     """The ``n``-th forward difference along ``dim`` (out[i] = x[i + 1] - x[i]), after joining ``prepend`` and
     ``append`` along it (torch.diff); bool tensors differ by logical xor."""
     if x.ndim == 0:
-        raise op_error("diff", "a tensor of at least 1 dim", "a 0-d tensor")
+        raise op_error("diff", "a tensor of at least 1 dim", "a 0-d tensor", "reshape it to (1,) first")
     if not isinstance(n, numbers.Integral) or n < 0:
-        raise op_error("diff", "an order n >= 0", f"n={n!r}")
+        raise op_error("diff", "an order n >= 0", f"n={n!r}", "n counts how many times the difference is taken")
     dim = _dim("diff", dim, x.ndim)
     parts = [p for p in (prepend, x, append) if p is not None]
     for p in parts:
         if not isinstance(p, Tensor):
-            raise op_error("diff", "prepend / append as tensors", f"{type(p).__name__}")
+            raise op_error("diff", "prepend / append as tensors", f"{type(p).__name__}",
+                           "wrap the values with it.tensor(...), shaped as the input except along dim")
     if len(parts) > 1:
         x = cat(parts, dim)
     for _ in range(int(n)):

@@ -88,7 +88,8 @@ def _correction(op, dim, unbiased, correction):
     """torch's spellings: var(dim, unbiased, keepdim), var(unbiased) and var(dim, correction=...)."""
     if isinstance(dim, bool):  # t.var(False): the first positional is ``unbiased``
         if unbiased is not None:
-            raise op_error(op, "dim as an int or tuple", f"dim={dim!r}")
+            raise op_error(op, "dim as an int or tuple", f"dim={dim!r}",
+                           "a bool first argument is unbiased; pass unbiased= as a keyword when dim is given")
         dim, unbiased = None, dim
     if unbiased is not None and correction is not None:
         raise op_error(op, "either unbiased or correction", f"unbiased={unbiased!r} and correction={correction!r}",
@@ -138,16 +139,22 @@ def nanmean(x, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         x = x.to(dtype)
     if not backend.is_floating(x.dtype):
-        raise op_error("nanmean", "a floating-point input", f"dtype {x.dtype}", "pass dtype=torch.float32")
+        raise op_error("nanmean", "a floating-point input", f"dtype {x.dtype}", "pass dtype=infini_train.float32")
     counted = reduction.sum(x.isnan().logical_not(), dim, keepdim)
     return nansum(x, dim, keepdim) / counted.to(x.dtype)
 
 
 def logsumexp(x, dim, keepdim=False):
     """log(sum(exp(x))) over ``dim``, computed stably (the largest value taken out first; -inf where every value
-    is -inf); integer inputs compute in the default float dtype."""
+    is -inf, or where the slice is empty); integer inputs compute in the default float dtype."""
+    if isinstance(dim, (tuple, list)) and len(dim) == 0:
+        raise op_error("logsumexp", "dim as an int or a non-empty tuple of dims", f"dim={dim!r}",
+                       "pass dim=tuple(range(x.ndim)) to reduce over every dim")
     if not backend.is_floating(x.dtype):
         x = x.to(backend.get_default_dtype())
+    axes = _axes(dim, x.ndim)
+    if any(x.shape[d] == 0 for d in axes):  # log of an empty sum: -inf, as torch (no largest value to take out)
+        return x.sum(dim=axes, keepdim=keepdim) + float("-inf")
     from .elementwise import where
     with no_grad():
         peak = reduction.amax(x, dim, keepdim=True)
@@ -155,7 +162,6 @@ def logsumexp(x, dim, keepdim=False):
     out = (x - peak).exp().sum(dim=dim, keepdim=True).log() + peak
     if keepdim:
         return out
-    axes = _axes(dim, x.ndim)
     return out.reshape(tuple(n for d, n in enumerate(out.shape) if d not in axes))
 
 
@@ -223,15 +229,24 @@ def _constant_like(like, array):
 
 
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
-    """torch.linalg.vector_norm: the ``ord``-norm (any real, inf, -inf, 0) of the elements over ``dim``."""
+    """torch.linalg.vector_norm: the ``ord``-norm (any real, inf, -inf, 0) of the elements over ``dim`` (None or ():
+    every dim); the input must be floating point, ``dtype`` then sets the dtype computed in, as torch."""
     if isinstance(ord, str) or not isinstance(ord, numbers.Real):
-        raise op_error("vector_norm", "ord as a number (2, 1, inf, -inf, 0, any real)", f"ord={ord!r}")
+        raise op_error("vector_norm", "ord as a number (2, 1, inf, -inf, 0, any real)", f"ord={ord!r}",
+                       "use infini_train.norm(x, 'fro') for the Frobenius norm")
+    if not backend.is_floating(x.dtype):
+        raise op_error("vector_norm", "a floating-point input", f"dtype {x.dtype}", "convert it with .float() first "
+                       "(dtype= only sets the dtype a floating-point input is computed in)")
     if dtype is not None:
         x = x.to(dtype)
-    if not backend.is_floating(x.dtype):
-        raise op_error("vector_norm", "a floating-point input", f"dtype {x.dtype}", "pass dtype=it.float32")
-    if ord == -math.inf and x.numel() == 0:
-        raise op_error("vector_norm", "a non-empty input for ord=-inf", "an empty tensor")
+    dim = reduction.every_dim_if_empty(dim)
+    if ord < 0 or ord == math.inf:
+        empty = [d for d in _axes(dim, x.ndim) if x.shape[d] == 0] if x.ndim else []
+        if empty or (dim is None and x.numel() == 0):
+            where = f"dim {empty[0]}" if empty else "every dim"
+            raise op_error("vector_norm", f"non-empty reduced dims for ord={ord!r} (it has no value over zero "
+                           "elements)", f"an input of shape {tuple(x.shape)} reduced over {where}",
+                           "use ord=2, 1 or 0, or reduce over non-empty dims")
     return VectorNorm(float(ord), dim, keepdim).apply(x)
 
 
