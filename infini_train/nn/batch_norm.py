@@ -53,14 +53,40 @@ class _BatchNorm(Module):
             raise op_error(name, f"a {' or '.join(f'{d}-D' for d in self.DIMS)} input {self.SHAPES}",
                            f"input of shape {tuple(x.shape)}", "pick the batch norm of the input's rank "
                            "(BatchNorm1d, 2d or 3d), or LayerNorm")
+        self._check_dtype(name, x)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.array[...] += 1
             factor = 1.0 / float(self.num_batches_tracked.array) if self.momentum is None else self.momentum
+        if x.numel() == 0:
+            return self._empty(name, x)
         use_batch_stats = self.training or self.running_mean is None
         # eval without running statistics normalises with the batch's, and then must not update anything
         stats = (self.running_mean, self.running_var) if self.training or not use_batch_stats else (None, None)
         return F.batch_norm(x, *stats, self.weight, self.bias, use_batch_stats, factor, self.eps)
+
+    def _empty(self, name, x):
+        """An empty batch, as torch: an empty output, running statistics untouched (the batch count still
+        advances), and zero gradients for the affine parameters."""
+        if x.shape[1] != self.num_features:
+            raise op_error(name, f"{self.num_features} channels (dim 1)", f"input of shape {tuple(x.shape)}",
+                           "num_features must equal the input's channel dim")
+        shape = (1, self.num_features) + (1,) * (x.ndim - 2)
+        out = x * self.weight.reshape(shape) if self.weight is not None else x.clone()
+        if self.bias is not None:
+            out = out + self.bias.reshape(shape)
+        return out.to(x.dtype)
+
+    def _check_dtype(self, name, x):
+        """torch's rule (CPU): the input has the parameters' dtype, or is bfloat16/float16 beside float32 ones."""
+        state = next((t for t in (self.weight, self.bias, self.running_mean) if t is not None), None)
+        if state is None or x.dtype == state.dtype:
+            return
+        if state.dtype == backend.float32 and x.dtype in (backend.bfloat16, backend.float16):
+            return
+        raise op_error(name, f"an input of the layer's dtype {state.dtype} (or bfloat16/float16 beside float32 "
+                       "parameters)", f"input of dtype {x.dtype}",
+                       "cast the input with x.to(dtype), or the layer with layer.to(dtype)")
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
