@@ -201,8 +201,8 @@ class VectorNorm(Op):
         g, norm = _kept(g, shape, self.axes, self.keepdim), _kept(norm, shape, self.axes, self.keepdim)
         tensors = isinstance(x, Tensor)
         sign = _constant_like(x, self.xp.sign(_raw(x)))
-        if p == 0:
-            return x * 0
+        if p == 0:  # no gradient at all (torch's is undefined: x.grad stays None)
+            return None
         if p == 1:
             return g * sign
         absx = abs(x)

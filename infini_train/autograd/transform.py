@@ -382,6 +382,21 @@ class RepeatInterleave(Op):
         index_add(xp, xp.moveaxis(grad, dim, 0), owner, xp.moveaxis(g, dim, 0))
         return grad.reshape(shape), None
 
+    def backward_graph(self, g):
+        """The same sums as recorded ops (double backward): copies summed by a reshape, or gathered by
+        ScatterBack, whose own gradient repeats them again."""
+        from .misc import ScatterBack
+        xp, dim, repeats = self.xp, self.dim, self.repeats
+        shape = self._input_shapes[0]
+        if repeats == 0:
+            return Tensor._make(xp.zeros(shape, g.dtype), g.device), None
+        if not isinstance(repeats, list):
+            n = g.shape[dim] // repeats
+            return g.reshape(g.shape[:dim] + (n, repeats) + g.shape[dim + 1:]).sum(dim=dim + 1).reshape(shape), None
+        owner = xp.repeat(xp.arange(len(repeats)), repeats)
+        entries = g.shape[:dim] + (len(repeats),) + g.shape[dim + 1:]
+        return ScatterBack((slice(None),) * dim + (owner,), entries, True).apply(g).reshape(shape), None
+
 
 class Contiguous(Op):
     def forward(self, a):

@@ -25,7 +25,7 @@ OP_MODULES = [
     "tests.autograd.test_outer", "tests.autograd.test_padding", "tests.autograd.test_einsum",
     "tests.autograd.test_rms_norm", "tests.autograd.test_rotary", "tests.autograd.test_sparse",
     "tests.test_tensor_methods",
-    "tests.autograd.test_reorder", "tests.autograd.test_statistics",
+    "tests.autograd.test_reorder", "tests.autograd.test_statistics", "tests.autograd.test_repeat_interleave",
 ]
 
 

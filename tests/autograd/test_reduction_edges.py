@@ -129,3 +129,16 @@ def test_every_error_names_what_was_expected_and_received_with_a_hint(call):
         call()
     first, hint = str(info.value).split("\n")
     assert ": expected " in first and ", got " in first and hint.startswith("HINT: ") and len(hint) > 10
+
+
+def test_the_zero_norm_has_no_gradient_as_torch():
+    def run(m):
+        x = m.tensor([1.0, 0.0, -2.0], requires_grad=True)
+        x.norm(0).backward()
+        lone = x.grad
+        y = m.tensor([1.0, 0.0, -2.0], requires_grad=True)
+        (m.linalg.vector_norm(y, 0) + y.sum()).backward()
+        z = m.tensor([1.0, 0.0], requires_grad=True)
+        return lone is None, y.grad, m.autograd.grad(z.norm(0), z, allow_unused=True)[0] is None
+
+    assert same(run)[0] is True
