@@ -39,7 +39,7 @@ def _others_product(xp, x, axes):
         return (left * right).reshape(tuple(moved.shape)).permute(*np.argsort(order).tolist())
     left = xp.cumprod(xp.concatenate([ones, flat[..., :-1]], -1), -1)
     right = xp.flip(xp.cumprod(xp.concatenate([ones, xp.flip(flat, -1)[..., :-1]], -1), -1), -1)
-    return (left * right).reshape(moved.shape).transpose(np.argsort(order))
+    return (left * right).reshape(moved.shape).transpose(tuple(np.argsort(order).tolist()))  # ints for cupy
 
 
 class Prod(Op):
@@ -181,7 +181,7 @@ class VectorNorm(Op):
         self.axes = axes = _axes(self.dim, x.ndim)
         a = xp.abs(x.astype("float32") if x.dtype.itemsize < 4 else x)
         if p == math.inf:
-            out = a.max(axis=axes, keepdims=self.keepdim, initial=0)
+            out = a.max(axis=axes, keepdims=self.keepdim)  # empty reduced dims were refused (vector_norm)
         elif p == -math.inf:
             out = a.min(axis=axes, keepdims=self.keepdim)
         elif p == 0:
