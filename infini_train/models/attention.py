@@ -73,7 +73,7 @@ def whole_numel(param, tp_size):
     if spec is None:
         return param.numel()
     length = param.shape[spec.dim]
-    return param.numel() // length * (spec.full_size if spec.full_size is not None else length * tp_size)
+    return param.numel() // length * (spec.whole_size if spec.whole_size is not None else length * tp_size)
 
 
 __all__ = ["KVCache", "cached_attention", "sharded_random", "TP_RANDOM", "whole_numel"]

@@ -48,7 +48,7 @@ def parallelize_llama(model, group, sequence_parallel=False):
         if untied is None:
             head_weight = embed.weight
         else:  # the output layer's own rows, split and padded like the embedding's
-            head_weight = shard_parameter(untied, ShardSpec(0, full_size=cfg.vocab_size), group)
+            head_weight = shard_parameter(untied, ShardSpec(0, whole_size=cfg.vocab_size), group)
         model.lm_head = VocabParallelHead(head_weight, group, sp)
         if sp:
             mark_sequence_parallel(model.model.norm)

@@ -80,7 +80,7 @@ class LoRALinear(Module):
         return self.base_layer.out_features
 
     def whole_shapes(self):
-        """{"lora_A.weight": (r, in), "lora_B.weight": (out, r)}: the unsharded adapter shapes."""
+        """{"lora_A.weight": (r, in), "lora_B.weight": (out, r)}: the whole adapter shapes."""
         return {"lora_A.weight": (self.r, self.in_features), "lora_B.weight": (self.out_features, self.r)}
 
     def forward(self, x):
@@ -347,14 +347,14 @@ def mark_only_lora_as_trainable(model):
 def lora_state_dict(model, whole=False):
     """{``<layer>.lora_A.weight`` / ``<layer>.lora_B.weight``: tensor}, the model's state-dict names. ``whole``
     gathers split adapters over their tensor group (a collective: every rank of the group calls it)."""
-    from .parallel.sharded_state import unsharded_state_dict
+    from .parallel.whole_state import whole_state_dict
 
     out = {}
     for name, layer in named_lora_layers(model):
         for part in ("lora_A", "lora_B"):
             sub = getattr(layer, part)
             if whole and layer.group is not None:
-                value = unsharded_state_dict(sub, layer.group)["weight"]
+                value = whole_state_dict(sub, layer.group)["weight"]
             else:
                 value = sub.weight.detach()
             out[_join(name, f"{part}.weight")] = value
@@ -364,7 +364,7 @@ def lora_state_dict(model, whole=False):
 def load_lora_state_dict(model, state):
     """Copy whole adapter tensors (``lora_state_dict(model, whole=True)``'s names) into the model's adapters;
     each rank keeps its part. Every adapter must be given, and nothing else."""
-    from .parallel.sharded_state import sharded_state_dict
+    from .parallel.whole_state import shard_state_dict
 
     layers = named_lora_layers(model)
     expected = {_join(name, key): (layer, key, shape) for name, layer in layers
@@ -380,7 +380,7 @@ def load_lora_state_dict(model, state):
         sub = getattr(layer, part.split(".")[0])
         value = {"weight": state[key]}
         if layer.group is not None:
-            value = sharded_state_dict(sub, value, layer.group)
+            value = shard_state_dict(sub, value, layer.group)
         sub.load_state_dict(value)
     return model
 

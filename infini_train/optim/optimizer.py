@@ -59,6 +59,12 @@ class Optimizer:
         for group in params if isinstance(params[0], dict) else [{"params": params}]:
             self.add_param_group(group)
 
+    @property
+    def whole_param_groups(self):
+        """The param groups over every parameter this optimizer updates, as its state dict numbers them (ZeRO's
+        ``param_groups`` hold only this rank's pieces)."""
+        return self.param_groups
+
     def add_param_group(self, group):
         """Add ``{"params": [...], option: value, ...}``; options not given take the optimizer's defaults."""
         name = type(self).__name__

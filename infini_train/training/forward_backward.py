@@ -1,7 +1,7 @@
 """One forward-backward entry for every layout (as Megatron's get_forward_backward_func): chosen once when the run
 is built, it runs a step's micro-batches and leaves their gradients accumulated in the parameters.
 
-    forward_backward = forward_backward_func(layout.pipeline_parallel)
+    forward_backward = forward_backward_func(dims.pipeline_parallel)
     loss_sum = forward_backward(model, next_batch, grad_accum, backward, forward_context, no_sync)
 
 ``next_batch()`` gives the next (inputs, targets) device tensors, ``backward(loss)`` scales and backpropagates a

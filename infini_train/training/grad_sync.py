@@ -18,49 +18,49 @@ from ..nn.utils import clip_grad_norm_
 
 
 class GradientSync:
-    def __init__(self, layout, model, optimizer, zero_stage=0):
-        self.layout, self.model, self.optimizer = layout, model, optimizer
+    def __init__(self, dims, model, optimizer, zero_stage=0):
+        self.dims, self.model, self.optimizer = dims, model, optimizer
         self.zero_stage = zero_stage
         self.params = list(model.parameters())
 
     def finish(self):
-        layout = self.layout
-        if layout.pipeline_parallel:
-            if layout.embedding_group is not None:
+        dims = self.dims
+        if dims.pipeline_parallel:
+            if dims.embedding_group is not None:
                 all_reduce_grads([p.grad for p in self.model.shared_embedding_params() if p.grad is not None],
-                                 layout.embedding_group)
-            if layout.sequence_parallel:
-                all_reduce_grads(self._sequence_parallel_grads(), layout.tp_group)
-            if layout.dp_size > 1:
+                                 dims.embedding_group)
+            if dims.sequence_parallel:
+                all_reduce_grads(self._sequence_parallel_grads(), dims.tp_group)
+            if dims.dp_size > 1:
                 self._average_over_data()
-        elif layout.sequence_parallel:
+        elif dims.sequence_parallel:
             if self.zero_stage:
                 grads = [g for p, g in self.optimizer.owned_grads() if getattr(p, "sequence_parallel", False)]
             else:
                 grads = self._sequence_parallel_grads()
-            all_reduce_grads(grads, layout.tp_group)
+            all_reduce_grads(grads, dims.tp_group)
 
     def _average_over_data(self):
         if self.zero_stage:
             self.optimizer.reduce_gradients(shard=self.zero_stage == 2)
             return
         grads = [p.grad for p in self.params if p.grad is not None]
-        all_reduce_grads(grads, self.layout.dp_group)
+        all_reduce_grads(grads, self.dims.dp_group)
         for g in grads:
-            g.array /= self.layout.dp_size
+            g.array /= self.dims.dp_size
 
     def _sequence_parallel_grads(self):
         return [p.grad for p in self.params if getattr(p, "sequence_parallel", False) and p.grad is not None]
 
     def clip(self, max_norm):
         """Clip by the whole model's gradient norm; returns it as a float."""
-        layout = self.layout
+        dims = self.dims
         if self.zero_stage:  # the norm over every data-parallel rank's shard
-            return float(self.optimizer.clip_grad_norm_(max_norm, tensor_group=layout.tp_group,
-                                                        pipeline_group=layout.pp_group).item())
-        if layout.mesh is not None:
-            return float(clip_grad_norm_model_parallel_(self.params, max_norm, layout.tp_group,
-                                                        layout.pp_group).item())
+            return float(self.optimizer.clip_grad_norm_(max_norm, tensor_group=dims.tp_group,
+                                                        pipeline_group=dims.pp_group).item())
+        if dims.mesh is not None:
+            return float(clip_grad_norm_model_parallel_(self.params, max_norm, dims.tp_group,
+                                                        dims.pp_group).item())
         return float(clip_grad_norm_(self.params, max_norm).item())
 
 

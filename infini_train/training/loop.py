@@ -24,24 +24,22 @@ from ..models.recompute import set_recompute
 from ..models.tensor_parallel_lm import without_sequence_parallel
 from ..models.pipeline_lm import PipelinedLM
 from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
-from ..nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
-from ..nn.lora import load_lora_state_dict, lora_state_dict, save_adapter
+from ..nn.lora import save_adapter
 from ..nn.parallel import DistributedDataParallel
-from ..nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state, sharded_state_dict,
-                                         unsharded_optimizer_state, unsharded_state_dict)
 from ..tensor import Tensor
 from ..utils import checkpoint as ckpt
 from ..utils.config import ConfigError
 from ..utils.metrics import MetricsLog, plot_loss_curve
 from ..utils.peak_flops import run_peak
 from .evaluation import evaluate, sample_text
-from .layout import Layout
+from .parallel_dims import ParallelDims
 from .out_dir import check_writable
 from .lora_run import apply_run_lora, check_same_lora, checkpoint_reference, prepare_base, restore_base
 from .precision import autocast_for, scaler_for
 from .precision_run import precision_checker_for
 from .profiling import RunProfiler
 from .resume import check_same_model, choose_checkpoint, run_id_of
+from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .grad_sync import GradientSync
 from .step import StepPlan, train_step
@@ -84,7 +82,7 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_model(cfg, device, layout=None, lora_reference=None):
+def build_model(cfg, device, dims=None, lora_reference=None):
     """The run's model (``model.arch``), initialised as in one process (seeded), then split over the tensor group
     and into pipeline stages if the layout says so (every layout starts from the same weights). Returns (model,
     tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA checkpoint's record, whose
@@ -100,12 +98,12 @@ def build_model(cfg, device, layout=None, lora_reference=None):
     base = None
     if cfg.lora.rank:
         base = restore_base(model, lora_reference) if lora_reference else prepare_base(model, cfg.lora.init_from)
-    if layout is not None and layout.tensor_parallel:
-        registry.parallelize(model, layout.tp_group, layout.sequence_parallel)
+    if dims is not None and dims.tensor_parallel:
+        registry.parallelize(model, dims.tp_group, dims.sequence_parallel)
     if cfg.lora.rank:  # after the split: the adapters of split layers are split too
         apply_run_lora(model, cfg.lora)
-    if layout is not None and layout.pipeline_parallel:
-        model = PipelinedLM(model, layout.pp_group, layout.schedule, layout.virtual)
+    if dims is not None and dims.pipeline_parallel:
+        model = PipelinedLM(model, dims.pp_group, dims.schedule, dims.virtual)
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
@@ -155,9 +153,9 @@ class Run:
             check_writable(cfg.out_dir)
         t = cfg.train
         p = cfg.parallel
-        self.layout = layout = Layout(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)
-        self.grad_accum = cfg.grad_accum_steps(layout.dp_size)
-        if layout.pipeline_parallel:
+        self.dims = dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)
+        self.grad_accum = cfg.grad_accum_steps(dims.dp_size)
+        if dims.pipeline_parallel:
             try:  # the micro-batches are the gradient-accumulation steps
                 check_schedule(p.pipeline_schedule, p.pipeline, p.virtual_pipeline, self.grad_accum)
             except ScheduleError as exc:
@@ -173,27 +171,28 @@ class Run:
             check_same_model(resume_state, cfg.model.arch, cfg.model.to_model_config().to_dict(), self.resumed_from)
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
         self.raw_model, self.tok_name, self.lora_base = build_model(
-            cfg, self.device, layout, lora_reference=(resume_state or {}).get("lora"))
+            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"))
         self.zero_stage = cfg.parallel.zero_stage
-        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, layout.dp_group)
+        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.dp_group)
         self.model = self.raw_model
-        ddp = layout.dp_size > 1 and not layout.pipeline_parallel  # pipeline runs reduce after the schedule
+        ddp = dims.dp_size > 1 and not dims.pipeline_parallel  # pipeline runs reduce after the schedule
         if ddp:
             zero = self.optimizer if self.zero_stage else None
-            self.model = DistributedDataParallel(self.raw_model, process_group=layout.dp_group, zero_optimizer=zero,
+            self.model = DistributedDataParallel(self.raw_model, process_group=dims.dp_group, zero_optimizer=zero,
                                                  zero_stage=self.zero_stage or 2)
-        self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, layout.dp_rank,
-                                                  layout.dp_size, config_key="data.train")
+        self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
+                                                  dims.dp_size, config_key="data.train")
         self.val_loader = None
         if cfg.data.val and t.val_loss_every:
-            self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, layout.dp_rank,
-                                                    layout.dp_size, config_key="data.val")
+            self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, dims.dp_rank,
+                                                    dims.dp_size, config_key="data.val")
         self.tokenizer = get_tokenizer(self.tok_name)
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
-        self.plan = StepPlan(self.model, self.optimizer, layout,
-                             GradientSync(layout, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
+        self.plan = StepPlan(self.model, self.optimizer, dims,
+                             GradientSync(dims, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
                              self.device, self.amp, self.scaler, ddp)
+        self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -202,24 +201,8 @@ class Run:
 
     def _resume(self, path):
         model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
-        tp_group = self.layout.tp_group
-        if self.cfg.lora.rank:  # adapters only (whole); the pinned base was restored at build time
-            load_lora_state_dict(self.raw_model, model_state)
-            self.optimizer.load_state_dict(sharded_optimizer_state(opt_state, self.optimizer, tp_group)
-                                           if tp_group is not None else opt_state)
-        elif self.layout.pipeline_parallel:  # the whole model's files: each stage (and tensor rank) keeps its part
-            raw = self.raw_model
-            raw.load_state_dict(sharded_state_dict(raw, model_state, tp_group) if tp_group else model_state)
-            self.optimizer.load_state_dict(local_optimizer_state(opt_state, self.optimizer, raw.canonical_names(),
-                                                                 raw.whole_groups, tp_group))
-        elif tp_group is None:
-            self.raw_model.load_state_dict(model_state)
-            self.optimizer.load_state_dict(opt_state)
-        else:  # the checkpoint holds whole tensors: each rank keeps its shards
-            load_unsharded_state_dict(self.raw_model, model_state, tp_group)
-            self.optimizer.load_state_dict(sharded_optimizer_state(opt_state, self.optimizer, tp_group))
-        data, dp_rank = state["data"], self.layout.dp_rank
-        self.train_loader.load_state_dict(data[dp_rank] if self.layout.dp_size == len(data) else data[0])
+        self.state_io.scatter(model_state, opt_state)  # a LoRA run's pinned base was restored at build time
+        self.state_io.load_data_position(self.train_loader, state["data"])
         self.start_step = state["step"]
         self.skipped_total = state.get("skipped_steps", 0)
         self.skipped_in_a_row = state.get("skipped_in_a_row", 0)
@@ -230,8 +213,8 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self, step):
-        data_states = self._data_states()
-        model_state, opt_state = self._unsharded_state()
+        data_states = self.state_io.data_positions(self.train_loader)
+        model_state, opt_state = self.state_io.gather()
         path = None
         if self.rank == 0:
             cfg = self.cfg
@@ -247,47 +230,6 @@ class Run:
         wait_for_rank0()
         return path
 
-    def _data_states(self):
-        """Every data-parallel rank's loader position (its tensor ranks and pipeline stages read the same batches)."""
-        mine = self.train_loader.state_dict()
-        if self.world == 1:
-            return [mine]
-        packed = Tensor(np.array([mine["shard"], mine["position"], self.layout.dp_rank, self.layout.tp_rank],
-                                 np.int64))
-        parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]
-        dist.all_gather(parts, packed)
-        by_dp = {int(p.numpy()[2]): p.numpy() for p in parts if int(p.numpy()[3]) == 0}
-        return [{"shard": int(by_dp[r][0]), "position": int(by_dp[r][1])} for r in range(self.layout.dp_size)]
-
-    def _unsharded_state(self):
-        """The model and optimizer state of a one-process run (collective), whole on rank 0 (None where a rank
-        does not hold it)."""
-        layout = self.layout
-        if self.zero_stage:
-            self.optimizer.consolidate_state_dict(to=0)  # checkpoints hold the unsharded optimizer state
-        if self.cfg.lora.rank:  # the adapters, gathered whole over each tensor group (a collective)
-            adapters = lora_state_dict(self.raw_model, whole=True)
-            if layout.dp_rank != 0:
-                return None, None
-            opt_state = self.optimizer.state_dict()
-            if layout.tensor_parallel:
-                opt_state = unsharded_optimizer_state(opt_state, self.optimizer, layout.tp_group, to=0)
-            return (adapters, opt_state) if self.rank == 0 else (None, None)
-        if layout.mesh is None:
-            return self.raw_model.state_dict(), self.optimizer.state_dict() if self.rank == 0 else None
-        if layout.dp_rank != 0:
-            return None, None
-        if layout.pipeline_parallel:  # every stage's tensor rank 0 sends its whole tensors to rank 0
-            raw = self.raw_model
-            model_state = gather_model_state(raw, raw.whole_state_names, layout.pp_group, layout.tp_group)
-            opt_state = gather_optimizer_state(self.optimizer, self.optimizer.state_dict(), raw.canonical_names(),
-                                               raw.whole_groups, layout.pp_group, layout.tp_group)
-            return model_state, opt_state
-        # rank 0's tensor group gathers (a collective over its ranks); only rank 0 keeps what it gathered
-        model_state = unsharded_state_dict(self.raw_model, layout.tp_group, to=0)
-        opt_state = unsharded_optimizer_state(self.optimizer.state_dict(), self.optimizer, layout.tp_group, to=0)
-        return model_state, opt_state
-
     # --------------------------------------------------------------------------------------------- the loop
     def train(self):
         cfg, t = self.cfg, self.cfg.train
@@ -296,8 +238,8 @@ class Run:
             for warning in cfg.warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
             cfg.save_resolved()
-        tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.layout.dp_size
-        print0(f"world {self.world} ({dist.get_backend()}; {self.layout.describe()}), device {self.device}, "
+        tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.dims.dp_size
+        print0(f"world {self.world} ({dist.get_backend()}; {self.dims.describe()}), device {self.device}, "
                f"grad_accum {self.grad_accum}, "
                f"{tokens_per_step} tokens/step, {self.raw_model.num_params():,} parameters, tokenizer "
                f"{self.tok_name}")
@@ -354,7 +296,7 @@ class Run:
         out_dir/adapter, for PEFT to load onto the base model."""
         if not self.cfg.lora.rank:
             return
-        if self.layout.dp_rank == 0:  # rank 0's tensor group gathers the adapters; rank 0 writes
+        if self.dims.dp_rank == 0:  # rank 0's tensor group gathers the adapters; rank 0 writes
             path = save_adapter(self.raw_model, os.path.join(self.cfg.out_dir, "adapter"),
                                 base_model_name_or_path=self.lora_base.source)
             if path is not None and self.rank == 0:
@@ -373,7 +315,7 @@ class Run:
         mb = [[int(v) / 2 ** 20 for v in p.numpy()] for p in parts]
         rows = ", ".join(f"rank {r}: parameters {m[0]:.2f} MB, gradients {m[1]:.2f} MB, optimizer state "
                          f"{m[2]:.2f} MB, peak RSS {m[3]:.0f} MB" for r, m in enumerate(mb))
-        print0(f"memory (ZeRO stage {self.zero_stage}, {self.layout.describe()}): {rows}")
+        print0(f"memory (ZeRO stage {self.zero_stage}, {self.dims.describe()}): {rows}")
 
     def _evaluate_and_sample(self, step, last, record):
         t = self.cfg.train
@@ -381,7 +323,7 @@ class Run:
             record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device, self.amp)
             print0(f"step {step}: val loss {record['val_loss']:.4f}")
         if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
-            if self.layout.dp_rank == 0:  # rank 0's tensor group generates together (its layers are split)
+            if self.dims.dp_rank == 0:  # rank 0's tensor group generates together (its layers are split)
                 with without_sequence_parallel(self.raw_model):
                     text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
                                        self.device, self.amp)

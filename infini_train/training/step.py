@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..optim.lr_scheduler import cosine_with_warmup
 from .evaluation import to_device_tensor
 from .forward_backward import forward_backward_func
-from .layout import Layout, step_seed  # noqa: F401  (step_seed is part of this module's interface)
+from .parallel_dims import ParallelDims, step_seed  # noqa: F401  (step_seed is part of this module's interface)
 
 
 def _next_batch(loader, train_cfg):
@@ -41,7 +41,7 @@ class StepPlan:
 
     model: object
     optimizer: object
-    layout: Layout
+    dims: ParallelDims
     sync: object  # a GradientSync
     grad_accum: int
     device: object
@@ -50,7 +50,7 @@ class StepPlan:
     ddp: bool = False  # the model is DistributedDataParallel: its no_sync() defers the reduction
 
     def __post_init__(self):
-        self.forward_backward = forward_backward_func(self.layout.pipeline_parallel)
+        self.forward_backward = forward_backward_func(self.dims.pipeline_parallel)
         self.no_sync = self.model.no_sync if self.ddp else None
         self.amp = self.amp or contextlib.nullcontext
 
@@ -59,8 +59,8 @@ def train_step(plan, loader, train_cfg, step, seed):
     """One optimizer step: forward and backward over ``plan.grad_accum`` micro-batches (the loss scaled by the
     plan's GradScaler when there is one), gradient synchronisation, unscale, clip, schedule and (when finite)
     update."""
-    layout, optimizer, scaler = plan.layout, plan.optimizer, plan.scaler
-    layout.seed_step(seed, step)
+    dims, optimizer, scaler = plan.dims, plan.optimizer, plan.scaler
+    dims.seed_step(seed, step)
     optimizer.zero_grad(set_to_none=True)
 
     def backward(loss):
@@ -72,10 +72,10 @@ def train_step(plan, loader, train_cfg, step, seed):
         x, y = _next_batch(loader, train_cfg)
         return to_device_tensor(x, plan.device), to_device_tensor(y, plan.device)
 
-    if scaler is not None and layout.pipeline_parallel:  # only the last stage scales a loss; the others
+    if scaler is not None and dims.pipeline_parallel:  # only the last stage scales a loss; the others
         scaler.expect_scaled_gradients()                  # backpropagate its scaled gradient
     loss_sum = plan.forward_backward(plan.model, next_batch, plan.grad_accum, backward, plan.amp, plan.no_sync)
-    loss_sum = layout.mean_over_data(loss_sum)
+    loss_sum = dims.mean_over_data(loss_sum)
     plan.sync.finish()
     scale = None
     if scaler is not None:

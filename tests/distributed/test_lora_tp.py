@@ -1,5 +1,5 @@
 """LoRA under tensor (+ sequence) parallelism: real MPI jobs (worker_lora_tp.py compares a split GPT-2 with adapters
-against the one-process LoRA model: loss, unsharded adapter gradients, merging, saved and loaded adapter files), and
+against the one-process LoRA model: loss, whole adapter gradients, merging, saved and loaded adapter files), and
 a world of one without a launcher."""
 import os
 import re

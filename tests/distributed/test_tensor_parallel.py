@@ -20,7 +20,7 @@ from infini_train.nn.parallel import (
     VocabParallelEmbedding,
     all_reduce_sequence_parallel_grads,
     copy_to_tensor_parallel_region,
-    full_from_shards,
+    whole_from_shards,
     gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
     mark_sequence_parallel,
@@ -28,7 +28,7 @@ from infini_train.nn.parallel import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_sequence_parallel_region,
     scatter_to_tensor_parallel_region,
-    shard_from_full,
+    shard_from_whole,
     vocab_parallel_cross_entropy,
 )
 from tests.distributed.mpi_jobs import HERE, mpirun, needs_mpiexec, output, python
@@ -86,7 +86,7 @@ def test_layers_in_a_group_of_one_equal_the_full_layers():
     out.sum().backward()
     for tp_p, p in [(tp_fc.weight, fc.weight), (tp_proj.weight, proj.weight), (tp_proj.bias, proj.bias)]:
         np.testing.assert_allclose(tp_p.grad.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-7)
-    emb_grad = full_from_shards(tp_emb.weight.grad, tp_emb.weight.tp_spec, ONE)
+    emb_grad = whole_from_shards(tp_emb.weight.grad, tp_emb.weight.tp_spec, ONE)
     np.testing.assert_allclose(emb_grad, emb.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
     assert not tp_emb.weight.grad.numpy()[11:].any()
 
@@ -138,15 +138,15 @@ def test_mark_sequence_parallel_keeps_the_memory_and_ties():
 def test_shard_spec_round_trips_in_a_group_of_one():
     full = np.arange(30.0).reshape(5, 6)
     spec = ShardSpec(1, blocks=3)
-    assert np.array_equal(full_from_shards(shard_from_full(full, spec, 0, 1, np), spec, ONE), full)
-    padded = ShardSpec(0, full_size=5, pad_to_multiple_of=4)
-    shard = shard_from_full(full, padded, 0, 1, np)
+    assert np.array_equal(whole_from_shards(shard_from_whole(full, spec, 0, 1, np), spec, ONE), full)
+    padded = ShardSpec(0, whole_size=5, pad_to_multiple_of=4)
+    shard = shard_from_whole(full, padded, 0, 1, np)
     assert shard.shape == (8, 6) and not shard[5:].any()
-    assert np.array_equal(full_from_shards(shard, padded, ONE), full)
+    assert np.array_equal(whole_from_shards(shard, padded, ONE), full)
     # rank 1 of 2, three blocks: its part of each block, in block order
     rows = np.arange(12.0)
-    assert shard_from_full(rows, ShardSpec(0, 3), 1, 2, np).tolist() == [2.0, 3.0, 6.0, 7.0, 10.0, 11.0]
-    assert shard_from_full(np.arange(5.0), ShardSpec(0, full_size=5), 1, 2, np).tolist() == [3.0, 4.0, 0.0]
+    assert shard_from_whole(rows, ShardSpec(0, 3), 1, 2, np).tolist() == [2.0, 3.0, 6.0, 7.0, 10.0, 11.0]
+    assert shard_from_whole(np.arange(5.0), ShardSpec(0, whole_size=5), 1, 2, np).tolist() == [3.0, 4.0, 0.0]
 
 
 @pytest.mark.parametrize("build, needle", [
@@ -169,11 +169,11 @@ def test_shard_spec_round_trips_in_a_group_of_one():
      "size 2, got a tensor of shape (2, 7, 4) (length 7, remainder 1)"),
     (lambda: gather_from_sequence_parallel_region(it.zeros(2, 4), ONE, dim=2),
      "gather_from_sequence_parallel_region: expected dim in [-2, 2) for a 2-d tensor, got dim=2\nHINT"),
-    (lambda: shard_from_full(np.zeros((7, 2)), ShardSpec(0), 0, 2, np),
-     "shard_from_full: expected dim 0 of length divisible by group size x blocks = 2 x 1 = 2, got an array of shape "
+    (lambda: shard_from_whole(np.zeros((7, 2)), ShardSpec(0), 0, 2, np),
+     "shard_from_whole: expected dim 0 of length divisible by group size x blocks = 2 x 1 = 2, got an array of shape "
      "(7, 2) (length 7)\nHINT"),
-    (lambda: shard_from_full(np.zeros((9, 2)), ShardSpec(0, full_size=7), 0, 2, np),
-     "shard_from_full: expected dim 0 of length full_size=7 (or 8 padded), got an array of shape (9, 2)\nHINT"),
+    (lambda: shard_from_whole(np.zeros((9, 2)), ShardSpec(0, whole_size=7), 0, 2, np),
+     "shard_from_whole: expected dim 0 of length whole_size=7 (or 8 padded), got an array of shape (9, 2)\nHINT"),
     (lambda: VocabParallelEmbedding(10, 4, group=ONE)(it.tensor([3, 10])),
      "VocabParallelEmbedding: expected ids in [0, 10), got id 10\nHINT"),
     (lambda: VocabParallelEmbedding.from_embedding(nn.Embedding(5, 2, padding_idx=0), ONE),

@@ -60,7 +60,7 @@ def test_layout_gives_the_losses_and_weights_of_one_process(data_dir, single, tm
     assert "tensor parallel 2" in proc.stdout and f"data parallel {ranks // 2}" in proc.stdout
     np.testing.assert_allclose(_values(out, "loss"), _values(single, "loss"), rtol=1e-4)
     np.testing.assert_allclose(_values(out, "grad_norm"), _values(single, "grad_norm"), rtol=1e-4)
-    # the checkpoint is unsharded: the names, shapes and (up to summation order) values of the one-process run
+    # the checkpoint holds whole tensors: the names, shapes and (up to summation order) values of the one-process run
     mine, opt, _ = load_checkpoint(list_checkpoints(out)[-1])
     ref, ref_opt, _ = load_checkpoint(list_checkpoints(single)[-1])
     assert list(mine) == list(ref)

@@ -2,7 +2,7 @@
 parallelize_gpt2 against the one-process LoRA model built from the same seed, on the same batch:
 
 - fresh adapters are the one-process ones (same draws); loaded whole adapters give every rank its parts;
-- the loss, and every adapter gradient once unsharded, equal the one-process model's; base weights get none;
+- the loss, and every adapter gradient once gathered whole, equal the one-process model's; base weights get none;
 - merging and unmerging keep the loss; save_adapter writes the one-process files; load_adapter of those files into
   a fresh split model gives the same loss;
 - layers the GPT-2 split does not use: a column-parallel layer with fused blocks and gather_output, a row-parallel
@@ -21,7 +21,7 @@ from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.gpt2_parallel import parallelize_gpt2
 from infini_train.nn import lora
 from infini_train.nn.parallel import (ColumnParallelLinear, RowParallelLinear, all_reduce_sequence_parallel_grads,
-                                      full_from_shards)
+                                      whole_from_shards)
 
 dist.init_process_group("mpi")
 rank, group = dist.get_rank(), dist.default_group()
@@ -84,7 +84,7 @@ for name, p in split.named_parameters():
         assert p.grad is None, f"rank {rank}: frozen {name} got a gradient"
         continue
     spec = getattr(p, "tp_spec", None)
-    grad = full_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
+    grad = whole_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
     close(grad, whole_params[name].grad, f"gradient of {name}")
     if getattr(p, "sequence_parallel", False):
         marked.append(name.rsplit(".", 3)[-3] + "." + name.rsplit(".", 2)[-2])
@@ -142,7 +142,7 @@ for build, what in ((lambda lin: ColumnParallelLinear.from_linear(lin, group, bl
     close(xs[1].grad, xs[0].grad, f"{what}: input gradient")
     for part in ("lora_A", "lora_B"):
         p = getattr(parallel, part).weight
-        grad = full_from_shards(p.grad.array, p.tp_spec, group) if p.tp_spec is not None else p.grad.array
+        grad = whole_from_shards(p.grad.array, p.tp_spec, group) if p.tp_spec is not None else p.grad.array
         close(grad, getattr(plain, part).weight.grad, f"{what}: {part} gradient")
 
 print(f"rank {rank} LoRA TP OK {checks}", flush=True)

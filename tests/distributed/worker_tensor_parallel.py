@@ -1,8 +1,8 @@
 """Run under ``mpiexec -n N python worker_tensor_parallel.py`` (N = 1, 2, 4), or as a plain ``python
 worker_tensor_parallel.py`` (a world of one): tensor parallelism against single-device references built from the
-same full weights on every rank. Checks each mapping's forward and backward against its definition, ShardSpec round
+same whole weights on every rank. Checks each mapping's forward and backward against its definition, ShardSpec round
 trips, ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy (outputs and
-the gradients of inputs and of every unsharded parameter), an MLP and an attention block (column -> row), the same on
+the gradients of inputs and of every whole parameter), an MLP and an attention block (column -> row), the same on
 sub-groups of two ranks when the world has four, and the error cases. Prints "rank R TP OK <checks>"."""
 import itertools
 
@@ -19,7 +19,7 @@ from infini_train.nn.parallel import (
     VocabParallelEmbedding,
     all_reduce_sequence_parallel_grads,
     copy_to_tensor_parallel_region,
-    full_from_shards,
+    whole_from_shards,
     gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
     mark_sequence_parallel,
@@ -27,7 +27,7 @@ from infini_train.nn.parallel import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_sequence_parallel_region,
     scatter_to_tensor_parallel_region,
-    shard_from_full,
+    shard_from_whole,
     vocab_parallel_cross_entropy,
 )
 
@@ -146,29 +146,29 @@ def spec_checks(group):
     full = np.arange(6 * size * 5, dtype=np.float32).reshape(6 * size, 5)
     for blocks in (1, 2, 3):
         spec = ShardSpec(0, blocks)
-        shard = shard_from_full(full, spec, rank, size, np)
+        shard = shard_from_whole(full, spec, rank, size, np)
         want = np.concatenate([chunk(b, rank, size, 0) for b in np.split(full, blocks, 0)], 0)
-        check(np.array_equal(shard, want), f"shard_from_full blocks={blocks}")
-        check(np.array_equal(full_from_shards(shard, spec, group), full), f"round trip blocks={blocks}")
+        check(np.array_equal(shard, want), f"shard_from_whole blocks={blocks}")
+        check(np.array_equal(whole_from_shards(shard, spec, group), full), f"round trip blocks={blocks}")
         wide = full.T.copy()
-        shard = shard_from_full(wide, ShardSpec(1, blocks), rank, size, np)
-        check(np.array_equal(shard, want.T), f"shard_from_full dim 1 blocks={blocks}")
-        check(np.array_equal(full_from_shards(shard, ShardSpec(-1, blocks), group), wide), "round trip dim -1")
+        shard = shard_from_whole(wide, ShardSpec(1, blocks), rank, size, np)
+        check(np.array_equal(shard, want.T), f"shard_from_whole dim 1 blocks={blocks}")
+        check(np.array_equal(whole_from_shards(shard, ShardSpec(-1, blocks), group), wide), "round trip dim -1")
     vocab = np.arange(257 * 2, dtype=np.float32).reshape(257, 2) + 1
     for multiple in (1, 64):
-        spec = ShardSpec(0, full_size=257, pad_to_multiple_of=multiple)
+        spec = ShardSpec(0, whole_size=257, pad_to_multiple_of=multiple)
         padded = spec.padded_length(257, size)
         check(padded % (size * multiple) == 0 and 257 <= padded < 257 + size * multiple, f"padded length {padded}")
-        shard = shard_from_full(vocab, spec, rank, size, np)
+        shard = shard_from_whole(vocab, spec, rank, size, np)
         whole = np.concatenate([vocab, np.zeros((padded - 257, 2), np.float32)])
         check(np.array_equal(shard, chunk(whole, rank, size, 0)), f"padded shard (multiple {multiple})")
-        check(np.array_equal(shard_from_full(whole, spec, rank, size, np), shard), "an already padded full array")
-        back = full_from_shards(it.tensor(shard), spec, group)
+        check(np.array_equal(shard_from_whole(whole, spec, rank, size, np), shard), "an already padded full array")
+        back = whole_from_shards(it.tensor(shard), spec, group)
         check(np.array_equal(back, vocab), f"padding dropped on the way back (multiple {multiple})")
-    raises(lambda: shard_from_full(np.zeros((6 * size + 1, 2)), ShardSpec(0, 3), rank, size, np),
+    raises(lambda: shard_from_whole(np.zeros((6 * size + 1, 2)), ShardSpec(0, 3), rank, size, np),
            f"divisible by group size x blocks = {size} x 3 = {3 * size}", "HINT")
-    raises(lambda: shard_from_full(np.zeros((250, 2)), ShardSpec(0, full_size=257), rank, size, np),
-           "full_size=257", "got an array of shape (250, 2)", "HINT")
+    raises(lambda: shard_from_whole(np.zeros((250, 2)), ShardSpec(0, whole_size=257), rank, size, np),
+           "whole_size=257", "got an array of shape (250, 2)", "HINT")
 
 
 # -------------------------------------------------------------------------------------------- linear layers
@@ -192,19 +192,19 @@ def column_checks(group):
         y = tp(x)
         want_y, g = y_ref.numpy(), g_full
         if not gather_output:  # this rank's output features, in the full layer's block layout
-            want_y, g = (shard_from_full(a, ShardSpec(-1, blocks), rank, size, np) for a in (want_y, g))
+            want_y, g = (shard_from_whole(a, ShardSpec(-1, blocks), rank, size, np) for a in (want_y, g))
         close(y, want_y, f"{label}: forward")
         y.backward(it.tensor(g))
         want_x = x_ref.grad.numpy()
         close(x.grad, chunk(want_x, rank, size, 1) if sequence_parallel else want_x, f"{label}: input grad")
-        close(full_from_shards(tp.weight.grad, spec, group), full.weight.grad, f"{label}: weight grad")
-        close(full_from_shards(tp.bias.grad, spec, group), full.bias.grad, f"{label}: bias grad")
+        close(whole_from_shards(tp.weight.grad, spec, group), full.weight.grad, f"{label}: weight grad")
+        close(whole_from_shards(tp.bias.grad, spec, group), full.bias.grad, f"{label}: bias grad")
 
     it.manual_seed(7)
     full = nn.Linear(width, out)
     it.manual_seed(7)
     built = ColumnParallelLinear(width, out, group=group, blocks=3)
-    check(np.array_equal(built.weight.numpy(), shard_from_full(full.weight.numpy(), ShardSpec(0, 3), rank, size, np)),
+    check(np.array_equal(built.weight.numpy(), shard_from_whole(full.weight.numpy(), ShardSpec(0, 3), rank, size, np)),
           "a seeded ColumnParallelLinear holds the shard of the seeded Linear")
     check(ColumnParallelLinear(width, out, bias=False, group=group).bias is None, "bias=False")
     raises(lambda: ColumnParallelLinear(width, 6 * size + 1, group=group) if size > 1 else
@@ -236,7 +236,7 @@ def row_checks(group):
         y.backward(it.tensor(mine(g_full)))
         want_x = x_ref.grad.numpy()
         close(x.grad, chunk(want_x, rank, size, -1) if input_is_parallel else want_x, f"{label}: input grad")
-        close(full_from_shards(tp.weight.grad, ShardSpec(1), group), full.weight.grad, f"{label}: weight grad")
+        close(whole_from_shards(tp.weight.grad, ShardSpec(1), group), full.weight.grad, f"{label}: weight grad")
         all_reduce_sequence_parallel_grads(tp, group)
         close(tp.bias.grad, full.bias.grad, f"{label}: bias grad")
     if size > 1:
@@ -263,7 +263,7 @@ def embedding_checks(group):
         y = tp(it.tensor(ids))
         close(y, y_ref, f"{label}: forward")
         y.backward(it.tensor(g))
-        close(full_from_shards(tp.weight.grad, tp.weight.tp_spec, group), full.weight.grad, f"{label}: weight grad")
+        close(whole_from_shards(tp.weight.grad, tp.weight.tp_spec, group), full.weight.grad, f"{label}: weight grad")
         start = rank * per
         padding_rows = tp.weight.grad.numpy()[max(257 - start, 0):]
         check(not padding_rows.any(), f"{label}: padding rows get no gradient")
@@ -281,7 +281,7 @@ def cross_entropy_checks(group):
     for multiple, ignore_index in ((1, -100), (64, -100), (64, 5)):
         target = np.array([0, 256, 5, ignore_index, 128, 129, 127, 64, ignore_index, 200, 1, 255])
         label = f"vocab_parallel_cross_entropy pad_to_multiple_of={multiple} ignore_index={ignore_index}"
-        padded = ShardSpec(0, full_size=vocab, pad_to_multiple_of=multiple).padded_length(vocab, size)
+        padded = ShardSpec(0, whole_size=vocab, pad_to_multiple_of=multiple).padded_length(vocab, size)
         logits = data(9, (rows, vocab)) * 3
         garbage = np.full((rows, padded - vocab), 1e3, np.float32)  # padding columns must never count
         shard_cols = chunk(np.concatenate([logits, garbage], 1), rank, size, 1)
@@ -345,7 +345,7 @@ def mlp_checks(group, seed):
                               ("fc.weight", tp_fc.weight, fc.weight), ("fc.bias", tp_fc.bias, fc.bias),
                               ("proj.weight", tp_proj.weight, proj.weight), ("proj.bias", tp_proj.bias, proj.bias)]:
             spec = getattr(tp_p, "tp_spec", None)
-            grad = full_from_shards(tp_p.grad, spec, group) if spec else tp_p.grad
+            grad = whole_from_shards(tp_p.grad, spec, group) if spec else tp_p.grad
             close(grad, p.grad, f"{label}: {name} grad")
 
 
@@ -374,9 +374,9 @@ def attention_checks(group):
     close(y, y_ref, "attention: forward")
     y.backward(it.tensor(g_full))
     close(x.grad, x_ref.grad, "attention: input grad")
-    close(full_from_shards(tp_attn.weight.grad, ShardSpec(0, 3), group), c_attn.weight.grad, "c_attn.weight grad")
-    close(full_from_shards(tp_attn.bias.grad, ShardSpec(0, 3), group), c_attn.bias.grad, "c_attn.bias grad")
-    close(full_from_shards(tp_proj.weight.grad, ShardSpec(1), group), c_proj.weight.grad, "c_proj.weight grad")
+    close(whole_from_shards(tp_attn.weight.grad, ShardSpec(0, 3), group), c_attn.weight.grad, "c_attn.weight grad")
+    close(whole_from_shards(tp_attn.bias.grad, ShardSpec(0, 3), group), c_attn.bias.grad, "c_attn.bias grad")
+    close(whole_from_shards(tp_proj.weight.grad, ShardSpec(1), group), c_proj.weight.grad, "c_proj.weight grad")
     close(tp_proj.bias.grad, c_proj.bias.grad, "c_proj.bias grad")
 
 

@@ -1,10 +1,10 @@
 """Under ``mpiexec -n N`` (N = 2 or 4, one tensor group; ``--cuda``: one GPU per rank over NCCL): a tiny GPT-2
 split with parallelize_gpt2 against the whole model built from the same seed, on the same batch:
 
-- the loss, and every gradient once unsharded, equal the whole model's (with sequence parallelism too);
+- the loss, and every gradient once gathered whole, equal the whole model's (with sequence parallelism too);
 - clip_grad_norm_model_parallel_ (2-norm and inf-norm) gives the whole model's norm and scaling;
-- unsharded_state_dict is the whole model's state dict; loading it back gives every rank its shards;
-- the AdamW state after a step, unsharded, is the whole model's; sharded again, it is what the rank holds.
+- whole_state_dict is the whole model's state dict; loading it back gives every rank its shards;
+- the AdamW state after a step, gathered whole, is the whole model's; sharded again, it is what the rank holds.
 """
 import sys
 
@@ -14,10 +14,10 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.gpt2_parallel import parallelize_gpt2
-from infini_train.nn.parallel import all_reduce_sequence_parallel_grads, full_from_shards
+from infini_train.nn.parallel import all_reduce_sequence_parallel_grads, whole_from_shards
 from infini_train.nn.parallel.grad_norm import clip_grad_norm_model_parallel_
-from infini_train.nn.parallel.sharded_state import (load_unsharded_state_dict, sharded_optimizer_state,
-                                                    unsharded_optimizer_state, unsharded_state_dict)
+from infini_train.nn.parallel.whole_state import (load_whole_state_dict, shard_optimizer_state,
+                                                    whole_optimizer_state, whole_state_dict)
 from infini_train.nn.utils import clip_grad_norm_
 
 on_gpu = "--cuda" in sys.argv  # one GPU per rank over NCCL
@@ -56,7 +56,7 @@ all_reduce_sequence_parallel_grads(split, group)
 names_whole = dict(whole.named_parameters())
 for name, p in split.named_parameters():
     spec = getattr(p, "tp_spec", None)
-    grad = full_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
+    grad = whole_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
     close(grad, names_whole[name].grad.numpy(), f"gradient of {name}")
 
 for norm_type in (2.0, float("inf")):
@@ -74,12 +74,12 @@ for norm_type in (2.0, float("inf")):
     for n, p in split.named_parameters():
         p.grad.copy_(it.tensor(split_grads[n], device=device))
 
-state = unsharded_state_dict(split, group)
+state = whole_state_dict(split, group)
 reference = whole.state_dict()
 assert list(state) == list(reference), (list(state), list(reference))
 for name in reference:
-    close(state[name].numpy(), reference[name].numpy(), f"unsharded {name}", rtol=0, atol=0)
-kept = unsharded_state_dict(split, group, to=0)  # only group rank 0 keeps the whole tensors
+    close(state[name].numpy(), reference[name].numpy(), f"whole {name}", rtol=0, atol=0)
+kept = whole_state_dict(split, group, to=0)  # only group rank 0 keeps the whole tensors
 assert (kept is None) == (rank != 0)
 if kept is not None:
     for name in reference:
@@ -87,7 +87,7 @@ if kept is not None:
 shards_before = {n: p.numpy().copy() for n, p in split.named_parameters()}
 for p in split.parameters():
     p.array[...] = 0
-load_unsharded_state_dict(split, reference, group)
+load_whole_state_dict(split, reference, group)
 for n, p in split.named_parameters():
     close(p.numpy(), shards_before[n], f"reloaded shard {n}", rtol=0, atol=0)
 
@@ -95,15 +95,15 @@ opt_whole = it.optim.AdamW(whole.optimizer_groups(0.1), lr=1e-3)
 opt_split = it.optim.AdamW(split.optimizer_groups(0.1), lr=1e-3)
 opt_whole.step()
 opt_split.step()
-full_state = unsharded_optimizer_state(opt_split.state_dict(), opt_split, group)
+whole_state = whole_optimizer_state(opt_split.state_dict(), opt_split, group)
 ref_state = opt_whole.state_dict()
-assert full_state["param_groups"] == ref_state["param_groups"]
+assert whole_state["param_groups"] == ref_state["param_groups"]
 for i, entry in ref_state["state"].items():
     for key, value in entry.items():
-        close(full_state["state"][i][key], value, f"{key} of parameter {i}", rtol=1e-4)
-assert (unsharded_optimizer_state(opt_split.state_dict(), opt_split, group, to=0) is None) == (rank != 0)
+        close(whole_state["state"][i][key], value, f"{key} of parameter {i}", rtol=1e-4)
+assert (whole_optimizer_state(opt_split.state_dict(), opt_split, group, to=0) is None) == (rank != 0)
 mine = opt_split.state_dict()
-again = sharded_optimizer_state(full_state, opt_split, group)
+again = shard_optimizer_state(whole_state, opt_split, group)
 for i, entry in mine["state"].items():
     for key, value in entry.items():
         close(again["state"][i][key], value, f"resharded {key} of {i}", rtol=0, atol=0)

@@ -13,7 +13,7 @@ buffer of the same layout, so the inner optimizer reads its shard of them withou
 elements, which accumulate their shard in ``grad_shard``; the whole gradients are dropped as soon as they are
 reduced.
 
-``state_dict`` / ``load_state_dict`` use the unsharded layout of ``optimizer_class`` over the same parameters
+``state_dict`` / ``load_state_dict`` use the whole layout of ``optimizer_class`` over the same parameters
 (``consolidate_state_dict`` gathers it to one rank first): a checkpoint written under ZeRO loads without it,
 at another number of ranks, and the reverse.
 """
@@ -98,7 +98,7 @@ class ZeroRedundancyOptimizer:
         self.group = process_group or dist.default_group()
         self.rank, self.world = self.group.rank, self.group.size
         groups = _as_groups(params)
-        self.param_groups_full = groups
+        self.whole_param_groups = groups
         ordered = []
         seen = set()
         for p in list(flat_order or ()) + [p for g in groups for p in g["params"]]:
@@ -113,7 +113,7 @@ class ZeroRedundancyOptimizer:
             members = [p for p in ordered if (p.device, p.dtype) == key]
             self.spaces.append(FlatSpace(members, self.rank, self.world))
         self.sharded_gradients = False  # set by DistributedDataParallel(zero_optimizer=...) for ZeRO-2
-        self._attach_full_grads()
+        self._attach_whole_grads()
         self.pieces = []  # (view, space, param, flat start, start, stop) for each owned piece
         group_of = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
         views_by_group = [[] for _ in groups]
@@ -136,7 +136,7 @@ class ZeroRedundancyOptimizer:
         view._requires_grad = True
         return view
 
-    def _attach_full_grads(self):
+    def _attach_whole_grads(self):
         """ZeRO-1: every parameter's .grad is a fixed view into the flat gradient buffer (zeroed, never freed)."""
         for space in self.spaces:
             for p, start in zip(space.params, space.offsets):
@@ -284,11 +284,11 @@ class ZeroRedundancyOptimizer:
         return sorted({k for part in parts for k in bytes(part.numpy()).decode().strip().split(",") if k})
 
     def consolidate_state_dict(self, to=0):
-        """Gather the whole unsharded optimizer state to rank ``to`` (collective: every rank calls it)."""
+        """Gather the whole optimizer state to rank ``to`` (collective: every rank calls it)."""
         setattr(self, _CONSOLIDATED, (to, self._gather_state(to)))
 
     def state_dict(self):
-        """The unsharded state dict (``optimizer_class``'s layout over all parameters); after
+        """The whole state dict (``optimizer_class``'s layout over all parameters); after
         ``consolidate_state_dict`` on the rank it was gathered to, or at any time in a world of one."""
         consolidated = getattr(self, _CONSOLIDATED, None)
         if consolidated is None and self.world == 1:
@@ -334,24 +334,24 @@ class ZeroRedundancyOptimizer:
                     if entry:
                         state[index[id(p)]] = entry
         groups = []
-        for g_full, g_inner in zip(self.param_groups_full, self.optim.param_groups):
+        for g_whole, g_inner in zip(self.whole_param_groups, self.optim.param_groups):
             packed = {k: v for k, v in g_inner.items() if k != "params"}
-            packed["params"] = [index[id(p)] for p in g_full["params"]]
+            packed["params"] = [index[id(p)] for p in g_whole["params"]]
             groups.append(packed)
         return {"state": state, "param_groups": groups}
 
     @no_grad()
     def load_state_dict(self, state_dict):
-        """Load an unsharded state dict (from this optimizer, or ``optimizer_class`` without ZeRO, at any number
+        """Load a whole state dict (from this optimizer, or ``optimizer_class`` without ZeRO, at any number
         of ranks): each rank keeps its shard."""
         saved_sizes = [len(g["params"]) for g in state_dict["param_groups"]]
-        own_sizes = [len(g["params"]) for g in self.param_groups_full]
+        own_sizes = [len(g["params"]) for g in self.whole_param_groups]
         if saved_sizes != own_sizes:
             raise ValueError(f"ZeroRedundancyOptimizer.load_state_dict: the saved param groups hold {saved_sizes} "
                              f"parameters, this optimizer's hold {own_sizes}\nHINT: build the optimizer over the same "
                              "model with the same param groups as the one that was saved")
         saved_of = {}  # id(param) -> its saved state
-        for saved, group in zip(state_dict["param_groups"], self.param_groups_full):
+        for saved, group in zip(state_dict["param_groups"], self.whole_param_groups):
             for i, p in zip(saved["params"], group["params"]):
                 st = state_dict["state"].get(i, state_dict["state"].get(int(i)))
                 if st is not None:

@@ -1,6 +1,6 @@
 """Parallel modules: DataParallel (one process, many devices), DistributedDataParallel (one per rank), and tensor
 (+ sequence) parallelism: the conjugate communication mappings, column/row-parallel linears, the vocab-parallel
-embedding and cross-entropy, clipping by the whole model's norm, and unsharded state dicts for checkpoints."""
+embedding and cross-entropy, clipping by the whole model's norm, and whole state dicts for checkpoints."""
 from .data_parallel import DataParallel, parallel_apply, replicate
 from .distributed import DistributedDataParallel, Reducer
 from .grad_norm import clip_grad_norm_model_parallel_
@@ -20,15 +20,15 @@ from .tensor_parallel import (
     ShardSpec,
     all_reduce_grads,
     all_reduce_sequence_parallel_grads,
-    full_from_shards,
+    whole_from_shards,
     mark_sequence_parallel,
-    shard_from_full,
+    shard_from_whole,
 )
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from .sharded_state import (
-    load_unsharded_state_dict,
-    sharded_optimizer_state,
-    sharded_state_dict,
-    unsharded_optimizer_state,
-    unsharded_state_dict,
+from .whole_state import (
+    load_whole_state_dict,
+    shard_optimizer_state,
+    shard_state_dict,
+    whole_optimizer_state,
+    whole_state_dict,
 )

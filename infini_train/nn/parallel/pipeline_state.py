@@ -2,7 +2,7 @@
 checkpoints of a pipeline run are the files of a one-process run.
 
 Each stage names its entries as the whole model does. Saving: a stage's tensor group first gathers its shards on
-tensor rank 0 (sharded_state.py), then those ranks send their entries to stage 0 over the pipeline group, which puts
+tensor rank 0 (whole_state.py), then those ranks send their entries to stage 0 over the pipeline group, which puts
 them in the whole model's order. Optimizer state travels by parameter name and is laid out as the whole model's
 optimizer numbers its parameters (``whole_groups``: the names of each param group, in order). Loading: every rank
 reads the whole file and keeps its entries.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ...distributed.p2p import recv_arrays, send_arrays
 from ...tensor import Tensor
-from .sharded_state import (params_by_index, sharded_optimizer_state, unsharded_optimizer_state,
-                            unsharded_state_dict)
+from .whole_state import (params_by_index, shard_optimizer_state, whole_optimizer_state,
+                            whole_state_dict)
 
 _SEP = "\x00"  # between a parameter's name and its state key in a transfer
 
@@ -35,7 +35,7 @@ def _as_tensor(value, device):
 def gather_model_state(model, whole_names, pipeline_group, tensor_group=None):
     """The whole model's state dict (in ``whole_names`` order) on stage 0 / tensor rank 0; None on other ranks.
     Collective over ``tensor_group`` and then over ``pipeline_group`` (of the tensor rank 0 ranks)."""
-    local = unsharded_state_dict(model, tensor_group, to=0) if tensor_group is not None else model.state_dict()
+    local = whole_state_dict(model, tensor_group, to=0) if tensor_group is not None else model.state_dict()
     if local is None:
         return None
     device = next(iter(model.parameters())).device
@@ -53,7 +53,7 @@ def gather_optimizer_state(optimizer, state_dict, names, whole_groups, pipeline_
     stage 0 / tensor rank 0; None elsewhere. ``state_dict``: this stage's (``optimizer.state_dict()``, after
     ZeRO's consolidation); ``names``: {id(parameter): name in the whole model}."""
     if tensor_group is not None:
-        state_dict = unsharded_optimizer_state(state_dict, optimizer, tensor_group, to=0)
+        state_dict = whole_optimizer_state(state_dict, optimizer, tensor_group, to=0)
         if state_dict is None:
             return None
     by_index = params_by_index(state_dict, optimizer)
@@ -65,7 +65,7 @@ def gather_optimizer_state(optimizer, state_dict, names, whole_groups, pipeline_
         for key, value in entry.items():
             named[names[id(p)] + _SEP + key] = value
     options = [{k: v for k, v in g.items() if k != "params"} for g in state_dict["param_groups"]]
-    device = next(p.device for g in (getattr(optimizer, "param_groups_full", None) or optimizer.param_groups)
+    device = next(p.device for g in optimizer.whole_param_groups
                   for p in g["params"])
     merged = _gather(named, pipeline_group, device)
     if merged is None:
@@ -92,7 +92,7 @@ def local_optimizer_state(whole, optimizer, names, whole_groups, tensor_group=No
             entry = whole["state"].get(i, whole["state"].get(str(i)))
             if entry is not None:
                 by_name[name] = entry
-    groups = getattr(optimizer, "param_groups_full", None) or optimizer.param_groups
+    groups = optimizer.whole_param_groups
     state, param_groups, k = {}, [], 0
     for opts, group in zip(saved, groups):
         indices = []
@@ -104,7 +104,7 @@ def local_optimizer_state(whole, optimizer, names, whole_groups, tensor_group=No
             k += 1
         param_groups.append({**{key: v for key, v in opts.items() if key != "params"}, "params": indices})
     local = {"state": state, "param_groups": param_groups}
-    return sharded_optimizer_state(local, optimizer, tensor_group) if tensor_group is not None else local
+    return shard_optimizer_state(local, optimizer, tensor_group) if tensor_group is not None else local
 
 
 __all__ = ["gather_model_state", "gather_optimizer_state", "local_optimizer_state"]

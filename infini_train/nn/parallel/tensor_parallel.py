@@ -8,11 +8,11 @@ sequence parallelism the activations between such pairs are split along the sequ
 column layer all-gathers the sequence first and the row layer reduce-scatters it instead of all-reducing.
 
 How a parameter is split is its ``tp_spec`` (a ShardSpec; None or absent: replicated), so checkpoints can be
-written unsharded (``full_from_shards``) and loaded into any layout (``shard_from_full``). Parameters whose
+written whole (``whole_from_shards``) and loaded into any layout (``shard_from_whole``). Parameters whose
 gradient is partial per sequence shard (layer norms, row-parallel biases under sequence parallelism) carry
 ``sequence_parallel = True``; ``all_reduce_sequence_parallel_grads`` sums those gradients over the group.
 
-Layers built directly initialise the full weight as nn.Linear would (same RNG stream on every rank) and keep
+Layers built directly initialise the whole weight as nn.Linear would (same RNG stream on every rank) and keep
 their shard, so a seeded run builds the shards of the single-device layer's weights.
 """
 from __future__ import annotations
@@ -48,47 +48,47 @@ TP_RANDOM = "tensor-parallel shards"
 class ShardSpec:
     """How a parameter is split over a group of ``size`` ranks along ``dim``.
 
-    The full tensor's ``dim`` is ``blocks`` equal consecutive blocks; each block is split into ``size`` equal
+    The whole tensor's ``dim`` is ``blocks`` equal consecutive blocks; each block is split into ``size`` equal
     contiguous parts and rank r keeps part r of every block, in block order (blocks=3: the fused q|k|v rows of
-    GPT-2's c_attn, each rank keeping its heads' rows of q, k and v). ``full_size``: the real length of ``dim``
-    when the full tensor is padded with zeros at its end up to a multiple of size * blocks * pad_to_multiple_of
+    GPT-2's c_attn, each rank keeping its heads' rows of q, k and v). ``whole_size``: the real length of ``dim``
+    when the whole tensor is padded with zeros at its end up to a multiple of size * blocks * pad_to_multiple_of
     (a vocabulary); unsharding drops the padding again.
     """
 
     dim: int
     blocks: int = 1
-    full_size: int | None = None
+    whole_size: int | None = None
     pad_to_multiple_of: int = 1
 
     def padded_length(self, length, size):
         """The length of ``dim`` once padded for a group of ``size`` (``length`` when no padding is declared)."""
-        if self.full_size is None:
+        if self.whole_size is None:
             return length
         multiple = size * self.blocks * self.pad_to_multiple_of
-        return -(-self.full_size // multiple) * multiple
+        return -(-self.whole_size // multiple) * multiple
 
 
 def _spec_error(what, expected, received, hint):
     return ValueError(f"{what}: expected {expected}, got {received}\nHINT: {hint}")
 
 
-def shard_from_full(full_array, spec, rank, size, xp):
-    """Rank ``rank``'s shard (a new array) of ``full_array`` split as ``spec`` says over ``size`` ranks. The full
-    array's ``dim`` has length ``spec.full_size`` (padded here with zeros), or is already padded."""
-    dim = spec.dim % full_array.ndim
-    length = full_array.shape[dim]
+def shard_from_whole(whole_array, spec, rank, size, xp):
+    """Rank ``rank``'s shard (a new array) of ``whole_array`` split as ``spec`` says over ``size`` ranks. The whole
+    array's ``dim`` has length ``spec.whole_size`` (padded here with zeros), or is already padded."""
+    dim = spec.dim % whole_array.ndim
+    length = whole_array.shape[dim]
     padded = spec.padded_length(length, size)
     multiple = size * spec.blocks
-    if spec.full_size is not None and length not in (spec.full_size, padded):
-        raise _spec_error("shard_from_full", f"dim {dim} of length full_size={spec.full_size} (or {padded} padded)",
-                          f"an array of shape {tuple(full_array.shape)}",
-                          "pass the unsharded tensor, as full_from_shards returns it")
+    if spec.whole_size is not None and length not in (spec.whole_size, padded):
+        raise _spec_error("shard_from_whole", f"dim {dim} of length whole_size={spec.whole_size} (or {padded} padded)",
+                          f"an array of shape {tuple(whole_array.shape)}",
+                          "pass the whole tensor, as whole_from_shards returns it")
     if padded % multiple:
-        raise _spec_error("shard_from_full", f"dim {dim} of length divisible by group size x blocks = {size} x "
-                          f"{spec.blocks} = {multiple}", f"an array of shape {tuple(full_array.shape)} (length "
+        raise _spec_error("shard_from_whole", f"dim {dim} of length divisible by group size x blocks = {size} x "
+                          f"{spec.blocks} = {multiple}", f"an array of shape {tuple(whole_array.shape)} (length "
                           f"{length})", "choose a layer size divisible by the tensor-parallel size (per block), or "
-                          "declare full_size in the ShardSpec to pad it")
-    front = xp.moveaxis(full_array, dim, 0)
+                          "declare whole_size in the ShardSpec to pad it")
+    front = xp.moveaxis(whole_array, dim, 0)
     if padded > length:
         front = xp.concatenate([front, xp.zeros((padded - length,) + front.shape[1:], dtype=front.dtype)])
     part = padded // multiple
@@ -97,23 +97,23 @@ def shard_from_full(full_array, spec, rank, size, xp):
     return xp.ascontiguousarray(xp.moveaxis(mine, 0, dim))
 
 
-def full_from_shards(shard_array, spec, group):
-    """The unsharded array (padding dropped) on every rank of ``group``: the shards all-gathered and put back in
+def whole_from_shards(shard_array, spec, group):
+    """The whole array (padding dropped) on every rank of ``group``: the shards all-gathered and put back in
     ``spec``'s order. ``shard_array`` may be a Tensor or a raw array."""
     shard_array = getattr(shard_array, "array", shard_array)
     xp = backend.device_of_array(shard_array).array_module()
     dim = spec.dim % shard_array.ndim
     local = shard_array.shape[dim]
     if local % spec.blocks:
-        raise _spec_error("full_from_shards", f"a shard whose dim {dim} holds blocks={spec.blocks} equal parts",
+        raise _spec_error("whole_from_shards", f"a shard whose dim {dim} holds blocks={spec.blocks} equal parts",
                           f"a shard of shape {tuple(shard_array.shape)}", "pass the shard this spec describes")
     gathered = all_gather_array(xp, shard_array, group, dim) if group.size > 1 else shard_array
     front = xp.moveaxis(gathered, dim, 0)
     rest = front.shape[1:]
     front = front.reshape((group.size, spec.blocks, local // spec.blocks) + rest).swapaxes(0, 1)
     front = front.reshape((group.size * local,) + rest)
-    if spec.full_size is not None:
-        front = front[:spec.full_size]
+    if spec.whole_size is not None:
+        front = front[:spec.whole_size]
     return xp.ascontiguousarray(xp.moveaxis(front, 0, dim))
 
 
@@ -126,10 +126,10 @@ class ParallelParameter(Parameter):
 
 
 def shard_parameter(param, spec, group):
-    """A ParallelParameter holding this rank's shard of the full Parameter ``param``."""
+    """A ParallelParameter holding this rank's shard of the whole Parameter ``param``."""
     xp = param.device.array_module()
     with param.device.context():
-        array = shard_from_full(param.array, spec, group.rank, group.size, xp)
+        array = shard_from_whole(param.array, spec, group.rank, group.size, xp)
     out = ParallelParameter(Tensor._make(array, param.device), requires_grad=param.requires_grad)
     out.tp_spec = spec
     return out
@@ -196,32 +196,32 @@ class ColumnParallelLinear(Module):
     """y = x @ W.T + b with W's rows (output features) split over ``group``: weight (out/size, in), bias (out/size,).
 
     Input replicated on every rank (or, with ``sequence_parallel``, split along dim 1 and all-gathered first);
-    output this rank's features, or all of them in the full layer's order with ``gather_output``. ``blocks``:
+    output this rank's features, or all of them in the whole layer's order with ``gather_output``. ``blocks``:
     the output is that many fused matrices (q|k|v: 3) and each rank keeps its part of every one.
     """
 
     def __init__(self, in_features, out_features, bias=True, gather_output=False, sequence_parallel=False,
-                 group=None, blocks=1, device=None, dtype=None, _full=None):
+                 group=None, blocks=1, device=None, dtype=None, _whole=None):
         super().__init__()
         self.group = group if group is not None else default_group()
         _check_divisible("ColumnParallelLinear", "out_features", out_features, self.group.size, blocks)
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.gather_output, self.sequence_parallel, self.blocks = gather_output, sequence_parallel, int(blocks)
         self.output_size_per_partition = self.out_features // self.group.size
-        full = _full if _full is not None else Linear(in_features, out_features, bias, device=device, dtype=dtype)
+        whole = _whole if _whole is not None else Linear(in_features, out_features, bias, device=device, dtype=dtype)
         spec = ShardSpec(0, self.blocks)
-        self.weight = shard_parameter(full.weight, spec, self.group)
-        if full.bias is not None:
-            self.bias = shard_parameter(full.bias, spec, self.group)
+        self.weight = shard_parameter(whole.weight, spec, self.group)
+        if whole.bias is not None:
+            self.bias = shard_parameter(whole.bias, spec, self.group)
         else:
             self.register_parameter("bias", None)
 
     @classmethod
     def from_linear(cls, linear, group, blocks=1, gather_output=False, sequence_parallel=False):
-        """This rank's shard of the full ``linear`` (its weights are copied, not shared)."""
+        """This rank's shard of the whole ``linear`` (its weights are copied, not shared)."""
         out_features, in_features = linear.weight.shape
         return cls(in_features, out_features, linear.bias is not None, gather_output, sequence_parallel, group,
-                   blocks, _full=linear)
+                   blocks, _whole=linear)
 
     def forward(self, x):
         if self.sequence_parallel:
@@ -233,7 +233,7 @@ class ColumnParallelLinear(Module):
             return y
         y = gather_from_tensor_parallel_region(y, self.group)
         size = self.group.size
-        if self.blocks > 1 and size > 1:  # rank-major (rank, block, part) back to the full layout (block, rank, part)
+        if self.blocks > 1 and size > 1:  # rank-major (rank, block, part) back to the whole layout (block, rank, part)
             lead = tuple(y.shape[:-1])
             part = self.out_features // (size * self.blocks)
             y = y.reshape(*lead, size, self.blocks, part).transpose(-3, -2).reshape(*lead, self.out_features)
@@ -249,33 +249,33 @@ class RowParallelLinear(Module):
     """y = x @ W.T + b with W's columns (input features) split over ``group``: weight (out, in/size); bias (out,)
     replicated and added once after the partial outputs are summed over the group.
 
-    Input this rank's features (``input_is_parallel``; otherwise the full input, of which this rank keeps its
+    Input this rank's features (``input_is_parallel``; otherwise the whole input, of which this rank keeps its
     chunk of the last dim). Output replicated, or with ``sequence_parallel`` reduce-scattered along dim 1; then the
     bias gradient is partial per sequence shard and the bias is marked ``sequence_parallel``.
     """
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, sequence_parallel=False,
-                 group=None, device=None, dtype=None, _full=None):
+                 group=None, device=None, dtype=None, _whole=None):
         super().__init__()
         self.group = group if group is not None else default_group()
         _check_divisible("RowParallelLinear", "in_features", in_features, self.group.size)
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
         self.input_size_per_partition = self.in_features // self.group.size
-        full = _full if _full is not None else Linear(in_features, out_features, bias, device=device, dtype=dtype)
-        self.weight = shard_parameter(full.weight, ShardSpec(1), self.group)
-        if full.bias is not None:
-            self.bias = _replicated_parameter(full.bias)
+        whole = _whole if _whole is not None else Linear(in_features, out_features, bias, device=device, dtype=dtype)
+        self.weight = shard_parameter(whole.weight, ShardSpec(1), self.group)
+        if whole.bias is not None:
+            self.bias = _replicated_parameter(whole.bias)
             self.bias.sequence_parallel = bool(sequence_parallel)
         else:
             self.register_parameter("bias", None)
 
     @classmethod
     def from_linear(cls, linear, group, input_is_parallel=True, sequence_parallel=False):
-        """This rank's shard of the full ``linear`` (its weights are copied, not shared)."""
+        """This rank's shard of the whole ``linear`` (its weights are copied, not shared)."""
         out_features, in_features = linear.weight.shape
         return cls(in_features, out_features, linear.bias is not None, input_is_parallel, sequence_parallel, group,
-                   _full=linear)
+                   _whole=linear)
 
     def forward(self, x):
         if not self.input_is_parallel:
@@ -293,6 +293,6 @@ class RowParallelLinear(Module):
                 f"sequence_parallel={self.sequence_parallel}, tp_size={self.group.size}")
 
 
-__all__ = ["ShardSpec", "shard_from_full", "full_from_shards", "ParallelParameter", "shard_parameter",
+__all__ = ["ShardSpec", "shard_from_whole", "whole_from_shards", "ParallelParameter", "shard_parameter",
            "mark_sequence_parallel", "all_reduce_sequence_parallel_grads", "all_reduce_grads", "ColumnParallelLinear",
            "RowParallelLinear"]

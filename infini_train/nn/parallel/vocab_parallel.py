@@ -62,10 +62,10 @@ class VocabShardLookup(Op):
 
 class VocabParallelEmbedding(Module):
     """An embedding table whose rows (the vocabulary, padded to a multiple of size * pad_to_multiple_of) are split
-    over ``group``: weight (padded / size, embedding_dim). Output: the full lookup, on every rank."""
+    over ``group``: weight (padded / size, embedding_dim). Output: the whole lookup, on every rank."""
 
     def __init__(self, num_embeddings, embedding_dim, group=None, pad_to_multiple_of=1, device=None, dtype=None,
-                 _full=None):
+                 _whole=None):
         super().__init__()
         self.group = group if group is not None else default_group()
         if int(pad_to_multiple_of) < 1:
@@ -73,21 +73,21 @@ class VocabParallelEmbedding(Module):
                              "HINT: 1 pads only to a multiple of the group size; 64 or 128 keeps shards GEMM-friendly")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.pad_to_multiple_of = int(pad_to_multiple_of)
-        spec = ShardSpec(0, full_size=self.num_embeddings, pad_to_multiple_of=self.pad_to_multiple_of)
+        spec = ShardSpec(0, whole_size=self.num_embeddings, pad_to_multiple_of=self.pad_to_multiple_of)
         self.padded_num_embeddings = spec.padded_length(self.num_embeddings, self.group.size)
         self.num_embeddings_per_partition = self.padded_num_embeddings // self.group.size
-        full = _full if _full is not None else Embedding(num_embeddings, embedding_dim, device=device, dtype=dtype)
-        self.weight = shard_parameter(full.weight, spec, self.group)
+        whole = _whole if _whole is not None else Embedding(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        self.weight = shard_parameter(whole.weight, spec, self.group)
 
     @classmethod
     def from_embedding(cls, embedding, group, pad_to_multiple_of=1):
-        """This rank's shard of the full ``embedding`` (its rows are copied, not shared)."""
+        """This rank's shard of the whole ``embedding`` (its rows are copied, not shared)."""
         if embedding.padding_idx is not None:
             raise ValueError(f"VocabParallelEmbedding.from_embedding: expected an Embedding without padding_idx, got "
                              f"padding_idx={embedding.padding_idx}\nHINT: mask those positions in the loss "
                              "(ignore_index) instead")
         rows, dim = embedding.weight.shape
-        return cls(rows, dim, group, pad_to_multiple_of, _full=embedding)
+        return cls(rows, dim, group, pad_to_multiple_of, _whole=embedding)
 
     @property
     def vocab_range(self):

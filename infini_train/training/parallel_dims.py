@@ -22,9 +22,10 @@ def step_seed(seed, rank, step, *more):
     return int(np.random.SeedSequence([seed, rank, step, *more]).generate_state(1)[0])
 
 
-class Layout:
-    """``Layout(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b")``: this rank's coordinates and
-    groups (``tp_group`` / ``pp_group`` None without tensor / pipeline parallelism)."""
+class ParallelDims:
+    """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b")``: the run's parallel sizes
+    and this rank's coordinates and groups in them (``tp_group`` / ``pp_group`` None without tensor / pipeline
+    parallelism)."""
 
     def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b"):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
@@ -81,4 +82,4 @@ class Layout:
         return float(mean.numpy()[0])
 
 
-__all__ = ["Layout", "step_seed"]
+__all__ = ["ParallelDims", "step_seed"]

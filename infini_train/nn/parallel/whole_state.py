@@ -1,4 +1,4 @@
-"""Unsharded state of a tensor-parallel model and its optimizer: checkpoints hold the whole tensors, in the same
+"""Whole state of a tensor-parallel model and its optimizer: checkpoints hold the whole tensors, in the same
 files and under the same names as a one-process run, so they load at any tensor-parallel size.
 
 A parameter split over the tensor group carries ``tp_spec`` (a ShardSpec); unsharding all-gathers it over the
@@ -9,7 +9,7 @@ spec, scalars (``step``) are kept. Every rank of ``group`` calls the gathers (th
 from __future__ import annotations
 
 from ...tensor import Tensor
-from .tensor_parallel import full_from_shards, shard_from_full
+from .tensor_parallel import whole_from_shards, shard_from_whole
 
 
 def _spec(t):
@@ -20,7 +20,7 @@ def _as_array(value):
     return value.array if isinstance(value, Tensor) else value
 
 
-def unsharded_state_dict(model, group, to=None):
+def whole_state_dict(model, group, to=None):
     """``model.state_dict()`` with every sharded parameter replaced by the whole tensor (a new Tensor); tied
     parameters are gathered once. In a group of one it is the plain state dict. With ``to`` (a group rank) only
     that rank keeps the result and the others get None: each whole tensor lives on them only while it is
@@ -37,34 +37,34 @@ def unsharded_state_dict(model, group, to=None):
             out[name] = t.detach()
             continue
         if id(t) not in gathered:
-            whole = full_from_shards(t.array, spec, group)
+            whole = whole_from_shards(t.array, spec, group)
             gathered[id(t)] = Tensor._make(whole, t.device) if keep else None
         out[name] = gathered[id(t)]
     return out if keep else None
 
 
-def sharded_state_dict(model, full_state, group):
-    """This rank's part of ``full_state`` (an unsharded state dict, e.g. a checkpoint's) for the sharded
+def shard_state_dict(model, whole_state, group):
+    """This rank's part of ``whole_state`` (a whole state dict, e.g. a checkpoint's) for the sharded
     ``model``: entries of sharded parameters are sliced by their spec, the rest are passed through."""
     own = model.state_dict(keep_vars=True)
-    out = dict(full_state)
+    out = dict(whole_state)
     for name, t in own.items():
         spec = _spec(t)
-        if spec is None or name not in full_state or group.size == 1:
+        if spec is None or name not in whole_state or group.size == 1:
             continue
-        out[name] = _shard_value(full_state[name], t, spec, group, f"model state {name!r}")
+        out[name] = _shard_value(whole_state[name], t, spec, group, f"model state {name!r}")
     return out
 
 
-def load_unsharded_state_dict(model, full_state, group, strict=True):
-    """Load an unsharded state dict into the sharded ``model`` (each rank keeps its shards)."""
-    return model.load_state_dict(sharded_state_dict(model, full_state, group), strict=strict)
+def load_whole_state_dict(model, whole_state, group, strict=True):
+    """Load a whole state dict into the sharded ``model`` (each rank keeps its shards)."""
+    return model.load_state_dict(shard_state_dict(model, whole_state, group), strict=strict)
 
 
 def params_by_index(state_dict, optimizer):
     """{state index: parameter of ``optimizer``}: the saved param groups' indices paired, group by group and in
     order, with the optimizer's parameters (as ``load_state_dict`` pairs them)."""
-    groups = getattr(optimizer, "param_groups_full", None) or optimizer.param_groups
+    groups = optimizer.whole_param_groups
     saved = state_dict["param_groups"]
     sizes = ([len(g["params"]) for g in saved], [len(g["params"]) for g in groups])
     if sizes[0] != sizes[1]:
@@ -73,7 +73,7 @@ def params_by_index(state_dict, optimizer):
     return {int(i): p for s, g in zip(saved, groups) for i, p in zip(s["params"], g["params"])}
 
 
-def unsharded_optimizer_state(state_dict, optimizer, group, to=None):
+def whole_optimizer_state(state_dict, optimizer, group, to=None):
     """``state_dict`` (torch's layout, of ``optimizer`` over a sharded model) with the state of every sharded
     parameter gathered whole. Every rank of ``group`` calls it, with the same layout; with ``to`` only that group
     rank keeps the result (the others get None)."""
@@ -82,15 +82,15 @@ def unsharded_optimizer_state(state_dict, optimizer, group, to=None):
     keep = to is None or group.rank == to
 
     def gather(value, p, spec, where):
-        whole = full_from_shards(_as_array(value), spec, group)
+        whole = whole_from_shards(_as_array(value), spec, group)
         return Tensor._make(whole, p.device) if keep else None
 
     state = _map_state(state_dict, optimizer, gather)
     return state if keep else None
 
 
-def sharded_optimizer_state(state_dict, optimizer, group):
-    """This rank's part of an unsharded optimizer state dict, for ``optimizer`` over the sharded model."""
+def shard_optimizer_state(state_dict, optimizer, group):
+    """This rank's part of a whole optimizer state dict, for ``optimizer`` over the sharded model."""
     if group.size == 1:
         return state_dict
     return _map_state(state_dict, optimizer,
@@ -119,7 +119,7 @@ def _shard_value(value, param, spec, group, where):
     xp = param.device.array_module()
     with param.device.context():
         array = xp.asarray(array)
-        shard = shard_from_full(array, spec, group.rank, group.size, xp)
+        shard = shard_from_whole(array, spec, group.rank, group.size, xp)
     if tuple(shard.shape) != tuple(param.shape):
         raise ValueError(f"{where}: the whole tensor of shape {tuple(array.shape)} gives a shard of shape "
                          f"{tuple(shard.shape)}, the parameter's is {tuple(param.shape)}\nHINT: the checkpoint "
@@ -127,5 +127,5 @@ def _shard_value(value, param, spec, group, where):
     return Tensor._make(shard, param.device)
 
 
-__all__ = ["unsharded_state_dict", "sharded_state_dict", "load_unsharded_state_dict", "params_by_index",
-           "unsharded_optimizer_state", "sharded_optimizer_state"]
+__all__ = ["whole_state_dict", "shard_state_dict", "load_whole_state_dict", "params_by_index",
+           "whole_optimizer_state", "shard_optimizer_state"]
