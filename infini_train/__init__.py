@@ -46,6 +46,7 @@ from .lazy_mode import is_lazy_enabled, lazy  # it.lazy: the context manager
 from . import amp
 from . import distributed, linalg, nn, optim  # it.distributed, it.linalg, it.nn, it.optim
 from . import profiler  # it.profiler.profile, record_function
+from . import utils  # it.utils.checkpoint (activation recomputation)
 from .serialization import load, save
 from .functional import *  # noqa: F401,F403  (it.cat, it.matmul, it.exp, ...)
 

@@ -17,8 +17,8 @@ from infini_train.data.tokenizer import get_tokenizer  # noqa: E402
 from infini_train.models import registry  # noqa: E402
 from infini_train.models.gpt2 import GPT2  # noqa: E402
 from infini_train.models.llama import Llama  # noqa: E402
-from infini_train.utils.checkpoint import CheckpointError, load_model_checkpoint  # noqa: E402
-from infini_train.utils.config import ConfigError  # noqa: E402
+from infini_train.training.checkpoints import CheckpointError, load_model_checkpoint  # noqa: E402
+from infini_train.training.config import ConfigError  # noqa: E402
 
 
 DEVICE_FORMS = "cpu, cpu:N, cuda or cuda:N"

@@ -24,8 +24,8 @@ import infini_train as it  # noqa: E402
 import infini_train.nn.functional as F  # noqa: E402
 from infini_train import distributed as dist  # noqa: E402
 from infini_train import nn  # noqa: E402
-from infini_train.utils.config import ConfigError  # noqa: E402
-from infini_train.utils.metrics import MetricsLog  # noqa: E402
+from infini_train.training.config import ConfigError  # noqa: E402
+from infini_train.training.metrics import MetricsLog  # noqa: E402
 
 from examples.mnist.config import parse_args  # noqa: E402
 from examples.mnist.data import DataError, load_dataset  # noqa: E402

@@ -1,2 +1,2 @@
-"""Runnable tools: ``python -m infini_train.tools.<name>`` (compare_precision: the first divergent entry of two
-precision-checker files)."""
+"""Runnable tools: ``python -m infini_train.tools.<name>`` (compare_numerics: the first divergent entry of two
+numerics-checker files)."""

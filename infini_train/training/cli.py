@@ -15,8 +15,8 @@ from ..distributed.launch_utils import import_mpi, launcher_world_size
 from ..data.shards import ShardError
 from ..distributed.mesh import MeshError
 from ..models.tensor_parallel_lm import TensorParallelError
-from ..utils.checkpoint import CheckpointError
-from ..utils.config import ConfigError, parse_args
+from .checkpoints import CheckpointError
+from .config import ConfigError, parse_args
 from .loop import Run, TrainingDiverged
 
 

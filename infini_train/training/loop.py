@@ -27,16 +27,16 @@ from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
 from ..nn.lora import save_adapter
 from ..nn.parallel import DistributedDataParallel
 from ..tensor import Tensor
-from ..utils import checkpoint as ckpt
-from ..utils.config import ConfigError
-from ..utils.metrics import MetricsLog, plot_loss_curve
-from ..utils.peak_flops import run_peak
+from . import checkpoints as ckpt
+from .config import ConfigError
+from .metrics import MetricsLog, plot_loss_curve
+from .peak_flops import run_peak
 from .evaluation import evaluate, sample_text
 from .parallel_dims import ParallelDims
 from .out_dir import check_writable
 from .lora_run import apply_run_lora, check_same_lora, checkpoint_reference, prepare_base, restore_base
 from .precision import autocast_for, scaler_for
-from .precision_run import precision_checker_for
+from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .state_io import state_io_for
@@ -149,7 +149,7 @@ class Run:
     def __init__(self, cfg):
         self.cfg = cfg
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if self.rank == 0 or cfg.profile.start_step >= 0 or cfg.precision_check.level > 0:  # the ranks that write
+        if self.rank == 0 or cfg.profile.start_step >= 0 or cfg.numerics.level > 0:  # the ranks that write
             check_writable(cfg.out_dir)
         t = cfg.train
         p = cfg.parallel
@@ -251,7 +251,7 @@ class Run:
                      resume_step, enabled=self.rank == 0)
         bar = self._progress_bar()
         profiler = RunProfiler(cfg, self.raw_model)  # the profile section's steps
-        check = precision_checker_for(cfg, self.raw_model, self.rank, resume_step)  # detached when the loop ends
+        check = numerics_checker_for(cfg, self.raw_model, self.rank, resume_step)  # detached when the loop ends
         with StopSignals() as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):
                 stop = stops.agreed()

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..nn import lora as lora_lib
-from ..utils import checkpoint as ckpt
-from ..utils.config import ConfigError
+from . import checkpoints as ckpt
+from .config import ConfigError
 
 LORA_SETTINGS = ("rank", "alpha", "dropout", "target_modules")
 DIGEST_CHUNK = 1 << 20  # elements hashed at a time
@@ -168,7 +168,7 @@ def checkpoint_reference(lora_cfg, seed, base):
 def rebuild(model, reference, adapters):
     """A LoRA run's model from its checkpoint: the base weights (restore_base; ``model`` holds the seeded init the
     run started from), then the adapters."""
-    from ..utils.config import LoraConfig
+    from .config import LoraConfig
 
     restore_base(model, reference)
     settings = LoraConfig(rank=reference["rank"], alpha=reference["alpha"], dropout=reference["dropout"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ..utils.config import ConfigError
+from .config import ConfigError
 
 
 def _nearest_existing(path):

@@ -21,8 +21,8 @@ import uuid
 import numpy as np
 
 from .. import distributed as dist
-from ..utils import checkpoint as ckpt
-from ..utils.config import ConfigError
+from . import checkpoints as ckpt
+from .config import ConfigError
 
 
 def _warn(message):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from ..utils.config import ConfigError
+from .config import ConfigError
 
 SCALARS = {  # record key -> TensorBoard tag
     "loss": "train/loss",

@@ -1,1 +1,4 @@
-"""Utilities: run configuration (utils.config), checkpoints (utils.checkpoint), metrics logging (utils.metrics)."""
+"""Utilities as torch.utils names them: ``utils.checkpoint`` (activation recomputation)."""
+from . import checkpoint
+
+__all__ = ["checkpoint"]

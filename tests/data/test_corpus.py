@@ -21,7 +21,7 @@ from infini_train.data.corpus import (
 from infini_train.data.loader import DistributedDataLoader
 from infini_train.data.shards import find_shards, read_shard
 from infini_train.data.tokenizer import ByteTokenizer
-from infini_train.utils.config import load_config
+from infini_train.training.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = 60_000

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from infini_train.utils.checkpoint import list_checkpoints, load_checkpoint
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import MPIEXEC, REPO, job_env, needs_mpiexec, output
 from tests.distributed.test_lora_runs import LORA, base, data_dir, tune_dir  # noqa: F401 (fixtures)
 from tests.distributed.test_llama_runs import LLAMA
@@ -152,7 +152,7 @@ def test_a_stop_at_the_last_step_boundary_exports_the_adapter(tune_dir, base, tm
     import signal
 
     from infini_train.training import EXIT_STOPPED, loop, signals
-    from infini_train.utils.config import load_config
+    from infini_train.training.config import load_config
     from tests.training.tiny_run import CONFIG
 
     out = tmp_path / "lora"

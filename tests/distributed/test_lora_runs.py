@@ -17,7 +17,7 @@ import torch
 import infini_train as it
 from infini_train.data.corpus import prepare_shards
 from infini_train.models.gpt2 import GPT2
-from infini_train.utils.checkpoint import list_checkpoints, load_checkpoint
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
 from tests.training.tiny_run import make_data, metrics, run, same_run, tiny_args
 

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from infini_train.utils.checkpoint import list_checkpoints, load_checkpoint
-from infini_train.utils.config import ConfigError, load_config
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import MPIEXEC, REPO, job_env, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import CONFIG, make_data, metrics, run, same_run, tiny_args
 

@@ -12,7 +12,7 @@ import infini_train as it
 from examples.mnist import train as mnist
 from examples.mnist.config import load_config
 from examples.mnist.data import DataError, load_dataset, read_idx
-from infini_train.utils.config import ConfigError
+from infini_train.training.config import ConfigError
 from tests.distributed.mpi_jobs import REPO, mpirun, needs_mpiexec, output, python
 
 SCRIPT = os.path.join(REPO, "examples", "mnist", "train.py")

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from infini_train.utils.checkpoint import list_checkpoints, load_checkpoint
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.training.tiny_run import make_data, metrics, run, tiny_args
 
 @pytest.fixture(scope="module")

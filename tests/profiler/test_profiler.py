@@ -15,7 +15,7 @@ from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.nn.parallel import DataParallel
 from infini_train.profiler import (FunctionEventAvg, ProfilerActivity, merge_chrome_traces, module_ranges, profile,
                                    record_function)
-from infini_train.utils.config import ConfigError, load_config
+from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import CONFIG, make_data, run, tiny_args
 

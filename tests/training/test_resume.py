@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from infini_train.utils.checkpoint import list_checkpoints
+from infini_train.training.checkpoints import list_checkpoints
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
 COMMON = ["train.num_iterations=12", "train.save_every=4", "train.keep_last=3", "model.dropout=0.1"]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from infini_train.training import EXIT_INTERRUPTED, EXIT_STOPPED
-from infini_train.utils.checkpoint import list_checkpoints
+from infini_train.training.checkpoints import list_checkpoints
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import (REPO, command, job_env, rank_pids, run, same_run, signal_after_steps,
                                      tiny_args)

@@ -52,7 +52,7 @@ def test_check_writable_names_a_read_only_checkpoints_directory(tmp_path, monkey
     import tempfile
 
     from infini_train.training.out_dir import check_writable
-    from infini_train.utils.config import ConfigError
+    from infini_train.training.config import ConfigError
 
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from infini_train.training import tensorboard_log
-from infini_train.utils.config import ConfigError
+from infini_train.training.config import ConfigError
 from tests.training.tiny_run import metrics, run, tiny_args
 
 pytest.importorskip("tensorboardX")

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from infini_train.data.corpus import prepare_shards, stdlib_documents
-from infini_train.utils.checkpoint import list_checkpoints, load_checkpoint
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "examples", "gpt2", "train.py")

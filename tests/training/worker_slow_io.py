@@ -4,7 +4,7 @@ import sys
 import time
 
 from infini_train.training import loop
-from infini_train.utils import checkpoint
+from infini_train.training import checkpoints as checkpoint
 
 
 def slow(fn):

@@ -19,11 +19,12 @@ setting keeps its text when YAML would read it as a number or date. A mapping me
 as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
 
 This module holds the schema, its validation and the entry points; reading YAML strictly and applying the
-command-line overrides to the raw dict is in infini_train.utils.config_yaml.
+command-line overrides to the raw dict is in infini_train.training.config_yaml.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import glob
@@ -163,9 +164,9 @@ class ProfileConfig:
 
 
 @dataclass
-class PrecisionCheckConfig:
-    """The precision checker (infini_train.utils.precision_check): statistics of the training steps' tensors in
-    out_dir/precision/rank<R>.jsonl, compared with ``python -m infini_train.tools.compare_precision``."""
+class NumericsConfig:
+    """The numerics checker (infini_train.training.numerics): statistics of the training steps' tensors in
+    out_dir/numerics/rank<R>.jsonl, compared with ``python -m infini_train.tools.compare_numerics``."""
 
     level: int = _key(0, "0: off; 1: every module output, its gradient and every parameter gradient; 2: every op's "
                          "outputs and input gradients too")
@@ -180,7 +181,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    precision_check: PrecisionCheckConfig = field(default_factory=PrecisionCheckConfig)
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     out_dir: str = _key("runs/default", "config.yaml, metrics.jsonl, loss.png, checkpoints/")
     resume: str = _key("", '"" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path')
@@ -206,7 +207,8 @@ class RunConfig:
     @classmethod
     def from_dict(cls, raw, source="config"):
         """Build and validate from a nested dict (e.g. a checkpoint's saved config)."""
-        return _validated(raw if raw is not None else {}, source, [])
+        raw = copy.deepcopy(raw) if raw is not None else {}
+        return _validated(raw, source, [], _rename_sections(raw))
 
     def to_yaml(self):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -240,8 +242,9 @@ class RunConfig:
         return path
 
 
+RENAMED_SECTIONS = {"precision_check": "numerics"}  # earlier name -> name now: older configs and checkpoints load
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
-            "lora": LoraConfig, "profile": ProfileConfig, "precision_check": PrecisionCheckConfig}
+            "lora": LoraConfig, "profile": ProfileConfig, "numerics": NumericsConfig}
 
 
 def _key_docs():
@@ -370,7 +373,7 @@ def _build(cls, raw, prefix, errors, bad):
     return cls(**kwargs)
 
 
-def _validated(raw, source, errors):
+def _validated(raw, source, errors, renamed=()):
     bad = set()
     cfg = _build(RunConfig, raw, "", errors, bad)
     check_ranges(cfg, errors, bad)
@@ -380,6 +383,8 @@ def _validated(raw, source, errors):
     cfg.warnings = [f"model.{key}={given} overrides model.preset={cfg.model.preset}'s {theirs} (the run's model is "
                     "the preset's with the explicit keys; drop the key, or pass it as null, for the preset's)"
                     for key, theirs, given in cfg.model.preset_overrides()]
+    cfg.warnings += [f"{old} is now called {RENAMED_SECTIONS[old]} (e.g. {RENAMED_SECTIONS[old]}.level); the old "
+                     "name still works" for old in renamed]
     return cfg
 
 
@@ -439,9 +444,35 @@ def load_config(path=None, overrides=()):
     Raises one ConfigError listing every problem."""
     raw = _read_config_file(path) if path else {}
     errors = []
-    apply_overrides(raw, list(overrides), errors, RunConfig)
+    renamed = _rename_sections(raw)
+    overrides = [_renamed_override(text, renamed) for text in overrides]
+    apply_overrides(raw, overrides, errors, RunConfig)
     _preset_replaces_file_shape(raw, overrides)
-    return _validated(raw, path or "defaults", errors)
+    return _validated(raw, path or "defaults", errors, renamed)
+
+
+def _rename_sections(raw):
+    """Move sections given under an earlier name (RENAMED_SECTIONS) to their name now, in place; returns the old
+    names found, for one warning each."""
+    found = []
+    for old, new in RENAMED_SECTIONS.items():
+        if isinstance(raw, dict) and old in raw:
+            section = raw.pop(old)
+            if isinstance(section, dict) and isinstance(raw.get(new), dict):
+                section = {**section, **raw[new]}
+            raw[new] = section
+            found.append(old)
+    return found
+
+
+def _renamed_override(text, renamed):
+    key, sep, value = str(text).partition("=")
+    head, dot, rest = key.strip().partition(".")
+    if head in RENAMED_SECTIONS:
+        if head not in renamed:
+            renamed.append(head)
+        return f"{RENAMED_SECTIONS[head]}{dot}{rest}{sep}{value}"
+    return text
 
 
 def _preset_replaces_file_shape(raw, overrides):

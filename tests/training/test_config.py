@@ -6,8 +6,8 @@ import re
 import pytest
 import yaml
 
-from infini_train.utils import config as config_module
-from infini_train.utils.config import (
+from infini_train.training import config as config_module
+from infini_train.training.config import (
     ConfigError,
     RunConfig,
     config_keys,
@@ -428,3 +428,22 @@ def test_skip_nonfinite_key(capsys):
     assert listing["train.skip_nonfinite"] == ("skip up to K consecutive optimizer steps whose loss or gradient "
                                                "norm is not finite (0: stop the run at the first one)")
     assert set(listing) == set(config_keys()) and all(listing.values())  # every key listed with its description
+
+
+def test_the_numerics_section_keeps_its_earlier_name_precision_check(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("precision_check:\n  level: 2\n")
+    from_file = load_config(str(path))
+    assert from_file.numerics.level == 2
+    assert from_file.warnings == ["precision_check is now called numerics (e.g. numerics.level); the old name "
+                                  "still works"]
+    from_cli = load_config(None, ["precision_check.level=1"])
+    assert from_cli.numerics.level == 1 and len(from_cli.warnings) == 1
+    assert load_config(str(path), ["numerics.level=1"]).numerics.level == 1  # the new name wins
+    saved = RunConfig().to_dict()
+    saved["precision_check"] = saved.pop("numerics")
+    saved["precision_check"]["level"] = 1
+    assert RunConfig.from_dict(saved).numerics.level == 1  # a checkpoint's config written before the rename
+    assert "precision_check" in saved  # from_dict leaves its argument as it was
+    with pytest.raises(ConfigError, match=r"numerics\.level: expected 0 \(off\), 1 .* or 2 .*, got 3"):
+        load_config(None, ["precision_check.level=3"])

@@ -2,7 +2,7 @@
 the job's peak with each physical device counted once."""
 import pytest
 
-from infini_train.utils.peak_flops import DevicePeak, cpu_peak, format_flops, gpu_peak, job_peak
+from infini_train.training.peak_flops import DevicePeak, cpu_peak, format_flops, gpu_peak, job_peak
 
 AVX512 = "model name\t: AMD EPYC 9654 96-Core Processor\ncpu MHz\t\t: 2596.140\nflags\t\t: sse avx avx2 fma avx512f\n"
 AVX2 = "model name\t: Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz\ncpu MHz\t\t: 1200.000\nflags\t\t: sse avx avx2 fma\n"
@@ -86,7 +86,7 @@ class _Device:
 
 def test_a_gpu_rank_takes_its_gpus_datasheet_peak_not_a_host_timing(monkeypatch):
     from infini_train import backend
-    from infini_train.utils.peak_flops import device_peak
+    from infini_train.training.peak_flops import device_peak
 
     monkeypatch.setattr(backend, "cupy_module", lambda: _FakeCupy("NVIDIA H100 80GB HBM3"))
     peak = device_peak(_Device("cuda", 1), "bf16-mixed")

@@ -1,12 +1,12 @@
-"""The precision checker's level-1 entries of a GPT-2 run, computed in torch: Hugging Face's GPT2LMHeadModel with
+"""The numerics checker's level-1 entries of a GPT-2 run, computed in torch: Hugging Face's GPT2LMHeadModel with
 the run's weights (its seeded init, or a checkpoint's), the same batches, loss, gradient clipping, AdamW and
 learning-rate schedule, with module hooks named by infini_train's module paths. Compare with the run's file to
 find the first module where the two frameworks differ:
 
-    python examples/gpt2/train.py precision_check.level=1 train.num_iterations=2 out_dir=runs/p
-    python benchmarks/precision_reference_torch.py out_dir=runs/p --steps 2     # -> runs/p/precision_torch/
-    python -m infini_train.tools.compare_precision runs/p/precision/rank0.jsonl \\
-        runs/p/precision_torch/rank0.jsonl --rtol 1e-4
+    python examples/gpt2/train.py numerics.level=1 train.num_iterations=2 out_dir=runs/p
+    python benchmarks/numerics_reference_torch.py out_dir=runs/p --steps 2     # -> runs/p/numerics_torch/
+    python -m infini_train.tools.compare_numerics runs/p/numerics/rank0.jsonl \\
+        runs/p/numerics_torch/rank0.jsonl --rtol 1e-4
 
 Takes the run's config the way train.py does (--config FILE plus dotted overrides). The reference is the
 one-process run (compare with a run of one rank, or the same global batch on rank 0 of a data-parallel run only
@@ -47,7 +47,7 @@ def is_conv1d_weight(name):
 
 
 class TorchRecorder:
-    """The precision checker's level-1 entries of a torch model, with infini_train's names."""
+    """The numerics checker's level-1 entries of a torch model, with infini_train's names."""
 
     def __init__(self):
         self.entries, self.step = [], 0
@@ -55,7 +55,7 @@ class TorchRecorder:
     def record(self, phase, name, tensor):
         import torch
 
-        from infini_train.utils.tensor_stats import dtype_name, tensor_stats
+        from infini_train.training.tensor_stats import dtype_name, tensor_stats
 
         t = tensor.detach().cpu()
         if name == "transformer.wpe" and t.dim() == 3 and t.shape[0] == 1:
@@ -107,7 +107,7 @@ def build_hf(model_cfg, state, dtype):
     missing, unexpected = hf.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to transformer.wte.weight
     if missing or unexpected:
-        raise ValueError(f"precision_reference_torch: the weights do not fit HF's GPT-2: missing {missing}, "
+        raise ValueError(f"numerics_reference_torch: the weights do not fit HF's GPT-2: missing {missing}, "
                          f"unexpected {unexpected}")
     return hf
 
@@ -125,7 +125,7 @@ def check_config(cfg, model_cfg):
     if cfg.lora.rank:
         problems.append(f"lora.rank: expected 0, got {cfg.lora.rank}")
     if problems:
-        raise SystemExit("precision_reference_torch: " + "; ".join(problems) +
+        raise SystemExit("numerics_reference_torch: " + "; ".join(problems) +
                          "\nHINT: run the reference on the run's config with these settings changed in both")
 
 
@@ -137,13 +137,13 @@ def main(argv=None):
     from infini_train.data.loader import DistributedDataLoader
     from infini_train.optim.lr_scheduler import cosine_with_warmup
     from infini_train.training.loop import build_model
-    from infini_train.utils import checkpoint as ckpt
-    from infini_train.utils.config import default_config_path, load_config
+    from infini_train.training import checkpoints as ckpt
+    from infini_train.training.config import default_config_path, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="the run's YAML config (default configs/gpt2_tiny.yaml)")
     parser.add_argument("--steps", type=int, default=1, help="optimizer steps to record (default 1)")
-    parser.add_argument("--out", default=None, help="JSONL path (default out_dir/precision_torch/rank0.jsonl)")
+    parser.add_argument("--out", default=None, help="JSONL path (default out_dir/numerics_torch/rank0.jsonl)")
     parser.add_argument("--checkpoint", default=None, help="start from this checkpoint's weights, step and data")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, as train.py takes them")
     args = parser.parse_intermixed_args(argv)
@@ -192,7 +192,7 @@ def main(argv=None):
         if torch.isfinite(norm) and loss_sum == loss_sum and abs(loss_sum) != float("inf"):
             opt.step()
         print(f"step {step}: loss {loss_sum:.6f} | norm {float(norm):.4f} | lr {lr:.2e}", flush=True)
-    out = args.out or os.path.join(cfg.out_dir, "precision_torch", "rank0.jsonl")
+    out = args.out or os.path.join(cfg.out_dir, "numerics_torch", "rank0.jsonl")
     rec.write(out)
     print(f"wrote {len(rec.entries)} entries to {out}")
     return 0

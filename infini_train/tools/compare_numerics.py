@@ -1,8 +1,8 @@
-"""Compare two precision-checker files and print the first entry where they diverge.
+"""Compare two numerics-checker files and print the first entry where they diverge.
 
-    python -m infini_train.tools.compare_precision A.jsonl B.jsonl [--rtol R] [--atol A] [--skip-missing]
-    python -m infini_train.tools.compare_precision runs/a runs/b      # run directories: rank files pairwise
-    python -m infini_train.tools.compare_precision runs/fp32 runs/bf16 --ignore-dtype --rtol 2e-2   # across dtypes
+    python -m infini_train.tools.compare_numerics A.jsonl B.jsonl [--rtol R] [--atol A] [--skip-missing]
+    python -m infini_train.tools.compare_numerics runs/a runs/b      # run directories: rank files pairwise
+    python -m infini_train.tools.compare_numerics runs/fp32 runs/bf16 --ignore-dtype --rtol 2e-2   # across dtypes
 
 Entries are matched by (step, phase, name, occurrence): the k-th entry of a name in a step and phase of A with
 the k-th in B. Walking A in order, the first entry that diverges is reported with both sides' values: a
@@ -37,8 +37,8 @@ def load_entries(path):
         with open(path) as f:
             lines = f.readlines()
     except OSError as exc:
-        raise BadInput(f"{path}: expected a precision-checker JSONL file, got {exc.strerror or exc}\n"
-                       "HINT: run with precision_check.level=1 (files in out_dir/precision/rank<R>.jsonl)") from None
+        raise BadInput(f"{path}: expected a numerics-checker JSONL file, got {exc.strerror or exc}\n"
+                       "HINT: run with numerics.level=1 (files in out_dir/numerics/rank<R>.jsonl)") from None
     entries = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -47,11 +47,11 @@ def load_entries(path):
             entry = json.loads(line)
         except json.JSONDecodeError as exc:
             raise BadInput(f"{path}:{number}: expected a JSON object per line, got invalid JSON ({exc.msg})\n"
-                           "HINT: is this a precision-checker file (out_dir/precision/rank<R>.jsonl)?") from None
+                           "HINT: is this a numerics-checker file (out_dir/numerics/rank<R>.jsonl)?") from None
         missing = [k for k in REQUIRED if not isinstance(entry, dict) or k not in entry]
         if missing:
             raise BadInput(f"{path}:{number}: expected an entry with the keys {', '.join(REQUIRED)}, got one "
-                           f"without {', '.join(missing)}\nHINT: is this a precision-checker file?")
+                           f"without {', '.join(missing)}\nHINT: is this a numerics-checker file?")
         entry["_line"] = number
         entries.append(entry)
     return entries
@@ -144,18 +144,18 @@ def _report(key, a, b, diffs, rtol, atol):
 
 
 def rank_files(path):
-    """{file name: path} of the rank files of a run directory (out_dir, or its precision/ folder); {None: path}
+    """{file name: path} of the rank files of a run directory (out_dir, or its numerics/ folder); {None: path}
     for a file."""
     if os.path.isfile(path):
         return {None: path}
     if not os.path.isdir(path):
-        raise BadInput(f"{path}: expected a precision-checker JSONL file or a run directory, got a path that does "
-                       "not exist\nHINT: the run writes out_dir/precision/rank<R>.jsonl with precision_check.level=1")
-    folder = os.path.join(path, "precision") if os.path.isdir(os.path.join(path, "precision")) else path
+        raise BadInput(f"{path}: expected a numerics-checker JSONL file or a run directory, got a path that does "
+                       "not exist\nHINT: the run writes out_dir/numerics/rank<R>.jsonl with numerics.level=1")
+    folder = os.path.join(path, "numerics") if os.path.isdir(os.path.join(path, "numerics")) else path
     files = {os.path.basename(p): p for p in sorted(glob.glob(os.path.join(folder, "rank*.jsonl")))}
     if not files:
         raise BadInput(f"{path}: expected rank<R>.jsonl files in {folder}, got none\nHINT: was the run started "
-                       "with precision_check.level=1 or 2?")
+                       "with numerics.level=1 or 2?")
     return files
 
 
@@ -166,7 +166,7 @@ def compare_paths(path_a, path_b, rtol=0.0, atol=0.0, skip_missing=False, out=No
     files_a, files_b = rank_files(path_a), rank_files(path_b)
     if (None in files_a) != (None in files_b):
         raise BadInput(f"expected two files or two run directories, got {path_a!r} and {path_b!r}\nHINT: name a "
-                       "rank file on both sides (out_dir/precision/rank0.jsonl) or both run directories")
+                       "rank file on both sides (out_dir/numerics/rank0.jsonl) or both run directories")
     if set(files_a) != set(files_b):
         raise BadInput(f"expected the same rank files on both sides, got {sorted(files_a)} in {path_a} and "
                        f"{sorted(files_b)} in {path_b}\nHINT: compare runs with the same number of ranks, or name "
@@ -188,8 +188,8 @@ def compare_paths(path_a, path_b, rtol=0.0, atol=0.0, skip_missing=False, out=No
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m infini_train.tools.compare_precision",
-                                     description="Print the first entry where two precision-checker files (or the "
+    parser = argparse.ArgumentParser(prog="python -m infini_train.tools.compare_numerics",
+                                     description="Print the first entry where two numerics-checker files (or the "
                                                  "rank files of two run directories) diverge.")
     parser.add_argument("a", help="JSONL file or run directory (A)")
     parser.add_argument("b", help="JSONL file or run directory (B)")
@@ -205,7 +205,7 @@ def main(argv=None):
                            "HINT: 1e-4 is a usual rtol between frameworks in float32")
         return compare_paths(args.a, args.b, args.rtol, args.atol, args.skip_missing, ignore_dtype=args.ignore_dtype)
     except BadInput as exc:
-        print(f"compare_precision: {exc}", file=sys.stderr)
+        print(f"compare_numerics: {exc}", file=sys.stderr)
         return 2
 
 

@@ -104,7 +104,7 @@ def check_ranges(cfg, errors, bad):
     if c.ok("backend", "device") and cfg.backend == "nccl" and cfg.device.startswith("cpu"):
         errors.append(f"backend: expected 'mpi' or 'auto' with device {cfg.device!r} (NCCL needs GPUs), got 'nccl'")
     _check_lora(cfg, c, errors)
-    c.need("precision_check.level", lambda v: v in (0, 1, 2),
+    c.need("numerics.level", lambda v: v in (0, 1, 2),
            "0 (off), 1 (module outputs and gradients) or 2 (every op too)")
     _check_profile(cfg, c, errors)
     _check_data(cfg, c, errors)

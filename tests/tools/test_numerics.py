@@ -1,6 +1,6 @@
-"""The precision checker (utils/precision_check.py, utils/tensor_stats.py), its compare tool
-(tools/compare_precision.py), the torch reference (benchmarks/precision_reference_torch.py) and runs with
-precision_check.level."""
+"""The numerics checker (training/numerics.py, training/tensor_stats.py), its compare tool
+(tools/compare_numerics.py), the torch reference (benchmarks/numerics_reference_torch.py) and runs with
+numerics.level."""
 import json
 import os
 import re
@@ -13,14 +13,14 @@ import pytest
 import infini_train as it
 from infini_train.autograd import activations, observers
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.tools.compare_precision import main as compare
-from infini_train.utils.config import ConfigError, load_config
-from infini_train.utils.precision_check import PrecisionChecker
-from infini_train.utils.tensor_stats import tensor_stats
+from infini_train.tools.compare_numerics import main as compare
+from infini_train.training.config import ConfigError, load_config
+from infini_train.training.numerics import NumericsChecker
+from infini_train.training.tensor_stats import tensor_stats
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import CONFIG, REPO, make_data, run, tiny_args
 
-REFERENCE = os.path.join(REPO, "benchmarks", "precision_reference_torch.py")
+REFERENCE = os.path.join(REPO, "benchmarks", "numerics_reference_torch.py")
 
 
 def read(path):
@@ -100,7 +100,7 @@ def tiny_model():
 def one_step(path, level, steps=1, patch=None):
     model = tiny_model()
     idx = it.tensor(np.random.default_rng(0).integers(0, 50, (2, 8)))
-    with PrecisionChecker(level, str(path), model=model) as check:
+    with NumericsChecker(level, str(path), model=model) as check:
         for step in range(steps):
             with check.recording(step):
                 logits, loss = model(idx, idx)
@@ -173,7 +173,7 @@ class PlantedGELU:
         gelu.register_forward_pre_hook(lambda *a: setattr(self, "on", True))
         gelu.register_forward_hook(lambda *a: setattr(self, "on", False))
         idx = it.tensor(np.random.default_rng(0).integers(0, 50, (2, 8)))
-        with PrecisionChecker(level, str(path), model=model) as check, check.recording(0):
+        with NumericsChecker(level, str(path), model=model) as check, check.recording(0):
             model(idx, idx)[1].backward()
 
 
@@ -222,55 +222,55 @@ def data_dir(tmp_path_factory):
 
 def test_run_file_agrees_with_the_torch_reference(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    args = tiny_args(data_dir, out, "precision_check.level=1", "train.num_iterations=2",
+    args = tiny_args(data_dir, out, "numerics.level=1", "train.num_iterations=2",
                      "train.total_batch_size=256", "train.val_loss_every=1")  # 2 micro-batches; validation left out
     run(args)
-    ours = read(out / "precision" / "rank0.jsonl")
+    ours = read(out / "numerics" / "rank0.jsonl")
     assert {e["step"] for e in ours} == {0, 1}
     assert len(ours) == 2 * 2 * (2 * len(LEVEL1_FORWARD) + 28)  # steps x micro-batches x entries
     proc = subprocess.run([sys.executable, REFERENCE, "--config", CONFIG, *args, "--steps", "2"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    torch_file = out / "precision_torch" / "rank0.jsonl"
+    torch_file = out / "numerics_torch" / "rank0.jsonl"
     theirs = read(torch_file)
     assert sorted((e["step"], e["phase"], e["name"]) for e in theirs) == \
         sorted((e["step"], e["phase"], e["name"]) for e in ours)
-    assert compare([str(out / "precision" / "rank0.jsonl"), str(torch_file), "--rtol", "1e-4"]) == 0
-    assert compare([str(out), str(out / "precision_torch"), "--rtol", "1e-4"]) == 0  # run directories
-    assert compare([str(out), str(out / "precision_torch")]) == 1  # bitwise they differ (other kernels)
+    assert compare([str(out / "numerics" / "rank0.jsonl"), str(torch_file), "--rtol", "1e-4"]) == 0
+    assert compare([str(out), str(out / "numerics_torch"), "--rtol", "1e-4"]) == 0  # run directories
+    assert compare([str(out), str(out / "numerics_torch")]) == 1  # bitwise they differ (other kernels)
     capsys.readouterr()
 
 
 @needs_mpiexec
 def test_a_two_rank_run_writes_a_file_per_rank(data_dir, tmp_path):
     out = tmp_path / "run"
-    run(tiny_args(data_dir, out, "precision_check.level=1", "train.num_iterations=1",
+    run(tiny_args(data_dir, out, "numerics.level=1", "train.num_iterations=1",
                   "train.total_batch_size=256"), ranks=2)
-    files = sorted(os.listdir(out / "precision"))
+    files = sorted(os.listdir(out / "numerics"))
     assert files == ["rank0.jsonl", "rank1.jsonl"]
-    rank0, rank1 = (read(out / "precision" / f) for f in files)
+    rank0, rank1 = (read(out / "numerics" / f) for f in files)
     assert [e["name"] for e in rank0] == [e["name"] for e in rank1] and len(rank0) == 2 * len(LEVEL1_FORWARD) + 28
     first = rank0[0]["name"], rank0[0]["hash"], rank1[0]["hash"]
     assert first[0] == "transformer.wte" and first[1] != first[2]  # each rank embeds its own batch
 
 
 def test_bad_levels_are_refused_naming_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"precision_check\.level: expected 0 \(off\), 1 .* or 2 .*, got 3"):
-        load_config(None, ["precision_check.level=3"])
-    with pytest.raises(ConfigError, match=r"precision_check\.level: expected int"):
-        load_config(None, ["precision_check.level=high"])
-    with pytest.raises(ValueError, match=r"PrecisionChecker: expected level 0 .* got 5\nHINT"):
-        PrecisionChecker(5, str(tmp_path / "x.jsonl"), model=tiny_model())
+    with pytest.raises(ConfigError, match=r"numerics\.level: expected 0 \(off\), 1 .* or 2 .*, got 3"):
+        load_config(None, ["numerics.level=3"])
+    with pytest.raises(ConfigError, match=r"numerics\.level: expected int"):
+        load_config(None, ["numerics.level=high"])
+    with pytest.raises(ValueError, match=r"NumericsChecker: expected level 0 .* got 5\nHINT"):
+        NumericsChecker(5, str(tmp_path / "x.jsonl"), model=tiny_model())
     with pytest.raises(ValueError, match="expected a model"):
-        PrecisionChecker(1, str(tmp_path / "x.jsonl"))
-    assert load_config(None, ["precision_check.level=2"]).precision_check.level == 2
+        NumericsChecker(1, str(tmp_path / "x.jsonl"))
+    assert load_config(None, ["numerics.level=2"]).numerics.level == 2
 
 
 def test_an_fp32_run_compares_with_a_bf16_mixed_run_across_dtypes(data_dir, tmp_path, capsys):
     runs = {}
     for precision in ("fp32", "bf16-mixed"):
         runs[precision] = str(tmp_path / precision)
-        run(tiny_args(data_dir, runs[precision], "precision_check.level=1", "train.num_iterations=1",
+        run(tiny_args(data_dir, runs[precision], "numerics.level=1", "train.num_iterations=1",
                       "train.val_loss_every=0", f"precision={precision}"))
     assert compare([runs["fp32"], runs["bf16-mixed"]]) == 1  # the dtypes differ: say so and how to compare
     out = capsys.readouterr().out

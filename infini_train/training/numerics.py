@@ -1,15 +1,15 @@
-"""The precision checker: statistics of every module output (and, at level 2, every op) of a model, forward and
+"""The numerics checker: statistics of every module output (and, at level 2, every op) of a model, forward and
 backward, as JSON lines, so that two runs (two frameworks, two devices, two precisions) can be compared entry by
-entry with ``python -m infini_train.tools.compare_precision A B`` to find the first place they differ.
+entry with ``python -m infini_train.tools.compare_numerics A B`` to find the first place they differ.
 
-    with PrecisionChecker(2, "x.jsonl", model=model) as check:
+    with NumericsChecker(2, "x.jsonl", model=model) as check:
         for step in range(3):
             with check.recording(step):
                 loss = model(x, y)[1]
                 loss.backward()
 
 Each line: ``{"step", "phase", "name", "shape", "dtype", "min", "max", "mean", "absmax", "nan", "inf", "hash"}``
-(the statistics of infini_train.utils.tensor_stats). Phases and names:
+(the statistics of infini_train.training.tensor_stats). Phases and names:
 - level 1: "forward" for each module output, named by the module's path (``transformer.h.0.attn``; the root
   module is ``model``; the i-th tensor of a tuple output gets ``[i]``); "backward" for the gradient of each such
   output (a tensor hook); "grad" for the gradient each backward pass produces for a parameter (its name).
@@ -64,7 +64,7 @@ def keep_steps_before(path, step):
     write_text_atomically(path, "".join(kept))
 
 
-class PrecisionChecker(observers.OpObserver):
+class NumericsChecker(observers.OpObserver):
     """Records the statistics of ``model``'s tensors at ``level`` (0 off, 1 modules, 2 every op) into the JSONL
     file ``path``. ``start()`` (or ``with``) attaches it; entries are taken while ``active`` (True by default; a
     run turns it on only inside ``recording(step)``, so validation passes are left out); ``close()`` detaches.
@@ -72,11 +72,11 @@ class PrecisionChecker(observers.OpObserver):
 
     def __init__(self, level, path, rank=0, model=None, active=True, keep_before=None):
         if level not in LEVELS:
-            raise ValueError(f"PrecisionChecker: expected level 0 (off), 1 (module outputs and gradients) or 2 "
-                             f"(every op too), got {level!r}\nHINT: precision_check.level=1 is the usual start")
+            raise ValueError(f"NumericsChecker: expected level 0 (off), 1 (module outputs and gradients) or 2 "
+                             f"(every op too), got {level!r}\nHINT: numerics.level=1 is the usual start")
         if level and model is None:
-            raise ValueError("PrecisionChecker: expected a model (an nn.Module) to watch, got None\n"
-                             "HINT: PrecisionChecker(level, path, model=model)")
+            raise ValueError("NumericsChecker: expected a model (an nn.Module) to watch, got None\n"
+                             "HINT: NumericsChecker(level, path, model=model)")
         self.level, self.path, self.rank, self.model = level, path, rank, model
         self.active, self.step = active, 0
         self.keep_before = keep_before
@@ -221,4 +221,4 @@ class PrecisionChecker(observers.OpObserver):
                 self.record("backward", f"{name}:grad{k}", grad)
 
 
-__all__ = ["PrecisionChecker", "LEVELS", "keep_steps_before"]
+__all__ = ["NumericsChecker", "LEVELS", "keep_steps_before"]
