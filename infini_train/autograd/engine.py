@@ -36,9 +36,13 @@ def queue_callback(fn):
     pass_state.callbacks.append(fn)
 
 
-def _count_dependencies(root_fns):
+def _count_dependencies(root_fns, ends=None):
+    """Reset every node reachable from ``root_fns`` for a new pass and count the gradient edges feeding it.
+    ``ends``: for a bounded pass, ``ends(node)`` is True where the pass stops; such nodes are neither counted nor
+    walked past. Returns the number of nodes counted and the end nodes reached (in the order met)."""
     seen = set()
     stack = []
+    reached_ends = []
     for fn in root_fns:
         if id(fn) not in seen:
             seen.add(id(fn))
@@ -49,11 +53,47 @@ def _count_dependencies(root_fns):
         for nxt, _ in fn.next_functions:
             if nxt is None:
                 continue
+            if ends is not None and ends(nxt):
+                reached_ends.append(nxt)
+                continue
             if id(nxt) not in seen:
                 seen.add(id(nxt))
                 nxt._reset_for_pass()
                 stack.append(nxt)
             nxt.increase_dependencies_number()
+    return len(seen), reached_ends
+
+
+class BoundedPass:
+    """A backward pass over the part of a graph between ``roots`` ([(node, output index, gradient)]) and the nodes
+    where ``ends(node)`` is True, counted by the engine's dependency counting: the gradients reaching an end node
+    are summed and returned by ``run`` instead of delivered. Activation recomputation runs its recomputed graph
+    this way, nested inside the pass that reached it, whose counters it leaves untouched. ``num_nodes``: the nodes
+    the pass runs; ``reached_ends``: the end nodes it reaches (roots included)."""
+
+    def __init__(self, roots, ends):
+        self.roots, self.ends = roots, ends
+        inner = [fn for fn, _, _ in roots if not ends(fn)]
+        self.num_nodes, self.reached_ends = _count_dependencies(inner, ends)
+        self.reached_ends += [fn for fn, _, _ in roots if ends(fn)]
+        for fn in inner:
+            fn.increase_dependencies_number()  # the seed gradient is one more edge
+
+    def run(self, create_graph):
+        """{(id(end node), output index): gradient}; the graph is kept only when create_graph needs it."""
+        captured = {}
+        ends = self.ends
+        work = [(fn, g, idx) for fn, idx, g in reversed(self.roots)]
+        while work:
+            fn, grad, idx = work.pop()
+            if ends(fn):
+                if grad is not None:
+                    key = (id(fn), idx)
+                    prev = captured.get(key)
+                    captured[key] = grad if prev is None else prev + grad
+                continue
+            work.extend(fn.backward_partial(grad, idx, create_graph, create_graph))
+        return captured
 
 
 def _leading_to(root_fns, targets):

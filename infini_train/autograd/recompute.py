@@ -36,6 +36,7 @@ import weakref
 from .. import backend
 from . import autocast as _autocast
 from .accumulate import AccumulateGrad
+from .engine import BoundedPass
 from .function import Function, Op, _tensor_class
 from .grad_mode import _state as _grad
 from .grad_mode import enable_grad
@@ -247,7 +248,9 @@ class Checkpoint(Function):
         del out
         leaf_nodes = {id(_graph_node(leaf)[0]): k for k, leaf in enumerate(leaves) if leaf._requires_grad}
         stop = {id(node) for node, _ in self.next_functions} | leaf_nodes.keys()
-        count, strangers = _count_dependencies(roots, stop)
+        recomputed = BoundedPass(roots, lambda fn: id(fn) in stop or isinstance(fn, AccumulateGrad))
+        count = recomputed.num_nodes
+        strangers = [fn for fn in recomputed.reached_ends if id(fn) not in stop]  # leaves the forward did not use
         if strangers:
             shapes = ", ".join(str(tuple(s.tensor.shape)) for s in strangers)
             raise RuntimeError(f"checkpoint: the recomputation reached leaf tensors the forward did not use "
@@ -258,7 +261,7 @@ class Checkpoint(Function):
         prev = _grad.enabled
         _grad.enabled = create_graph
         try:
-            captured = _run(roots, stop, create_graph)
+            captured = recomputed.run(create_graph)
         finally:
             _grad.enabled = prev
         result = [None] * len(self.next_functions)
@@ -296,62 +299,6 @@ class _Alias(Op):
         return g
 
     backward_graph = backward
-
-
-# --------------------------------------------------------------------------------- the recomputed pass
-def _is_stop(fn, stop):
-    return id(fn) in stop or isinstance(fn, AccumulateGrad)
-
-
-def _count_dependencies(roots, stop):
-    """Reset and count, as the engine does for a pass, the nodes reachable from ``roots`` without crossing a node
-    in ``stop`` or a leaf. Returns their number and the leaves reached that are not in ``stop``."""
-    seen = set()
-    stack = []
-    strangers = []
-    for fn, _, _ in roots:
-        if _is_stop(fn, stop):
-            if id(fn) not in stop:
-                strangers.append(fn)
-        elif id(fn) not in seen:
-            seen.add(id(fn))
-            fn._reset_for_pass()
-            stack.append(fn)
-    while stack:
-        fn = stack.pop()
-        for nxt, _ in fn.next_functions:
-            if nxt is None:
-                continue
-            if _is_stop(nxt, stop):
-                if id(nxt) not in stop:
-                    strangers.append(nxt)
-                continue
-            if id(nxt) not in seen:
-                seen.add(id(nxt))
-                nxt._reset_for_pass()
-                stack.append(nxt)
-            nxt.increase_dependencies_number()
-    for fn, _, _ in roots:
-        if not _is_stop(fn, stop):
-            fn.increase_dependencies_number()  # the seed gradient is one more edge
-    return len(seen), strangers
-
-
-def _run(roots, stop, create_graph):
-    """Deliver the seed gradients through the counted nodes; what reaches a stop node is summed and returned as
-    {(id(node), output index): gradient}. The recomputed graph is not kept unless create_graph needs it."""
-    captured = {}
-    work = [(fn, g, idx) for fn, idx, g in reversed(roots)]
-    while work:
-        fn, grad, idx = work.pop()
-        if _is_stop(fn, stop):
-            if grad is not None:
-                key = (id(fn), idx)
-                prev = captured.get(key)
-                captured[key] = grad if prev is None else prev + grad
-            continue
-        work.extend(fn.backward_partial(grad, idx, create_graph, create_graph))
-    return captured
 
 
 # ------------------------------------------------------------------------------------- the forward's graph

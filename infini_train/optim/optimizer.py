@@ -65,6 +65,14 @@ class Optimizer:
         ``param_groups`` hold only this rank's pieces)."""
         return self.param_groups
 
+    def state_bytes(self):
+        """Bytes of the per-parameter state arrays this optimizer holds (AdamW's moments)."""
+        return sum(v.nbytes for st in self.state.values() for v in st.values() if hasattr(v, "nbytes"))
+
+    def grad_bytes(self):
+        """Bytes of the gradients of the parameters this optimizer updates."""
+        return sum(p.grad.array.nbytes for g in self.param_groups for p in g["params"] if p.grad is not None)
+
     def add_param_group(self, group):
         """Add ``{"params": [...], option: value, ...}``; options not given take the optimizer's defaults."""
         name = type(self).__name__

@@ -120,17 +120,6 @@ def build_optimizer(model, train_cfg, zero_stage, group=None):
     return AdamW(groups, **options)
 
 
-def _state_bytes(optimizer):
-    return sum(v.nbytes for st in optimizer.state.values() for v in st.values() if hasattr(v, "nbytes"))
-
-
-def _grad_bytes(model, zero=None):
-    """Bytes of gradient storage: the parameters' .grad arrays, or ZeRO's flat gradient buffers and shards."""
-    if zero is not None:
-        return sum(getattr(s.flat_grad, "nbytes", 0) + getattr(s.grad_shard, "nbytes", 0) for s in zero.spaces)
-    return sum(p.grad.array.nbytes for p in model.parameters() if p.grad is not None)
-
-
 def peak_rss_bytes():
     """This process's peak resident memory (VmHWM; 0 where /proc is missing)."""
     try:
@@ -306,10 +295,9 @@ class Run:
     def _report_memory(self):
         """Once, after the first step: each rank's parameter, gradient and optimizer-state bytes (from the
         tensors it holds) and its peak resident memory."""
-        state = self.optimizer.state_bytes() if self.zero_stage else _state_bytes(self.optimizer)
         params = sum(p.array.nbytes for p in self.raw_model.parameters())
-        grads = _grad_bytes(self.raw_model, self.optimizer if self.zero_stage else None)
-        mine = Tensor(np.array([params, grads, state, peak_rss_bytes()], np.int64))
+        mine = Tensor(np.array([params, self.optimizer.grad_bytes(), self.optimizer.state_bytes(), peak_rss_bytes()],
+                               np.int64))
         parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]
         dist.all_gather(parts, mine)
         mb = [[int(v) / 2 ** 20 for v in p.numpy()] for p in parts]

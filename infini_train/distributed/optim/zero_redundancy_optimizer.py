@@ -272,6 +272,10 @@ class ZeroRedundancyOptimizer:
         """Bytes of optimizer state this rank holds (the inner optimizer's arrays)."""
         return sum(v.nbytes for st in self.optim.state.values() for v in st.values() if hasattr(v, "nbytes"))
 
+    def grad_bytes(self):
+        """Bytes of gradient storage: the flat gradient buffers and this rank's gradient shards."""
+        return sum(getattr(s.flat_grad, "nbytes", 0) + getattr(s.grad_shard, "nbytes", 0) for s in self.spaces)
+
     def _state_keys(self):
         """The names of the array entries of the inner optimizer's per-parameter state (the same on every rank,
         also on a rank that owns nothing: they are AdamW's after its first step)."""
