@@ -114,6 +114,12 @@ class PipelinedLM(nn.Module):
         return next(iter(self.parameters())).dtype
 
     # ------------------------------------------------------------------------------------------- running
+    def wrap_chunks(self, wrap):
+        """Run the schedule through ``wrap(chunk)`` (a DistributedDataParallel) for each of this stage's chunks: a
+        chunk's gradients are averaged over the data-parallel group during its last backward of a step. The
+        model's own modules, parameter names and state stay the chunks'."""
+        self.pipe.set_data_parallel([wrap(chunk) for chunk in self.chunks])
+
     def train_step(self, inputs, targets, backward=None, forward_context=None):
         """Forward and backward of the micro-batches (see PipelineParallel.train_step); returns their mean loss on
         every stage."""

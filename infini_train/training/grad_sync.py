@@ -2,12 +2,14 @@
 forward-backward of a step, ``finish()`` sums the gradients of tensors that live on several ranks and averages
 over the data-parallel group where no DDP did during backward; ``clip(max_norm)`` clips by the whole model's norm.
 
-Everything is decided when the run is built, from the layout and the ZeRO stage:
+Everything is decided when the run is built, from the layout and the ZeRO stage. DDP (ZeRO's reducer under ZeRO
+1 and 2) around the model, or around each pipeline chunk, averaged the gradients over the data-parallel group
+during backward (training/loop.py: wrap_data_parallel); then
 - pipeline runs: the tied embedding's copies are summed over the embedding group (first and last stage), the
-  sequence-parallel parameters over the tensor group, then the gradients are averaged over the data-parallel
-  group (by ZeRO's reduction when the optimizer shards, else an all-reduce);
-- other runs: DDP (or ZeRO-2's reducer) averaged them during backward; with sequence parallelism the layer norms'
-  and row-parallel biases' gradients are summed over the tensor group (under ZeRO, the pieces this rank owns);
+  sequence-parallel parameters over the tensor group; under ZeRO-2 the whole gradients are reduce-scattered over
+  the data-parallel group only now (as Megatron-LM's distributed optimizer does);
+- other runs: with sequence parallelism the layer norms' and row-parallel biases' gradients are summed over the
+  tensor group (under ZeRO, the pieces this rank owns);
 - clipping: ZeRO's norm over every rank's shard, the model-parallel norm over a mesh, or the plain norm.
 """
 from __future__ import annotations
@@ -31,23 +33,14 @@ class GradientSync:
                                  dims.embedding_group)
             if dims.sequence_parallel:
                 all_reduce_grads(self._sequence_parallel_grads(), dims.tp_group)
-            if dims.dp_size > 1:
-                self._average_over_data()
+            if dims.dp_size > 1 and self.zero_stage == 2:  # reduce-scattered once the schedule is done
+                self.optimizer.reduce_gradients(shard=True)
         elif dims.sequence_parallel:
             if self.zero_stage:
                 grads = [g for p, g in self.optimizer.owned_grads() if getattr(p, "sequence_parallel", False)]
             else:
                 grads = self._sequence_parallel_grads()
             all_reduce_grads(grads, dims.tp_group)
-
-    def _average_over_data(self):
-        if self.zero_stage:
-            self.optimizer.reduce_gradients(shard=self.zero_stage == 2)
-            return
-        grads = [p.grad for p in self.params if p.grad is not None]
-        all_reduce_grads(grads, self.dims.dp_group)
-        for g in grads:
-            g.array /= self.dims.dp_size
 
     def _sequence_parallel_grads(self):
         return [p.grad for p in self.params if getattr(p, "sequence_parallel", False) and p.grad is not None]

@@ -120,6 +120,24 @@ def build_optimizer(model, train_cfg, zero_stage, group=None):
     return AdamW(groups, **options)
 
 
+def wrap_data_parallel(model, optimizer, dims, zero_stage):
+    """The model a step runs: with data parallelism, DistributedDataParallel (ZeRO's reducer under ZeRO 1 and 2)
+    around the whole model, or around each pipeline chunk, averaging gradients while backward runs. Pipeline runs
+    under ZeRO-2 keep whole gradients through the schedule (the tied embedding's and sequence-parallel sums need
+    them) and reduce-scatter them after it (GradientSync)."""
+    if dims.dp_size == 1 or (dims.pipeline_parallel and zero_stage == 2):
+        return model
+
+    def wrap(module):
+        return DistributedDataParallel(module, process_group=dims.dp_group,
+                                       zero_optimizer=optimizer if zero_stage else None, zero_stage=zero_stage or 2)
+
+    if dims.pipeline_parallel:
+        model.wrap_chunks(wrap)
+        return model
+    return wrap(model)
+
+
 def peak_rss_bytes():
     """This process's peak resident memory (VmHWM; 0 where /proc is missing)."""
     try:
@@ -163,12 +181,7 @@ class Run:
             cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"))
         self.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.dp_group)
-        self.model = self.raw_model
-        ddp = dims.dp_size > 1 and not dims.pipeline_parallel  # pipeline runs reduce after the schedule
-        if ddp:
-            zero = self.optimizer if self.zero_stage else None
-            self.model = DistributedDataParallel(self.raw_model, process_group=dims.dp_group, zero_optimizer=zero,
-                                                 zero_stage=self.zero_stage or 2)
+        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)
         self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
                                                   dims.dp_size, config_key="data.train")
         self.val_loader = None
@@ -180,7 +193,7 @@ class Run:
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
         self.plan = StepPlan(self.model, self.optimizer, dims,
                              GradientSync(dims, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
-                             self.device, self.amp, self.scaler, ddp)
+                             self.device, self.amp, self.scaler, self.model is not self.raw_model)
         self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught

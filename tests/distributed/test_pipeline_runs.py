@@ -113,6 +113,12 @@ def test_pipeline_stages_equal_the_whole_model_for_every_schedule(ranks):
     assert proc.stdout.count("pipeline ok") == ranks, output(proc)
 
 
+def test_data_parallel_pipeline_chunks_reduce_once_per_step_in_their_last_backward():
+    proc = mpirun(4, "worker_pipeline_ddp.py", timeout=240)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.count("pipeline ddp ok") == 4, output(proc)
+
+
 @pytest.mark.parametrize("ranks,extra,message", [
     (2, ["parallel.pipeline=2", "parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline=2",
          "train.total_batch_size=384"],

@@ -157,16 +157,16 @@ class DistributedDataParallel(Module):
             for t in list(module.parameters()) + list(module.buffers()):
                 self.process_group.broadcast(t, 0)
         if zero_optimizer is not None:
-            if {id(p) for p in params} != {id(p) for p in zero_optimizer.params}:
-                raise ValueError("DistributedDataParallel: zero_optimizer must optimize exactly this module's "
-                                 "parameters that require grad\nHINT: build it from module.parameters() (or their "
-                                 "param groups) before wrapping")
+            if not {id(p) for p in params} <= {id(p) for p in zero_optimizer.params}:
+                raise ValueError("DistributedDataParallel: zero_optimizer must optimize every parameter of this module "
+                                 "that requires grad\nHINT: build it from module.parameters() (or their param "
+                                 "groups, or a model's holding this module) before wrapping")
             if zero_stage not in (1, 2):
                 raise ValueError(f"DistributedDataParallel: expected zero_stage 1 or 2 with a zero_optimizer, got "
                                  f"{zero_stage!r}\nHINT: stage 3 (sharded parameters) is not supported")
             from .zero_reducer import ZeroReducer
             self.reducer = ZeroReducer(zero_optimizer, self.process_group, zero_stage == 2, bucket_cap_mb,
-                                       first_bucket_mb, find_unused_parameters)
+                                       first_bucket_mb, find_unused_parameters, params)
         else:
             self.reducer = Reducer(params, self.process_group, bucket_cap_mb, first_bucket_mb,
                                    find_unused_parameters)
@@ -191,6 +191,13 @@ class DistributedDataParallel(Module):
             yield
         finally:
             self.require_sync = prev
+
+    def prepare_backward(self, sync):
+        """Make the next backward pass average the gradients (``sync``) or accumulate them locally, whatever the
+        forward's ``no_sync`` state was: for pipeline schedules, whose backwards do not follow their forwards, so
+        that only a chunk's last backward of a step reduces (while it runs, overlapping the rest of the schedule)."""
+        self.reducer.sync = bool(sync)
+        self.reducer.prepare_for_backward()
 
     def state_dict(self, prefix=""):
         """The wrapped module's state dict (no "module." prefix), so checkpoints load with or without DDP."""

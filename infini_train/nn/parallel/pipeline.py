@@ -33,8 +33,19 @@ class PipelineParallel:
             raise ValueError(f"PipelineParallel: expected {self.virtual} model chunks on this stage (virtual), got "
                              f"{len(self.chunks)}")
         self.num_chunks = self.stages * self.virtual
+        self.data_parallel = False  # the chunks are DistributedDataParallel wrappers (set_data_parallel)
         self._tables = {}
         self.stats = {}  # of the last train_step: busy and total seconds, live activations
+
+    def set_data_parallel(self, wrappers):
+        """Run each local chunk through its DistributedDataParallel wrapper (in local order): the schedule makes a
+        chunk's last backward of each step the one that averages its gradients, overlapping the rest of the
+        schedule, and its other backwards accumulate locally."""
+        if len(wrappers) != len(self.chunks):
+            raise ValueError(f"PipelineParallel.set_data_parallel: expected {len(self.chunks)} wrappers (one per local "
+                             f"chunk), got {len(wrappers)}")
+        self.chunks = list(wrappers)
+        self.data_parallel = True
 
     # ------------------------------------------------------------------------------------------- layout
     def owner(self, chunk):
@@ -173,6 +184,7 @@ class _Step:
         self.forward_context = forward_context
         self.M = len(inputs)
         self.kept_in, self.kept_out, self.received, self.sends, self.losses = {}, {}, {}, [], {}
+        self.backwards_left = {}  # per chunk, with data-parallel wrappers: its last backward averages
         self.busy, self.live, self.peak = 0.0, 0, 0
 
     def act(self, action):
@@ -199,6 +211,9 @@ class _Step:
         out = self.kept_out.pop((c, m))
         grad = None if pipe.is_last(c) else pipe._arrived(self.received.pop(("B", c + 1, m)), self.device)
         t0 = time.perf_counter()
+        if pipe.data_parallel:
+            left = self.backwards_left[c] = self.backwards_left.get(c, self.M) - 1
+            pipe.local(c).prepare_backward(sync=left == 0)
         if grad is None:
             self.backward(out)
         else:

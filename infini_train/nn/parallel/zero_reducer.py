@@ -40,24 +40,31 @@ class _FlatBucket:
 
 
 class ZeroReducer:
-    """Reduces gradients for ``zero_optimizer``; the interface DistributedDataParallel drives."""
+    """Reduces gradients for ``zero_optimizer`` (for ``params`` only, when given: the parameters of one pipeline
+    chunk among those the optimizer updates); the interface DistributedDataParallel drives."""
 
     def __init__(self, zero_optimizer, process_group, shard_gradients, bucket_cap_mb=25, first_bucket_mb=1,
-                 find_unused_parameters=False):
+                 find_unused_parameters=False, params=None):
         self.zero = zero_optimizer
         self.group = process_group
         self.shard = shard_gradients
         self.find_unused = find_unused_parameters
+        mine = None if params is None else {id(p) for p in params}  # a part of the optimizer's (a pipeline chunk's)
         self.buckets = []
         for space in zero_optimizer.spaces:
-            current, size, limit = [], 0, first_bucket_mb * 2 ** 20
-            for p in reversed(space.params):
+            current, size, start, limit = [], 0, None, first_bucket_mb * 2 ** 20
+            for k in reversed(range(len(space.params))):
+                p = space.params[k]
+                if mine is not None and id(p) not in mine:
+                    continue
                 nbytes = p.numel() * p.dtype.itemsize
-                if current and size + nbytes > limit:
+                adjacent = start == space.offsets[k] + p.numel()  # a bucket is one range of the flat space
+                if current and (size + nbytes > limit or not adjacent):
                     self.buckets.append(_FlatBucket(space, current))
                     current, size, limit = [], 0, bucket_cap_mb * 2 ** 20
                 current.append(p)
                 size += nbytes
+                start = space.offsets[k]
             if current:
                 self.buckets.append(_FlatBucket(space, current))
         self.where = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
