@@ -81,8 +81,8 @@ def read_safetensors(path, names=None):
 
 def write_safetensors(path, tensors, metadata=None):
     """Write {name: array} (numpy or anything with ``.numpy()``) to ``path`` atomically."""
-    arrays = {name: np.ascontiguousarray(value.numpy() if hasattr(value, "numpy") else value)
-              for name, value in tensors.items()}
+    arrays = {name: np.require(value.numpy() if hasattr(value, "numpy") else value, requirements="C")
+              for name, value in tensors.items()}  # (np.ascontiguousarray would make a 0-d array 1-d)
     header, offset = {}, 0
     for name, array in arrays.items():
         header[name] = {"dtype": _code(array.dtype), "shape": list(array.shape),

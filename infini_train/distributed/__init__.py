@@ -267,3 +267,6 @@ def isend(tensor, dst, group=None, tag=0) -> Work:
 def irecv(tensor, src, group=None, tag=0) -> Work:
     return (group or default_group()).irecv(tensor, src, tag)
 
+
+
+from . import checkpoint  # noqa: E402  (it.distributed.checkpoint: sharded save and resharding load)

@@ -1,0 +1,217 @@
+"""Sharded checkpoints, as torch.distributed.checkpoint writes them: every rank writes the pieces it holds to its own
+safetensors file, in parallel and without gathering anything; rank 0 writes ``metadata.json``, which maps every
+global tensor (name, global shape, dtype) to its saved chunks (file, entry, offsets and sizes) and records each
+file's size and SHA-256. A piece held by several ranks (a replicated tensor, the data-parallel copies of a shard) is
+written once, by the lowest rank holding it.
+
+Loading reshards: each rank asks for the boxes it holds now (LocalPieces, in any layout) and reads, through a memory
+map, only the parts of the saved chunks that overlap them.
+
+    save({"w": LocalPieces(...), "b": array}, directory, group)  # collective
+    load({"w": LocalPieces(...), "b": array}, directory)           # fills the arrays in place
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from ...atomic_file import write_text_atomically
+from ...safetensors_io import _code, _numpy_dtype, read_header, write_safetensors
+from .pieces import LocalPieces, overlap, region
+
+METADATA = "metadata.json"
+FORMAT = "infini_train.sharded/1"
+
+
+class CheckpointFormatError(ValueError):
+    """A sharded checkpoint that is missing, incomplete or does not fit what is loaded into it."""
+
+
+def shard_file(rank):
+    return f"shard{rank:05d}.safetensors"
+
+
+def _as_pieces(name, value):
+    if isinstance(value, LocalPieces):
+        return value
+    array = getattr(value, "array", value)  # a Tensor or an array held whole
+    if not hasattr(array, "shape"):
+        raise TypeError(f"sharded checkpoint: {name!r} is a {type(value).__name__}; expected LocalPieces, a Tensor or "
+                        "an array")
+    return LocalPieces.whole(array)
+
+
+def _entry_key(name, offsets):
+    return f"{name}@{','.join(str(o) for o in offsets)}"
+
+
+def _host(view):
+    return view.get() if hasattr(view, "get") else np.asarray(view)
+
+
+def file_digest(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save(state, directory, group=None, extra=None):
+    """Write ``state`` ({name: LocalPieces | Tensor | array}) as a sharded checkpoint in ``directory`` (collective
+    over ``group``, default the world). ``extra`` (JSON-serialisable, rank 0's) goes into the metadata. Returns the
+    metadata dict on every rank."""
+    from .. import all_gather_object, default_group
+
+    group = group or default_group()
+    local = {name: _as_pieces(name, value) for name, value in state.items()}
+    plan = {name: (pieces.global_shape, _code(np.dtype(pieces.dtype)), pieces.boxes())
+            for name, pieces in local.items()}
+    plans = [None] * group.size
+    all_gather_object(plans, plan, group)
+    tensors, writer = _merge_plans(plans)
+    mine = {}
+    for name, pieces in local.items():
+        for offsets, view in pieces.pieces:
+            if writer[(name, tuple(offsets), tuple(view.shape))] == group.rank:
+                mine[_entry_key(name, offsets)] = _host(view)
+    os.makedirs(directory, exist_ok=True)
+    described = None
+    if mine:
+        path = os.path.join(directory, shard_file(group.rank))
+        write_safetensors(path, mine)
+        described = (shard_file(group.rank), os.path.getsize(path), file_digest(path))
+    files = [None] * group.size
+    all_gather_object(files, described, group)
+    metadata = {"format": FORMAT, "tensors": tensors,
+                "files": {f[0]: {"bytes": f[1], "sha256": f[2]} for f in files if f is not None},
+                "extra": extra}
+    if group.rank == 0:
+        write_text_atomically(os.path.join(directory, METADATA), json.dumps(metadata, indent=1))
+    group.barrier()
+    return metadata
+
+
+def _merge_plans(plans):
+    """{name: {shape, dtype, chunks}} and {(name, offsets, sizes): writing rank} from every rank's plan."""
+    tensors, writer = {}, {}
+    for rank, plan in enumerate(plans):
+        for name, (shape, dtype, boxes) in plan.items():
+            info = tensors.setdefault(name, {"shape": list(shape), "dtype": dtype, "chunks": []})
+            if tuple(info["shape"]) != tuple(shape) or info["dtype"] != dtype:
+                raise ValueError(f"sharded checkpoint: ranks disagree on {name!r}: shape {tuple(info['shape'])} "
+                                 f"{info['dtype']} on one, {tuple(shape)} {dtype} on rank {rank}")
+            for offsets, sizes in boxes:
+                key = (name, tuple(offsets), tuple(sizes))
+                if key not in writer:
+                    writer[key] = rank
+                    info["chunks"].append({"offsets": list(offsets), "sizes": list(sizes), "file": shard_file(rank),
+                                           "key": _entry_key(name, offsets)})
+    return tensors, writer
+
+
+def read_metadata(directory):
+    path = os.path.join(directory, METADATA)
+    try:
+        with open(path) as f:
+            metadata = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointFormatError(f"{directory}: no {METADATA}, so not a complete sharded checkpoint\nHINT: a save "
+                                    "that was interrupted leaves no metadata; use an earlier checkpoint") from None
+    except ValueError as exc:
+        raise CheckpointFormatError(f"{path}: unreadable ({exc})") from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointFormatError(f"{path}: expected format {FORMAT!r}, got {metadata.get('format')!r}")
+    return metadata
+
+
+def verify(directory, files=None):
+    """Check each shard file's size and SHA-256 against the metadata (only ``files`` when given); returns the
+    problems found, one line each."""
+    metadata = read_metadata(directory)
+    problems = []
+    for name, info in metadata["files"].items():
+        if files is not None and name not in files:
+            continue
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            problems.append(f"{name}: missing")
+        elif os.path.getsize(path) != info["bytes"]:
+            problems.append(f"{name}: {os.path.getsize(path)} bytes, the metadata says {info['bytes']} (truncated?)")
+        elif file_digest(path) != info["sha256"]:
+            problems.append(f"{name}: its SHA-256 differs from the metadata's (damaged)")
+    return problems
+
+
+class _Reader:
+    """Saved entries as memory-mapped arrays: slicing one reads only the pages it touches."""
+
+    def __init__(self, directory):
+        self.directory, self.maps, self.headers = directory, {}, {}
+
+    def entry(self, file, key):
+        if file not in self.maps:
+            path = os.path.join(self.directory, file)
+            header, _, base = read_header(path)
+            self.headers[file] = (header, base)
+            self.maps[file] = np.memmap(path, dtype=np.uint8, mode="r")
+        header, base = self.headers[file]
+        if key not in header:
+            raise CheckpointFormatError(f"{os.path.join(self.directory, file)}: no entry {key!r}, which the metadata "
+                                        "lists (damaged checkpoint)")
+        info = header[key]
+        dtype = np.dtype(_numpy_dtype(info["dtype"], file, key))
+        start, stop = info["data_offsets"]
+        data = self.maps[file][base + start:base + stop]
+        if data.size != stop - start:
+            raise CheckpointFormatError(f"{os.path.join(self.directory, file)}: entry {key!r} runs past the end of "
+                                        "the file (truncated)")
+        return data.view(dtype).reshape(tuple(info["shape"]))
+
+
+def load(state, directory, group=None):
+    """Fill ``state`` ({name: LocalPieces | Tensor | array}, the boxes this rank holds now) from the sharded
+    checkpoint in ``directory``, reading only the overlapping parts of the saved chunks. Returns the metadata's
+    ``extra``. Not a collective (``group`` is accepted for symmetry with ``save``)."""
+    metadata = read_metadata(directory)
+    reader = _Reader(directory)
+    for name, value in state.items():
+        pieces = _as_pieces(name, value)
+        info = metadata["tensors"].get(name)
+        if info is None:
+            raise CheckpointFormatError(f"{directory}: holds no tensor {name!r}\nHINT: the checkpoint was written for "
+                                        "another model or optimizer")
+        if tuple(info["shape"]) != pieces.global_shape:
+            raise CheckpointFormatError(f"{directory}: {name!r} was saved with shape {tuple(info['shape'])}, this "
+                                        f"model's is {pieces.global_shape}\nHINT: load it into the model it was "
+                                        "written for")
+        for offsets, view in pieces.pieces:
+            _fill(view, tuple(offsets), info["chunks"], reader, name, directory)
+    return metadata.get("extra")
+
+
+def _fill(view, offsets, chunks, reader, name, directory):
+    needed = int(np.prod(view.shape, dtype=np.int64))
+    covered = 0
+    for chunk in chunks:
+        met = overlap(offsets, view.shape, chunk["offsets"], chunk["sizes"])
+        if met is None:
+            continue
+        part = np.asarray(reader.entry(chunk["file"], chunk["key"])[region(*met, chunk["offsets"])])
+        target = region(*met, offsets)
+        if hasattr(view, "__cuda_array_interface__"):
+            import cupy
+
+            view[target] = cupy.asarray(part, dtype=view.dtype)
+        else:
+            view[target] = part
+        covered += int(np.prod(met[1], dtype=np.int64))
+    if covered < needed:
+        raise CheckpointFormatError(f"{directory}: the saved chunks of {name!r} cover {covered} of the {needed} "
+                                    f"elements at offsets {offsets} this rank needs (incomplete checkpoint)")
+
+
+__all__ = ["save", "load", "verify", "read_metadata", "CheckpointFormatError", "METADATA", "shard_file"]
