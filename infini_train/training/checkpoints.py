@@ -269,6 +269,12 @@ def load_checkpoint(path, verify=True):
 
     path = resolve_checkpoint(path)
     state = verify_checkpoint(path) if verify else read_state(path)
+    if state.get("format") == "sharded":  # assembled whole here (sharded_checkpoints.py)
+        from .sharded_checkpoints import whole_state
+
+        model_state, optimizer_state = whole_state(path, state)
+        state.pop("optimizer")
+        return model_state, optimizer_state, state
     try:
         model_state = load_file(os.path.join(path, "model.safetensors"))
         opt_arrays = load_file(os.path.join(path, "optimizer.safetensors"))
@@ -301,8 +307,7 @@ def load_model_checkpoint(path, warn=None):
     failures = []
     for candidate in candidates:
         try:
-            state = verify_checkpoint(candidate, files=("model.safetensors",))
-            model_state = load_file(os.path.join(candidate, "model.safetensors"))
+            state, model_state = _verified_model(candidate, load_file)
         except CheckpointError as exc:
             failures.append(str(exc))
         except (OSError, SafetensorError) as exc:
@@ -322,9 +327,23 @@ def load_model_checkpoint(path, warn=None):
                           + "\n  ".join(failures) + "\nHINT: restore a good copy of one of them")
 
 
+def _verified_model(path, load_file):
+    """(state, model state) of a checkpoint whose model verifies (a sharded one: every shard, each holding model
+    and optimizer entries)."""
+    state = verify_checkpoint(path, files=("model.safetensors",))
+    if state.get("format") == "sharded":
+        from .sharded_checkpoints import whole_state
+
+        verify_checkpoint(path)
+        return state, whole_state(path, state, model_only=True)[0]
+    return state, load_file(os.path.join(path, "model.safetensors"))
+
+
 def _model_verifies(path):
     try:
-        verify_checkpoint(path, files=("model.safetensors",))
+        state = verify_checkpoint(path, files=("model.safetensors",))
+        if state.get("format") == "sharded":
+            verify_checkpoint(path)
         return True
     except CheckpointError:
         return False

@@ -39,6 +39,8 @@ from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
 from .resume import check_same_model, choose_checkpoint, run_id_of
+from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
+from .sharded_state import ShardedState
 from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .grad_sync import GradientSync
@@ -195,6 +197,7 @@ class Run:
                              GradientSync(dims, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
                              self.device, self.amp, self.scaler, self.model is not self.raw_model)
         self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
+        self.sharded = ShardedState(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -202,8 +205,12 @@ class Run:
         self.run_id = run_id_of(state)
 
     def _resume(self, path):
-        model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)  # verified by rank 0
-        self.state_io.scatter(model_state, opt_state)  # a LoRA run's pinned base was restored at build time
+        state = ckpt.read_state(path)  # verified by rank 0
+        if is_sharded(state):  # each rank reads the parts it holds; a LoRA run's pinned base was restored at build
+            self.sharded.load(path, state["optimizer"]["param_groups"])
+        else:
+            model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)
+            self.state_io.scatter(model_state, opt_state)
         self.state_io.load_data_position(self.train_loader, state["data"])
         self.start_step = state["step"]
         self.skipped_total = state.get("skipped_steps", 0)
@@ -215,20 +222,24 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self, step):
+        cfg = self.cfg
         data_states = self.state_io.data_positions(self.train_loader)
-        model_state, opt_state = self.state_io.gather()
-        path = None
-        if self.rank == 0:
-            cfg = self.cfg
-            path = ckpt.save_checkpoint(cfg.out_dir, step, model_state, opt_state, {
-                "config": cfg.to_dict(), "arch": cfg.model.arch, "model_config": self.raw_model.config.to_dict(),
-                "tokenizer": self.tok_name,
-                "rng": {"seed": cfg.seed, "per_step": PER_STEP_SEEDS}, "data": data_states,
-                "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
-                "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "lora": checkpoint_reference(cfg.lora, cfg.seed, self.lora_base) if cfg.lora.rank else None},
-                keep_last=cfg.train.keep_last, run_id=self.run_id)
-            print0(f"saved checkpoint {path}")
+        run_state = {
+            "config": cfg.to_dict(), "arch": cfg.model.arch, "model_config": self.raw_model.config.to_dict(),
+            "tokenizer": self.tok_name, "rng": {"seed": cfg.seed, "per_step": PER_STEP_SEEDS}, "data": data_states,
+            "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
+            "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "lora": checkpoint_reference(cfg.lora, cfg.seed, self.lora_base) if cfg.lora.rank else None}
+        if cfg.train.checkpoint_format == "sharded":  # every rank writes its own shard, nothing is gathered
+            path = save_sharded_checkpoint(cfg.out_dir, step, self.sharded, run_state, keep_last=cfg.train.keep_last,
+                                           run_id=self.run_id)
+        else:
+            model_state, opt_state = self.state_io.gather()
+            path = None
+            if self.rank == 0:
+                path = ckpt.save_checkpoint(cfg.out_dir, step, model_state, opt_state, run_state,
+                                            keep_last=cfg.train.keep_last, run_id=self.run_id)
+        print0(f"saved checkpoint {path}")
         wait_for_rank0()
         return path
 

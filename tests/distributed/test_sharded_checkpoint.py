@@ -109,3 +109,30 @@ def test_ranks_write_their_own_shards_and_any_split_loads_them(tmp_path):
     proc = mpirun(4, "worker_sharded_checkpoint.py", str(tmp_path), timeout=120)
     assert proc.returncode == 0, output(proc)
     assert proc.stdout.count("sharded checkpoint ok") == 4, output(proc)
+
+
+@pytest.mark.parametrize("spec_args,shape,size", [
+    ((0,), (8, 3), 2), ((1,), (3, 8), 4), ((0, 3), (12, 2), 2), ((-1, 3), (2, 12), 2),
+    ((0, 1, 7, 2), (7, 3), 2), ((0, 1, 5), (5, 2), 1), ((0, 1, 10, 4), (10, 2), 2)])
+def test_tensor_parallel_shards_are_boxes_of_the_whole_tensor(spec_args, shape, size):
+    from infini_train.nn.parallel.sharded_pieces import flat_pieces, tensor_pieces
+    from infini_train.nn.parallel.tensor_parallel import ShardSpec, shard_from_whole
+
+    spec = ShardSpec(*spec_args)
+    whole = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+    seen = np.zeros(shape, int)
+    for rank in range(size):
+        local = shard_from_whole(whole, spec, rank, size, np)
+        pieces = tensor_pieces(local, spec, rank, size)
+        assert pieces.global_shape == shape
+        for offsets, view in pieces.pieces:
+            box = tuple(slice(o, o + n) for o, n in zip(offsets, view.shape))
+            np.testing.assert_array_equal(view, whole[box])
+            seen[box] += 1
+        flat = local.reshape(-1)  # a ZeRO-like split of the shard into three flat ranges
+        cuts = [0, flat.size // 3, 2 * flat.size // 3 + 1, flat.size]
+        for a, b in zip(cuts, cuts[1:]):
+            for offsets, view in flat_pieces(local.shape, flat[a:b], a, spec, rank, size).pieces:
+                np.testing.assert_array_equal(view, whole[tuple(slice(o, o + n) for o, n in zip(offsets,
+                                                                                                  view.shape))])
+    assert (seen == 1).all()  # every element of the whole tensor held exactly once, padding held by none

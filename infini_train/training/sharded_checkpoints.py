@@ -1,0 +1,106 @@
+"""Run checkpoints in the sharded format (``train.checkpoint_format: sharded``): the step directory holds every
+rank's ``shard<R>.safetensors`` and ``metadata.json`` (it.distributed.checkpoint) beside ``state.json``, which
+records each file's size and SHA-256 (so verification, ``resume=auto`` skipping a damaged checkpoint and pruning
+work as for whole checkpoints), ``"format": "sharded"`` and the optimizer's param groups by parameter name.
+
+Writing: rank 0 makes the temporary directory, every rank writes its shard into it with no gather, then rank 0 writes
+state.json and renames the directory into place (the previous checkpoints stay intact until then). Reading in one
+process (``whole_state``) assembles the whole model and optimizer state, as a one-process checkpoint holds it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from .. import distributed as dist
+from ..distributed import checkpoint as dcp
+from . import checkpoints as ckpt
+from .sharded_state import group_options
+
+FORMAT = "sharded"
+
+
+def is_sharded(state):
+    return state.get("format") == FORMAT
+
+
+def save_sharded_checkpoint(out_dir, step, sharded, extra, keep_last=None, run_id=None, group=None):
+    """Write checkpoint ``step`` of ``sharded`` (a ShardedState) with every rank of ``group`` (collective); returns
+    the step directory on rank 0, None elsewhere. ``extra``: rank 0's JSON-serialisable run state."""
+    group = group or dist.default_group()
+    tmp = None
+    if group.rank == 0:
+        root = os.path.join(out_dir, ckpt.CHECKPOINT_DIR)
+        os.makedirs(root, mode=ckpt._dir_mode(), exist_ok=True)
+        ckpt.remove_stale_temporaries(out_dir)
+        tmp = tempfile.mkdtemp(dir=root, prefix=f"{ckpt.TMP_PREFIX}{step:06d}-")
+        os.chmod(tmp, ckpt._dir_mode())
+    paths = [None] * group.size
+    dist.all_gather_object(paths, tmp, group)
+    tmp = paths[0]
+    try:
+        metadata = sharded.save(tmp, group)
+        if group.rank != 0:
+            return None
+        files = {name: {"sha256": info["sha256"], "bytes": info["bytes"]} for name, info in metadata["files"].items()}
+        files[dcp.METADATA] = ckpt._fsync_and_describe(os.path.join(tmp, dcp.METADATA))
+        for name in files:
+            os.chmod(os.path.join(tmp, name), ckpt._dir_mode() & 0o666)
+        ckpt._fsync_dir(tmp)
+        state = {"step": step, "run_id": run_id, "format": FORMAT, "files": files,
+                 "optimizer": {"param_groups": sharded.param_groups()}, **extra}
+        state["state_sha256"] = ckpt._state_digest(state)
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump(state, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        ckpt._fsync_dir(tmp)
+        final = ckpt.step_dir(out_dir, step)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        ckpt._fsync_dir(os.path.dirname(final))
+    except BaseException:
+        if group.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last:
+        for old in ckpt.list_checkpoints(out_dir, run_id=run_id)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def whole_state(path, state, model_only=False):
+    """(model state {name: array}, optimizer state in torch's layout or None) of a sharded checkpoint, assembled
+    whole in this process; ``state``: its parsed state.json."""
+    tensors = dcp.read_metadata(path)["tensors"]
+    wanted = {e: info for e, info in tensors.items() if not (model_only and e.startswith("optimizer/"))}
+    arrays = {}
+    for entry, info in wanted.items():
+        from ..safetensors_io import _numpy_dtype
+
+        arrays[entry] = np.zeros(tuple(info["shape"]), _numpy_dtype(info["dtype"], path, entry))
+    try:
+        dcp.load(arrays, path)
+    except (dcp.CheckpointFormatError, OSError, ValueError) as exc:
+        raise ckpt.CheckpointError(f"checkpoint {path} is unreadable: {exc}\nHINT: it may be incomplete or "
+                                   "corrupted; resume from an earlier one") from exc
+    model_state = {e[len("model/"):]: a for e, a in arrays.items() if e.startswith("model/")}
+    if model_only:
+        return model_state, None
+    groups, per_param, index = [], {}, {}
+    for group in state["optimizer"]["param_groups"]:
+        groups.append({**group_options(group),
+                       "params": [index.setdefault(name, len(index)) for name in group["params"]]})
+    for entry, array in arrays.items():
+        if entry.startswith("optimizer/"):
+            name, _, key = entry[len("optimizer/"):].rpartition("/")
+            per_param.setdefault(index[name], {})[key] = int(array) if array.ndim == 0 else array
+    return model_state, {"state": per_param, "param_groups": groups}
+
+
+__all__ = ["save_sharded_checkpoint", "whole_state", "is_sharded", "FORMAT"]

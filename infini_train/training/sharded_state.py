@@ -1,0 +1,153 @@
+"""A run's model and optimizer state as sharded checkpoint entries (it.distributed.checkpoint): every rank names the
+pieces of the whole tensors it holds, in whatever layout it runs, so a checkpoint is written with no gather and
+loads under any other layout.
+
+Entries: ``model/<name>`` for each state-dict entry (a LoRA run: the adapters only), ``optimizer/<parameter
+name>/<key>`` for each array of a parameter's optimizer state, and ``optimizer/<parameter name>/step`` (0-d).
+Tensor-parallel shards are their ShardSpec's boxes, ZeRO's pieces flat ranges of them, pipeline stages hold their
+own names; the param groups (options and parameter names, the whole model's) go into state.json.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..distributed import checkpoint as dcp
+from ..nn.lora import lora_state_dict
+from ..nn.parallel.sharded_pieces import flat_pieces, tensor_pieces
+from .checkpoints import flatten_state, unflatten_state
+
+
+def _array(value):
+    return getattr(value, "array", value)
+
+
+class ShardedState:
+    def __init__(self, dims, model, optimizer, zero_stage, lora):
+        self.dims, self.model, self.optimizer = dims, model, optimizer
+        self.zero = optimizer if zero_stage else None
+        self.lora = lora
+        self.tp_rank = dims.tp_rank if dims.tensor_parallel else 0
+        self.tp_size = dims.tp_size
+
+    # --------------------------------------------------------------------------------------------- names
+    def _model_tensors(self):
+        state = self.model.state_dict(keep_vars=True)
+        if self.lora:
+            keep = set(lora_state_dict(self.model))
+            state = {k: v for k, v in state.items() if k in keep}
+        return state
+
+    def _param_names(self):
+        if self.dims.pipeline_parallel:
+            return self.model.canonical_names()
+        names = {}
+        for name, p in self.model.named_parameters():
+            names.setdefault(id(p), name)
+        return names
+
+    def param_groups(self):
+        """The optimizer's param groups as the whole model's: options and parameter names (for state.json)."""
+        if self.dims.pipeline_parallel:
+            names = self.model.whole_groups
+        else:
+            of = self._param_names()
+            names = [[of[id(p)] for p in g["params"]] for g in self.optimizer.whole_param_groups]
+        options = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        return [{"options": flatten_state(opts)[1], "params": list(group)} for opts, group in zip(options, names)]
+
+    def _pieces(self, array, p):
+        return tensor_pieces(array, getattr(p, "tp_spec", None), self.tp_rank, self.tp_size)
+
+    # ---------------------------------------------------------------------------------------------- save
+    def entries(self):
+        """{entry name: LocalPieces} of what this rank holds now."""
+        out = {}
+        for name, t in self._model_tensors().items():
+            out[f"model/{name}"] = self._pieces(_array(t), t)
+        names = self._param_names()
+        if self.zero is not None:
+            for view, _, p, _, a, _ in self.zero.pieces:
+                state = self.zero.optim.state.get(view) or {}
+                for key, value in state.items():
+                    entry = f"optimizer/{names[id(p)]}/{key}"
+                    if getattr(value, "ndim", 0):
+                        out[entry] = flat_pieces(tuple(p.shape), value, a, getattr(p, "tp_spec", None),
+                                                 self.tp_rank, self.tp_size)
+                    elif not key.startswith("_"):
+                        out[entry] = dcp.LocalPieces.whole(np.array(value))
+            return out
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                for key, value in (self.optimizer.state.get(p) or {}).items():
+                    entry = f"optimizer/{names[id(p)]}/{key}"
+                    if getattr(value, "ndim", 0):
+                        out[entry] = self._pieces(value, p)
+                    elif not key.startswith("_"):
+                        out[entry] = dcp.LocalPieces.whole(np.array(value))
+        return out
+
+    def save(self, directory, group=None):
+        """Write this rank's entries into ``directory`` (collective); returns the checkpoint's metadata."""
+        return dcp.save(self.entries(), directory, group)
+
+    # ---------------------------------------------------------------------------------------------- load
+    def load(self, directory, param_groups):
+        """Fill the model and optimizer from the sharded checkpoint in ``directory``; ``param_groups``: the
+        groups its state.json recorded (options and names)."""
+        saved = dcp.read_metadata(directory)["tensors"]
+        targets = {f"model/{name}": self._pieces(_array(t), t) for name, t in self._model_tensors().items()}
+        dcp.load(targets, directory)
+        names = self._param_names()
+        filled = {}  # (id of the tensor holding the state, key) -> array filled from the checkpoint
+        requests = {}
+        if self.zero is not None:
+            holders = [(view, p, a, b - a) for view, _, p, _, a, b in self.zero.pieces]
+        else:
+            holders = [(p, p, 0, None) for g in self.optimizer.param_groups for p in g["params"]]
+        for holder, p, start, length in holders:
+            prefix = f"optimizer/{names[id(p)]}/"
+            for entry, info in saved.items():
+                if not entry.startswith(prefix):
+                    continue
+                key = entry[len(prefix):]
+                if info["shape"]:
+                    array = np.zeros(length if length is not None else tuple(p.shape), _dtype(info["dtype"]))
+                    requests.setdefault(entry, []).append(
+                        flat_pieces(tuple(p.shape), array, start, getattr(p, "tp_spec", None), self.tp_rank,
+                                    self.tp_size) if length is not None else self._pieces(array, p))
+                else:
+                    array = np.zeros((), _dtype(info["dtype"]))
+                    requests.setdefault(entry, []).append(dcp.LocalPieces.whole(array))
+                filled[(id(holder), key)] = array
+        for entry, pieces in requests.items():  # a tied weight's copy asks for the same entry twice
+            for piece in pieces:
+                dcp.load({entry: piece}, directory)
+        self._load_optimizer(filled, param_groups)
+
+    def _load_optimizer(self, filled, param_groups):
+        optimizer = self.zero.optim if self.zero is not None else self.optimizer
+        index = {}
+        groups = []
+        for g, saved in zip(optimizer.param_groups, param_groups):
+            packed = group_options(saved)
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in g["params"]]
+            groups.append(packed)
+        state = {}
+        for (holder_id, key), array in filled.items():
+            entry = state.setdefault(index[holder_id], {})
+            entry[key] = int(array) if array.ndim == 0 else array
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _dtype(code):
+    from ..safetensors_io import _numpy_dtype
+
+    return np.dtype(_numpy_dtype(code, "checkpoint", "entry"))
+
+
+def group_options(saved_group):
+    """A param group's options as the optimizer had them (tuples kept), from state.json's record of it."""
+    return unflatten_state(saved_group["options"], {})
+
+
+__all__ = ["ShardedState", "group_options"]
