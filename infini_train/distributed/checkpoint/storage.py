@@ -2,7 +2,7 @@
 safetensors file, in parallel and without gathering anything; rank 0 writes ``metadata.json``, which maps every
 global tensor (name, global shape, dtype) to its saved chunks (file, entry, offsets and sizes) and records each
 file's size and SHA-256. A piece held by several ranks (a replicated tensor, the data-parallel copies of a shard) is
-written once, by the lowest rank holding it.
+written once, by one of the ranks holding it (the one with the least to write).
 
 Loading reshards: each rank asks for the boxes it holds now (LocalPieces, in any layout) and reads, through a memory
 map, only the parts of the saved chunks that overlap them.
@@ -96,8 +96,10 @@ def save(state, directory, group=None, extra=None):
 
 
 def _merge_plans(plans):
-    """{name: {shape, dtype, chunks}} and {(name, offsets, sizes): writing rank} from every rank's plan."""
-    tensors, writer = {}, {}
+    """{name: {shape, dtype, chunks}} and {(name, offsets, sizes): writing rank} from every rank's plan. A box held
+    by several ranks is written by the one of them with the fewest bytes to write so far (every rank computes the
+    same choice), so replicated tensors spread over the ranks' files instead of all landing in rank 0's."""
+    tensors, holders = {}, {}
     for rank, plan in enumerate(plans):
         for name, (shape, dtype, boxes) in plan.items():
             info = tensors.setdefault(name, {"shape": list(shape), "dtype": dtype, "chunks": []})
@@ -105,11 +107,19 @@ def _merge_plans(plans):
                 raise ValueError(f"sharded checkpoint: ranks disagree on {name!r}: shape {tuple(info['shape'])} "
                                  f"{info['dtype']} on one, {tuple(shape)} {dtype} on rank {rank}")
             for offsets, sizes in boxes:
-                key = (name, tuple(offsets), tuple(sizes))
-                if key not in writer:
-                    writer[key] = rank
-                    info["chunks"].append({"offsets": list(offsets), "sizes": list(sizes), "file": shard_file(rank),
-                                           "key": _entry_key(name, offsets)})
+                holders.setdefault((name, tuple(offsets), tuple(sizes)), []).append(rank)
+    load = [0] * len(plans)
+    writer = {}
+    for key in sorted(holders, key=lambda k: (len(holders[k]), k[0], k[1])):  # sole holders first
+        name, offsets, sizes = key
+        rank = min(holders[key], key=lambda r: (load[r], r))
+        writer[key] = rank
+        load[rank] += int(np.prod(sizes, dtype=np.int64)) * np.dtype(_numpy_dtype(tensors[name]["dtype"], "", name)
+                                                                     ).itemsize
+    for key in sorted(writer):
+        name, offsets, sizes = key
+        tensors[name]["chunks"].append({"offsets": list(offsets), "sizes": list(sizes),
+                                        "file": shard_file(writer[key]), "key": _entry_key(name, offsets)})
     return tensors, writer
 
 
