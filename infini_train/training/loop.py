@@ -34,6 +34,7 @@ from .peak_flops import run_peak
 from .evaluation import evaluate, sample_text
 from .parallel_dims import ParallelDims
 from .out_dir import check_writable
+from .memory import PhasePeaks, peak_rss_bytes
 from .lora_run import apply_run_lora, check_same_lora, checkpoint_reference, prepare_base, restore_base
 from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
@@ -140,18 +141,6 @@ def wrap_data_parallel(model, optimizer, dims, zero_stage):
     return wrap(model)
 
 
-def peak_rss_bytes():
-    """This process's peak resident memory (VmHWM; 0 where /proc is missing)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 class Run:
     """One run: ``Run(cfg).train()`` returns the process exit status (0, or EXIT_STOPPED after a stop signal)."""
 
@@ -179,6 +168,8 @@ class Run:
             resume_state = ckpt.read_state(self.resumed_from)
             check_same_model(resume_state, cfg.model.arch, cfg.model.to_model_config().to_dict(), self.resumed_from)
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
+        self.memory = PhasePeaks(self.device)
+        self.memory.start("build")
         self.raw_model, self.tok_name, self.lora_base = build_model(
             cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"))
         self.zero_stage = cfg.parallel.zero_stage
@@ -201,7 +192,11 @@ class Run:
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
-        state = self._resume(self.resumed_from) if self.resumed_from else None
+        self.memory.stop()
+        state = None
+        if self.resumed_from:
+            with self.memory.phase("load"):
+                state = self._resume(self.resumed_from)
         self.run_id = run_id_of(state)
 
     def _resume(self, path):
@@ -230,6 +225,7 @@ class Run:
             "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
             "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "lora": checkpoint_reference(cfg.lora, cfg.seed, self.lora_base) if cfg.lora.rank else None}
+        self.memory.start("save")
         if cfg.train.checkpoint_format == "sharded":  # every rank writes its own shard, nothing is gathered
             path = save_sharded_checkpoint(cfg.out_dir, step, self.sharded, run_state, keep_last=cfg.train.keep_last,
                                            run_id=self.run_id)
@@ -239,6 +235,7 @@ class Run:
             if self.rank == 0:
                 path = ckpt.save_checkpoint(cfg.out_dir, step, model_state, opt_state, run_state,
                                             keep_last=cfg.train.keep_last, run_id=self.run_id)
+        self.memory.stop()
         print0(f"saved checkpoint {path}")
         wait_for_rank0()
         return path
@@ -279,7 +276,7 @@ class Run:
                     break
                 t0 = time.perf_counter()
                 profiler.begin(step)
-                with check.recording(step):
+                with check.recording(step), self.memory.phase("first_step" if step == self.start_step else "steady"):
                     result = train_step(self.plan, self.train_loader, t, step, cfg.seed)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
@@ -300,6 +297,7 @@ class Run:
             bar.close()
         if t.num_iterations > self.start_step:
             self.save(t.num_iterations)
+        self._report_phases(log)
         self._export_adapter()  # also when a resume found nothing left to train: the run ends with its final model
         self._plot()
         return 0
@@ -328,6 +326,12 @@ class Run:
         rows = ", ".join(f"rank {r}: parameters {m[0]:.2f} MB, gradients {m[1]:.2f} MB, optimizer state "
                          f"{m[2]:.2f} MB, peak RSS {m[3]:.0f} MB" for r, m in enumerate(mb))
         print0(f"memory (ZeRO stage {self.zero_stage}, {self.dims.describe()}): {rows}")
+
+    def _report_phases(self, log):
+        """Each rank's peak resident memory per phase, in the log and as metrics.jsonl's last record."""
+        gathered = self.memory.gather()
+        print0(self.memory.describe(gathered))
+        log.write({"step": self.cfg.train.num_iterations, "memory": gathered})
 
     def _evaluate_and_sample(self, step, last, record):
         t = self.cfg.train

@@ -103,3 +103,20 @@ def test_resume_auto_skips_a_checkpoint_with_a_damaged_shard(data_dir, tmp_path)
     proc = _train(data_dir, out, 2, SHARDED, "parallel.tensor=2", "train.num_iterations=7", "resume=auto")
     assert "shard00001.safetensors was modified" in proc.stdout + proc.stderr, output(proc)
     assert "at step 3" in proc.stdout, output(proc)
+
+
+def test_every_rank_reports_its_peak_memory_per_phase(data_dir, tmp_path):
+    from tests.training.tiny_run import all_records
+
+    out = tmp_path / "run"
+    _train(data_dir, out, 2, SHARDED, "parallel.tensor=2", "train.num_iterations=3")
+    proc = _train(data_dir, out, 2, SHARDED, "parallel.tensor=2", "resume=auto")
+    assert "peak resident memory of each phase:" in proc.stdout, output(proc)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("  rank ")]
+    assert len(lines) == 2 and all("load " in line and "steady " in line and "save " in line for line in lines)
+    record = all_records(out)[-1]
+    assert record["step"] == 6 and record["memory"]["per_phase"] is True
+    peaks = record["memory"]["peak_rss_mb"]
+    assert set(peaks) == {"build", "load", "first_step", "steady", "save"}
+    for phase in peaks:
+        assert len(peaks[phase]) == 2 and all(20 < mb < 4000 for mb in peaks[phase]), (phase, peaks[phase])

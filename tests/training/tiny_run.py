@@ -52,6 +52,11 @@ def run(args, check=True, ranks=1, env=None):
 
 
 def metrics(out_dir):
+    """The step and validation records of metrics.jsonl (not the run's closing memory record)."""
+    return [r for r in all_records(out_dir) if "memory" not in r]
+
+
+def all_records(out_dir):
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 

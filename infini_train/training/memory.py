@@ -1,0 +1,103 @@
+"""What a run's ranks hold: the bytes of their parameters, gradients and optimizer state, and the peak resident
+memory of each phase of the run (build, checkpoint load, first step, steady state, checkpoint save).
+
+A phase's peak is the kernel's high-water mark (VmHWM), reset when the phase starts (writing 5 to
+/proc/self/clear_refs) and read when it ends; where the kernel refuses the reset, each figure is the peak since the
+process started, and the report says so. On a GPU the device memory the array pool holds at the end of each phase
+is recorded beside it.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .. import distributed as dist
+from ..tensor import Tensor
+
+PHASES = ("build", "load", "first_step", "steady", "save")
+
+
+def peak_rss_bytes():
+    """This process's peak resident memory since the last reset (VmHWM; 0 where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def reset_peak_rss():
+    """Start a new high-water mark; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _device_bytes(device):
+    if device is None or device.type != "cuda":
+        return 0
+    import cupy
+
+    return int(cupy.get_default_memory_pool().used_bytes())
+
+
+class PhasePeaks:
+    """``with peaks.phase("save"): ...`` (or ``start("save")`` ... ``stop()``) records the phase's peak, the largest
+    over repeated phases."""
+
+    def __init__(self, device=None):
+        self.device = device
+        self.rss = dict.fromkeys(PHASES, 0)
+        self.device_bytes = dict.fromkeys(PHASES, 0)
+        self.per_phase = reset_peak_rss()
+        self.current = None
+
+    def start(self, name):
+        reset_peak_rss()
+        self.current = name
+
+    def stop(self):
+        name, self.current = self.current, None
+        self.rss[name] = max(self.rss[name], peak_rss_bytes())
+        self.device_bytes[name] = max(self.device_bytes[name], _device_bytes(self.device))
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop()
+
+    def gather(self):
+        """Every rank's figures, in MB: {"peak_rss_mb": {phase: [per rank]}, "device_mb": ...} (collective)."""
+        mine = Tensor(np.array([self.rss[p] for p in PHASES] + [self.device_bytes[p] for p in PHASES], np.int64))
+        parts = [Tensor(np.zeros(2 * len(PHASES), np.int64)) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, mine)
+        rows = np.stack([p.numpy() for p in parts]) / 2 ** 20
+        out = {"peak_rss_mb": {p: [round(float(v), 1) for v in rows[:, k]] for k, p in enumerate(PHASES)}}
+        if rows[:, len(PHASES):].any():
+            out["device_mb"] = {p: [round(float(v), 1) for v in rows[:, len(PHASES) + k]] for k, p in
+                                enumerate(PHASES)}
+        out["per_phase"] = self.per_phase
+        return out
+
+    def describe(self, gathered):
+        """One line per rank: each phase's peak resident memory (phases that did not run are left out)."""
+        rss = gathered["peak_rss_mb"]
+        lines = []
+        for rank in range(len(rss["build"])):
+            parts = [f"{p.replace('_', ' ')} {rss[p][rank]:.0f}" for p in PHASES if rss[p][rank]]
+            lines.append(f"  rank {rank}: " + ", ".join(parts) + " MB")
+        kind = "of each phase" if gathered["per_phase"] else "since start (the kernel refused per-phase resets)"
+        return f"peak resident memory {kind}:\n" + "\n".join(lines)
+
+
+__all__ = ["PhasePeaks", "PHASES", "peak_rss_bytes", "reset_peak_rss"]
