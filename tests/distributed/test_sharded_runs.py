@@ -120,3 +120,43 @@ def test_every_rank_reports_its_peak_memory_per_phase(data_dir, tmp_path):
     assert set(peaks) == {"build", "load", "first_step", "steady", "save"}
     for phase in peaks:
         assert len(peaks[phase]) == 2 and all(20 < mb < 4000 for mb in peaks[phase]), (phase, peaks[phase])
+
+
+def test_consolidate_writes_the_whole_checkpoint_hf_and_llmc_files(data_dir, tmp_path):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    import infini_train as it
+    from infini_train.models.gpt2 import GPT2
+    from infini_train.tools.consolidate import main as consolidate
+
+    sharded, whole = tmp_path / "sharded", tmp_path / "whole"
+    layout = ["parallel.pipeline=2", "parallel.tensor=2"]
+    _train(data_dir, sharded, 4, SHARDED, *layout)
+    _train(data_dir, whole, 4, *layout)
+    first, last = list_checkpoints(sharded)
+    assert consolidate([str(first), str(tmp_path / "step3")]) == 0
+    assert consolidate([str(sharded), str(tmp_path / "hf"), "--format", "hf"]) == 0
+    assert consolidate([str(sharded), str(tmp_path / "model.bin"), "--format", "llmc"]) == 0
+    assert consolidate([str(whole), str(tmp_path / "again")]) == 2  # already whole
+    assert consolidate([str(first), str(tmp_path / "hf"), "--format", "hf"]) == 2  # never overwrites
+    _assert_same_checkpoint(tmp_path / "step3", list_checkpoints(whole)[0])
+    # the consolidated checkpoint resumes in one process and continues the run
+    resumed = tmp_path / "resumed"
+    proc = _train(data_dir, resumed, 1, f"resume={tmp_path / 'step3'}")
+    assert "at step 3" in proc.stdout, output(proc)
+    want, got = _losses(whole), _losses(resumed)
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(got)], rtol=1e-4)
+    # transformers and llm.c's loader read the model the run ended with
+    weights = load_checkpoint(list_checkpoints(whole)[-1])[0]
+    ours = GPT2.from_pretrained(str(tmp_path / "model.bin"))
+    for name, value in ours.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), weights[name], err_msg=name)
+    hf = GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
+    tokens = np.arange(12).reshape(1, 12) % 200
+    with torch.no_grad():
+        hf_logits = hf(torch.tensor(tokens)).logits.numpy()
+    ours.eval()
+    with it.no_grad():
+        our_logits = ours(it.tensor(tokens))[0].numpy()
+    np.testing.assert_allclose(our_logits, hf_logits, rtol=1e-4, atol=1e-4)

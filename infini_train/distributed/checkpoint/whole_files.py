@@ -1,0 +1,51 @@
+"""Whole tensors out of a sharded checkpoint, one at a time: ``whole_tensor`` assembles one from its saved chunks;
+``write_whole_safetensors`` streams a chosen set of them into one safetensors file, holding at most one whole
+tensor in memory (the header comes from the metadata's shapes and dtypes, written first)."""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+from ...atomic_file import write_atomically
+from ...safetensors_io import _numpy_dtype
+from .storage import load, read_metadata
+
+
+def whole_tensor(directory, entry, metadata=None):
+    """The global tensor ``entry`` of the sharded checkpoint in ``directory``, assembled (a numpy array)."""
+    info = (metadata or read_metadata(directory))["tensors"][entry]
+    array = np.zeros(tuple(info["shape"]), _numpy_dtype(info["dtype"], directory, entry))
+    load({entry: array}, directory)
+    return array
+
+
+def write_whole_safetensors(directory, path, names, file_metadata=None):
+    """Write the global tensors ``names`` ({name in the file: entry in the checkpoint}) of the sharded checkpoint
+    in ``directory`` to the safetensors file ``path`` (atomically), one tensor in memory at a time."""
+    metadata = read_metadata(directory)
+    header, offset = {}, 0
+    for name, entry in names.items():
+        info = metadata["tensors"][entry]
+        nbytes = int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(
+            _numpy_dtype(info["dtype"], directory, entry)).itemsize
+        header[name] = {"dtype": info["dtype"], "shape": list(info["shape"]), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    if file_metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in file_metadata.items()}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for entry in names.values():
+                f.write(np.ascontiguousarray(whole_tensor(directory, entry, metadata)).reshape(-1).view(np.uint8).data)
+
+    write_atomically(path, write)
+    return path
+
+
+__all__ = ["whole_tensor", "write_whole_safetensors"]
