@@ -70,7 +70,7 @@ def consolidate(checkpoint, out, fmt="safetensors"):
 
 def _whole_checkpoint(path, state, out):
     tensors = read_metadata(path)["tensors"]
-    model_names = {e[len("model/"):]: e for e in tensors if e.startswith("model/")}
+    model_names = {e[len("model/"):]: e for e in sorted(tensors) if e.startswith("model/")}
     index, groups = {}, []
     for group in state["optimizer"]["param_groups"]:
         groups.append({**group_options(group), "params": [index.setdefault(n, len(index)) for n in group["params"]]})

@@ -94,8 +94,9 @@ class TrainConfig:
     sample_length: int = _key(64, "tokens per sample (-g)")
     save_every: int = _key(0, "steps between checkpoints (-n); 0: only the final one")
     keep_last: int = _key(3, "checkpoints kept on disk; 0 keeps all")
-    checkpoint_format: str = _key("whole", "whole (one-process files, gathered on rank 0) | sharded (every rank "
-                                           "writes its own shard, no gather; loads under any layout)")
+    checkpoint_format: str = _key("auto", "auto (sharded with several ranks, whole in one process) | whole "
+                                          "(one-process files, gathered on rank 0) | sharded (every rank writes its "
+                                          "own shard, no gather; loads under any layout)")
     log_every: int = _key(1, "steps between printed lines (metrics.jsonl gets every step)")
     overfit_single_batch: bool = _key(False, "train on the first batch over and over (a debugging aid, -f)")
     recompute: str = _key("none", "none | block: recompute each transformer block's activations in backward (less "

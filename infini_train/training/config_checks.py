@@ -65,8 +65,9 @@ def check_ranges(cfg, errors, bad):
                  "save_every", "keep_last"):
         c.need(f"train.{name}", lambda v: v >= 0, "an integer >= 0 (0 disables)" if name.endswith("every")
                else "an integer >= 0")
-    c.need("train.checkpoint_format", lambda v: v in ("whole", "sharded"),
-           f"whole or sharded{_closest(cfg.train.checkpoint_format, ('whole', 'sharded'))}")
+    formats = ("auto", "whole", "sharded")
+    c.need("train.checkpoint_format", lambda v: v in formats,
+           f"one of {formats}{_closest(cfg.train.checkpoint_format, formats)}")
     c.need("train.learning_rate", lambda v: _finite(v) and v > 0, "a number > 0")
     c.need("train.eps", lambda v: _finite(v) and v > 0, "a number > 0")
     c.need("train.weight_decay", lambda v: _finite(v) and v >= 0, "a number >= 0")

@@ -189,6 +189,9 @@ class Run:
                              self.device, self.amp, self.scaler, self.model is not self.raw_model)
         self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         self.sharded = ShardedState(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
+        self.checkpoint_format = cfg.train.checkpoint_format
+        if self.checkpoint_format == "auto":
+            self.checkpoint_format = "sharded" if self.world > 1 else "whole"
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -226,7 +229,7 @@ class Run:
             "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "lora": checkpoint_reference(cfg.lora, cfg.seed, self.lora_base) if cfg.lora.rank else None}
         self.memory.start("save")
-        if cfg.train.checkpoint_format == "sharded":  # every rank writes its own shard, nothing is gathered
+        if self.checkpoint_format == "sharded":  # every rank writes its own shard, nothing is gathered
             path = save_sharded_checkpoint(cfg.out_dir, step, self.sharded, run_state, keep_last=cfg.train.keep_last,
                                            run_id=self.run_id)
         else:

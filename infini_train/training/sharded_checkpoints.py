@@ -52,7 +52,7 @@ def save_sharded_checkpoint(out_dir, step, sharded, extra, keep_last=None, run_i
             os.chmod(os.path.join(tmp, name), ckpt._dir_mode() & 0o666)
         ckpt._fsync_dir(tmp)
         state = {"step": step, "run_id": run_id, "format": FORMAT, "files": files,
-                 "optimizer": {"param_groups": sharded.param_groups()}, **extra}
+                 "optimizer": {"param_groups": sharded.param_groups()}, "model_keys": sharded.model_keys(), **extra}
         state["state_sha256"] = ckpt._state_digest(state)
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump(state, f, indent=1)
@@ -89,7 +89,8 @@ def whole_state(path, state, model_only=False):
     except (dcp.CheckpointFormatError, OSError, ValueError) as exc:
         raise ckpt.CheckpointError(f"checkpoint {path} is unreadable: {exc}\nHINT: it may be incomplete or "
                                    "corrupted; resume from an earlier one") from exc
-    model_state = {e[len("model/"):]: a for e, a in arrays.items() if e.startswith("model/")}
+    model_state = {e[len("model/"):]: a for e, a in sorted(arrays.items()) if e.startswith("model/")}  # by name,
+    # as a whole checkpoint's model file gives them
     if model_only:
         return model_state, None
     groups, per_param, index = [], {}, {}

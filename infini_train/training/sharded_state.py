@@ -37,6 +37,12 @@ class ShardedState:
             state = {k: v for k, v in state.items() if k in keep}
         return state
 
+    def model_keys(self):
+        """The model's state-dict names in the whole model's order (for state.json)."""
+        if self.dims.pipeline_parallel:
+            return list(self.model.whole_state_names)
+        return list(self._model_tensors())
+
     def _param_names(self):
         if self.dims.pipeline_parallel:
             return self.model.canonical_names()

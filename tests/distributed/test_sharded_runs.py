@@ -17,6 +17,7 @@ pytestmark = needs_mpiexec
 SHAPE = ["model.n_head=4", "train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.total_batch_size=256", "train.save_every=3", "train.num_iterations=6"]
 SHARDED = "train.checkpoint_format=sharded"
+WHOLE = "train.checkpoint_format=whole"
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def _assert_same_checkpoint(a, b):
 def test_a_sharded_checkpoint_is_the_whole_checkpoint_written_by_every_rank(data_dir, tmp_path, ranks, layout):
     sharded, whole = tmp_path / "sharded", tmp_path / "whole"
     _train(data_dir, sharded, ranks, SHARDED, *layout)
-    _train(data_dir, whole, ranks, *layout)
+    _train(data_dir, whole, ranks, WHOLE, *layout)
     assert _losses(sharded) == _losses(whole)
     newest = list_checkpoints(sharded)[-1]
     files = sorted(os.listdir(newest))
@@ -133,7 +134,7 @@ def test_consolidate_writes_the_whole_checkpoint_hf_and_llmc_files(data_dir, tmp
     sharded, whole = tmp_path / "sharded", tmp_path / "whole"
     layout = ["parallel.pipeline=2", "parallel.tensor=2"]
     _train(data_dir, sharded, 4, SHARDED, *layout)
-    _train(data_dir, whole, 4, *layout)
+    _train(data_dir, whole, 4, WHOLE, *layout)
     first, last = list_checkpoints(sharded)
     assert consolidate([str(first), str(tmp_path / "step3")]) == 0
     assert consolidate([str(sharded), str(tmp_path / "hf"), "--format", "hf"]) == 0
