@@ -3,7 +3,8 @@
 Each case runs examples/gpt2/train.py under mpiexec (GPT-2 124M shapes with the byte vocabulary, B4 T64, 1024 tokens
 per step, 3 steps and one checkpoint, one BLAS thread per rank) and reads the run's own closing memory record from
 metrics.jsonl (the kernel's high-water mark per phase: build, first step, steady state, save). The largest rank's
-figures are compared with the one-process run's. Nothing here is a test.
+figures are compared with the one-process run's; the save column is the checkpoint's wall time (slowest rank).
+Nothing here is a test.
 
     python benchmarks/bench_memory.py                 # the default cases
     python benchmarks/bench_memory.py --cases one,pp2tp2-sharded
@@ -49,7 +50,7 @@ def run_case(name, data_dir, out_root):
         raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     with open(os.path.join(out, "metrics.jsonl")) as f:
         record = [json.loads(line) for line in f][-1]
-    return record["memory"]["peak_rss_mb"]
+    return record["memory"]["peak_rss_mb"], record["memory"]["seconds"]
 
 
 def main():
@@ -61,13 +62,14 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = make_data(os.path.join(tmp, "data"))
         results = {name: run_case(name, data_dir, tmp) for name in args.cases.split(",")}
-    one = max(max(v) for v in results["one"].values()) if "one" in results else None
-    print("| case | " + " | ".join(f"{p} (largest rank)" for p in PHASES) + " | whole run, largest rank | vs one |")
-    print("| --- " * (len(PHASES) + 3) + "|")
-    for name, peaks in results.items():
+    one = max(max(v) for v in results["one"][0].values()) if "one" in results else None
+    print("| case | " + " | ".join(f"{p} MB" for p in PHASES) + " | whole run MB | vs one | save s |")
+    print("| --- " * (len(PHASES) + 4) + "|")
+    for name, (peaks, seconds) in results.items():
         largest = max(max(v) for v in peaks.values())
         ratio = f"{largest / one:.2f}" if one else "-"
-        print(f"| {name} | " + " | ".join(f"{max(peaks[p]):.0f}" for p in PHASES) + f" | {largest:.0f} | {ratio} |")
+        print(f"| {name} | " + " | ".join(f"{max(peaks[p]):.0f}" for p in PHASES) +
+              f" | {largest:.0f} | {ratio} | {seconds['save']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ memory of each phase of the run (build, checkpoint load, first step, steady stat
 A phase's peak is the kernel's high-water mark (VmHWM), reset when the phase starts (writing 5 to
 /proc/self/clear_refs) and read when it ends; where the kernel refuses the reset, each figure is the peak since the
 process started, and the report says so. On a GPU the device memory the array pool holds at the end of each phase
-is recorded beside it.
+is recorded beside it, and each phase's duration (its longest occurrence, on the slowest rank).
 """
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 
@@ -56,17 +57,21 @@ class PhasePeaks:
         self.device = device
         self.rss = dict.fromkeys(PHASES, 0)
         self.device_bytes = dict.fromkeys(PHASES, 0)
+        self.seconds = dict.fromkeys(PHASES, 0.0)  # the longest occurrence of each phase
         self.per_phase = reset_peak_rss()
         self.current = None
+        self.started = 0.0
 
     def start(self, name):
         reset_peak_rss()
         self.current = name
+        self.started = time.perf_counter()
 
     def stop(self):
         name, self.current = self.current, None
         self.rss[name] = max(self.rss[name], peak_rss_bytes())
         self.device_bytes[name] = max(self.device_bytes[name], _device_bytes(self.device))
+        self.seconds[name] = max(self.seconds[name], time.perf_counter() - self.started)
 
     @contextlib.contextmanager
     def phase(self, name):
@@ -86,6 +91,9 @@ class PhasePeaks:
         if rows[:, len(PHASES):].any():
             out["device_mb"] = {p: [round(float(v), 1) for v in rows[:, len(PHASES) + k]] for k, p in
                                 enumerate(PHASES)}
+        seconds = Tensor(np.array([self.seconds[p] for p in PHASES], np.float64))
+        dist.all_reduce(seconds, dist.ReduceOp.MAX)
+        out["seconds"] = {p: round(float(v), 4) for p, v in zip(PHASES, seconds.numpy())}  # the slowest rank's
         out["per_phase"] = self.per_phase
         return out
 
