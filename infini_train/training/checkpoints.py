@@ -21,6 +21,8 @@ import tempfile
 
 import numpy as np
 
+from ..distributed.checkpoint.storage import file_digest
+
 CHECKPOINT_DIR = "checkpoints"
 STEP_PATTERN = re.compile(r"^step_(\d{6,})$")
 TMP_PREFIX = ".tmp-step_"
@@ -132,19 +134,11 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fsync_and_describe(path):
     os.chmod(path, _dir_mode() & 0o666)  # safetensors creates its files 0600 whatever the umask
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
-    return {"sha256": _sha256(path), "bytes": os.path.getsize(path)}
+    return {"sha256": file_digest(path), "bytes": os.path.getsize(path)}
 
 
 def _state_digest(state):
@@ -255,7 +249,7 @@ def verify_checkpoint(path, files=None):
             kind = "truncated" if size < expect["bytes"] else "longer than written"
             raise CheckpointError(f"checkpoint {path} is damaged: {name} is {kind} ({size} bytes, "
                                   f"{expect['bytes']} written)")
-        if _sha256(file_path) != expect["sha256"]:
+        if file_digest(file_path) != expect["sha256"]:
             raise CheckpointError(f"checkpoint {path} is damaged: {name} was modified (SHA-256 differs from "
                                   "the one recorded when it was written)")
     return state
