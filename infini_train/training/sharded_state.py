@@ -104,30 +104,38 @@ class ShardedState:
         targets = {f"model/{name}": self._pieces(_array(t), t) for name, t in self._model_tensors().items()}
         dcp.load(targets, directory)
         names = self._param_names()
-        filled = {}  # (id of the tensor holding the state, key) -> array filled from the checkpoint
-        requests = {}
+        saved_keys = {}  # parameter name -> [(state key, entry info)]
+        for entry, info in saved.items():
+            if entry.startswith("optimizer/"):
+                name, _, key = entry[len("optimizer/"):].rpartition("/")
+                saved_keys.setdefault(name, []).append((key, info))
         if self.zero is not None:
             holders = [(view, p, a, b - a) for view, _, p, _, a, b in self.zero.pieces]
         else:
             holders = [(p, p, 0, None) for g in self.optimizer.param_groups for p in g["params"]]
+        filled = {}  # (id of the tensor holding the state, key) -> array filled from the checkpoint
+        batches = [{}]  # one dcp.load per batch; a tied weight's copy asks for an entry a second time
         for holder, p, start, length in holders:
-            prefix = f"optimizer/{names[id(p)]}/"
-            for entry, info in saved.items():
-                if not entry.startswith(prefix):
-                    continue
-                key = entry[len(prefix):]
-                if info["shape"]:
-                    array = np.zeros(length if length is not None else tuple(p.shape), _dtype(info["dtype"]))
-                    requests.setdefault(entry, []).append(
-                        flat_pieces(tuple(p.shape), array, start, getattr(p, "tp_spec", None), self.tp_rank,
-                                    self.tp_size) if length is not None else self._pieces(array, p))
-                else:
+            spec = getattr(p, "tp_spec", None)
+            for key, info in saved_keys.get(names[id(p)], ()):
+                entry = f"optimizer/{names[id(p)]}/{key}"
+                if not info["shape"]:
                     array = np.zeros((), _dtype(info["dtype"]))
-                    requests.setdefault(entry, []).append(dcp.LocalPieces.whole(array))
+                    pieces = dcp.LocalPieces.whole(array)
+                elif length is not None:  # a ZeRO piece: a flat range of the parameter (its tensor shard)
+                    array = np.zeros(length, _dtype(info["dtype"]))
+                    pieces = flat_pieces(tuple(p.shape), array, start, spec, self.tp_rank, self.tp_size)
+                else:
+                    array = np.zeros(tuple(p.shape), _dtype(info["dtype"]))
+                    pieces = self._pieces(array, p)
+                batch = next((b for b in batches if entry not in b), None)
+                if batch is None:
+                    batch = {}
+                    batches.append(batch)
+                batch[entry] = pieces
                 filled[(id(holder), key)] = array
-        for entry, pieces in requests.items():  # a tied weight's copy asks for the same entry twice
-            for piece in pieces:
-                dcp.load({entry: piece}, directory)
+        for batch in batches:
+            dcp.load(batch, directory)
         self._load_optimizer(filled, param_groups)
 
     def _load_optimizer(self, filled, param_groups):
