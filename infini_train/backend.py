@@ -7,6 +7,7 @@ against ``device.xp``, which is numpy for CPU devices and cupy for CUDA devices.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -109,13 +110,13 @@ class Device:
     def __init__(self, type_, index):
         self.type = type_
         self.index = index
-        self.xp = np if type_ == "cpu" else None
-        self._name = "cpu" if (type_ == "cpu" and index == 0) else f"{type_}:{index}"
+        self.xp = np if type_ == "cpu" else _META_XP if type_ == "meta" else None
+        self._name = "cpu" if (type_ == "cpu" and index == 0) else "meta" if type_ == "meta" else f"{type_}:{index}"
 
     @classmethod
     def parse(cls, spec=None) -> "Device":
         if spec is None:
-            return CPU
+            return _default.device
         if isinstance(spec, Device):
             return spec
         key = spec
@@ -125,8 +126,8 @@ class Device:
         if not isinstance(spec, str):
             raise TypeError(f"device: expected a string like 'cpu', 'cpu:1' or 'cuda:0', got {type(spec).__name__}")
         kind, _, idx = spec.strip().partition(":")
-        if kind not in ("cpu", "cuda") or (idx and not idx.isdigit()):
-            raise ValueError(f"device: expected 'cpu', 'cpu:N' or 'cuda:N', got {spec!r}")
+        if kind not in ("cpu", "cuda", "meta") or (idx and not idx.isdigit()):
+            raise ValueError(f"device: expected 'cpu', 'cpu:N', 'cuda:N' or 'meta', got {spec!r}")
         index = int(idx) if idx else 0
         norm = (kind, index)
         dev = cls._interned.get(norm)
@@ -151,6 +152,16 @@ class Device:
             return cupy_module().cuda.Device(self.index)
         return _NULL_CONTEXT
 
+    def __enter__(self):
+        """``with it.device("meta"):`` makes this the device of factories and layers given none."""
+        _default.stack.append(_default.device)
+        _default.device = self
+        return self
+
+    def __exit__(self, *exc):
+        _default.device = _default.stack.pop()
+        return False
+
     def __repr__(self):
         return f"device('{self._name}')"
 
@@ -170,7 +181,49 @@ class _NullContext:
 
 
 _NULL_CONTEXT = _NullContext()
+
+
+class _MetaArrays:
+    """The array module of the meta device: arrays with a shape and dtype but no storage (every element aliases one
+    zero, read-only), and writes into them dropped; anything else is numpy's."""
+
+    @staticmethod
+    def empty(shape, dtype=None, **_):
+        return np.broadcast_to(np.zeros((), dtype or np.float32), shape)
+
+    zeros = ones = empty
+
+    @staticmethod
+    def full(shape, fill_value, dtype=None, **_):
+        return _MetaArrays.empty(shape, dtype if dtype is not None else np.asarray(fill_value).dtype)
+
+    @staticmethod
+    def copyto(dst, src, **_):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+_META_XP = _MetaArrays()
+
+
+def copy_array(array, dev):
+    """A copy of ``array`` on ``dev``; on the meta device, a fresh array of its shape and dtype with no storage."""
+    return _META_XP.empty(array.shape, array.dtype) if dev is META else array.copy()
+
+
+class _DefaultDevice(threading.local):
+    device = None
+    stack = None
+
+    def __init__(self):
+        self.device, self.stack = CPU, []
+
+
 CPU = Device.parse("cpu")
+_default = _DefaultDevice()
+META = Device.parse("meta")
 
 
 def device(spec=None) -> Device:

@@ -315,9 +315,13 @@ class Tensor(TensorMethods):
         return inplace.copy(self, 0)
 
     def uniform_(self, low=0.0, high=1.0):
+        if self.device is backend.META:  # no storage: nothing drawn, nothing written
+            return self
         return inplace.copy(self, backend.generator_for(self.device).uniform(low, high, self.shape))
 
     def normal_(self, mean=0.0, std=1.0):
+        if self.device is backend.META:
+            return self
         return inplace.copy(self, backend.generator_for(self.device).standard_normal(self.shape) * std + mean)
 
     def __setitem__(self, index, value):

@@ -97,7 +97,14 @@ def cast(x, dtype):
 
 def to_device(x, device):
     """A copy of ``x`` on ``device``; gradients flow back to ``x``'s device."""
+    if x.device is backend.META:
+        raise meta_copy_error("Tensor.to")
     return ToDevice(backend.Device.parse(device)).apply(x)
+
+
+def meta_copy_error(what):
+    return RuntimeError(f"{what}: a tensor on the meta device has no data to copy\nHINT: give the module storage with "
+                        "module.to_empty(device=...) and then fill it (load a checkpoint or initialise)")
 
 
 def clone(x):

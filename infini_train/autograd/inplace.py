@@ -178,6 +178,8 @@ def copy(t, src):
     """``t.copy_(src)``: src (a tensor on any device, an array or a scalar) broadcast into t and cast to its dtype."""
     if needs_graph(t, (src,)):
         return apply_inplace(t, Copy(t.device), (src,), "copy_")
+    if t.device is backend.META:  # no storage to write
+        return t
     check_writable(t, "copy_")
     arr = src.array if isinstance(src, Tensor) else src
     if isinstance(src, Tensor) and src.device is not t.device:

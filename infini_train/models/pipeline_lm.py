@@ -31,7 +31,8 @@ from .tensor_parallel_lm import VocabParallelHead
 def _head_copy(model):
     """The last stage's output layer: the tied weight copied into its own Parameter (marked shared_embedding)."""
     source = model.get_parameter(model.tied_weight_names()[0])
-    weight = ParallelParameter(Tensor._make(source.array.copy(), source.device), requires_grad=source.requires_grad)
+    weight = ParallelParameter(Tensor._make(backend.copy_array(source.array, source.device), source.device),
+                               requires_grad=source.requires_grad)
     weight.tp_spec = getattr(source, "tp_spec", None)
     weight.shared_embedding = True
     if model.tp is not None:

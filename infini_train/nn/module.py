@@ -320,6 +320,26 @@ class Module:
                         _move_in_place(t, dev, dt)
         return self
 
+    def to_empty(self, *, device):
+        """Give every parameter and buffer fresh, uninitialised storage on ``device`` (a model built under
+        ``with it.device("meta"):`` holds none), keeping the Parameter objects; fill them next (a checkpoint load,
+        an init)."""
+        dev = backend.Device.parse(device)
+        seen = set()
+        for mod in self.modules():
+            for table in (mod._parameters, mod._buffers):
+                for t in table.values():
+                    if t is not None and id(t) not in seen:
+                        seen.add(id(t))
+                        with dev.context():
+                            t.array = dev.array_module().empty(t.array.shape, t.array.dtype)
+                        t.device = dev
+                        if t._accumulate is not None:
+                            t._accumulate.device, t._accumulate.xp = dev, dev.array_module()
+                        t.grad = None
+                        t._version[0] += 1
+        return self
+
     def cpu(self):
         return self.to(device="cpu")
 
@@ -407,6 +427,9 @@ def _move_in_place(t, device, dtype):
     move = device is not None and device is not t.device
     if not cast and not move:
         return
+    if t.device is backend.META:
+        from ..autograd.conversion import meta_copy_error
+        raise meta_copy_error("Module.to")
     t.array = _convert(t.array, device if move else None, dtype if cast else None)
     if move:
         t.device = device

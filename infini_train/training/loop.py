@@ -85,7 +85,7 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_model(cfg, device, dims=None, lora_reference=None):
+def build_model(cfg, device, dims=None, lora_reference=None, on_meta=False):
     """The run's model (``model.arch``), initialised as in one process (seeded), then split over the tensor group
     and into pipeline stages if the layout says so (every layout starts from the same weights). Returns (model,
     tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA checkpoint's record, whose
@@ -97,7 +97,11 @@ def build_model(cfg, device, dims=None, lora_reference=None):
                           f"model's vocab_size {model_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
     backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
     cls, _ = registry.model_class(cfg.model.arch)
-    model = cls(model_cfg).to(device=device, dtype=cfg.dtype)
+    if on_meta:  # shapes only: each rank allocates just its part below, which a checkpoint then fills
+        with backend.META:
+            model = cls(model_cfg)
+    else:
+        model = cls(model_cfg).to(device=device, dtype=cfg.dtype)
     base = None
     if cfg.lora.rank:
         base = restore_base(model, lora_reference) if lora_reference else prepare_base(model, cfg.lora.init_from)
@@ -107,6 +111,8 @@ def build_model(cfg, device, dims=None, lora_reference=None):
         apply_run_lora(model, cfg.lora)
     if dims is not None and dims.pipeline_parallel:
         model = PipelinedLM(model, dims.pp_group, dims.schedule, dims.virtual)
+    if on_meta:
+        model.to_empty(device=device).to(dtype=cfg.dtype)
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
@@ -170,8 +176,9 @@ class Run:
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
         self.memory = PhasePeaks(self.device)
         self.memory.start("build")
-        self.raw_model, self.tok_name, self.lora_base = build_model(
-            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"))
+        on_meta = resume_state is not None and is_sharded(resume_state) and not cfg.lora.rank  # the checkpoint
+        self.raw_model, self.tok_name, self.lora_base = build_model(  # fills every rank's part: no whole model built
+            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), on_meta=on_meta)
         self.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.dp_group)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)

@@ -128,15 +128,22 @@ class ParallelParameter(Parameter):
 def shard_parameter(param, spec, group):
     """A ParallelParameter holding this rank's shard of the whole Parameter ``param``."""
     xp = param.device.array_module()
-    with param.device.context():
-        array = shard_from_whole(param.array, spec, group.rank, group.size, xp)
+    if param.device is backend.META:  # shapes only: the shard's, padding included
+        shape = list(param.shape)
+        dim = spec.dim % len(shape)
+        shape[dim] = spec.padded_length(shape[dim], group.size) // group.size
+        array = xp.empty(tuple(shape), param.array.dtype)
+    else:
+        with param.device.context():
+            array = shard_from_whole(param.array, spec, group.rank, group.size, xp)
     out = ParallelParameter(Tensor._make(array, param.device), requires_grad=param.requires_grad)
     out.tp_spec = spec
     return out
 
 
 def _replicated_parameter(param):
-    return ParallelParameter(Tensor._make(param.array.copy(), param.device), requires_grad=param.requires_grad)
+    return ParallelParameter(Tensor._make(backend.copy_array(param.array, param.device), param.device),
+                             requires_grad=param.requires_grad)
 
 
 def mark_sequence_parallel(module):
