@@ -51,3 +51,26 @@ def test_nested_device_contexts_and_bad_names():
         assert it.ones(1).device.type == "meta"
     with pytest.raises(ValueError, match="'meta'"):
         it.device("metal")
+
+
+def test_replayed_inits_give_each_split_the_eager_values():
+    from infini_train.nn.parallel.sharded_init import InitError, recording_inits, replay_inits
+    from infini_train.nn.parallel.sharded_pieces import tensor_pieces
+
+    config = GPT2Config(block_size=16, vocab_size=67, n_layer=2, n_head=2, n_embd=16)
+    it.manual_seed(3)
+    eager = GPT2(config).state_dict()
+    it.manual_seed(3)
+    with it.device("meta"), recording_inits() as calls:
+        model = GPT2(config)
+    assert calls and all(kind in ("normal", "uniform", "constant") for _, kind, _ in calls)
+    model.to_empty(device="cpu")
+    replay_inits(calls, model)
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), eager[name].numpy(), err_msg=name)
+    with it.device("meta"), recording_inits() as calls:
+        bare = it.nn.Linear(3, 2)
+    bare.to_empty(device="cpu")
+    with pytest.raises(InitError, match="never initialised"):
+        replay_inits([c for c in calls if c[0] is not bare.bias], bare)
+    assert tensor_pieces(np.zeros((2, 3))).boxes() == [((0, 0), (2, 3))]

@@ -21,6 +21,7 @@ from .. import backend
 from .. import nn
 from ..autograd.grad_mode import no_grad
 from ..nn.parallel.pipeline import PipelineParallel
+from ..nn.parallel.sharded_init import derived_from
 from ..nn.parallel.tensor_parallel import ParallelParameter
 from ..tensor import Tensor
 from .flops import training_flops_per_token
@@ -35,6 +36,8 @@ def _head_copy(model):
                                requires_grad=source.requires_grad)
     weight.tp_spec = getattr(source, "tp_spec", None)
     weight.shared_embedding = True
+    if source.device is backend.META:  # sharded initialisation gives the copy the tied weight's values
+        derived_from(weight, source)
     if model.tp is not None:
         return VocabParallelHead(weight, model.tp.group, model.tp.sequence_parallel)
     head = nn.Linear.__new__(nn.Linear)

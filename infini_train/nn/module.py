@@ -17,10 +17,11 @@ class Parameter(Tensor):
     """A Tensor that a Module registers as a trainable parameter (requires grad by default).
 
     ``Parameter(tensor_or_array, requires_grad=True)`` shares memory with a Tensor or array source, as
-    torch.nn.Parameter does; lists and scalars are converted to float32.
+    torch.nn.Parameter does; lists and scalars are converted to float32. ``init_source``: for a shard or copy of
+    a parameter built on the meta device, that parameter (sharded initialisation gives it its values).
     """
 
-    __slots__ = ()
+    __slots__ = ("init_source",)
 
     def __init__(self, data=None, requires_grad=True):
         if data is None:

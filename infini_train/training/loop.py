@@ -24,6 +24,7 @@ from ..models.recompute import set_recompute
 from ..models.tensor_parallel_lm import without_sequence_parallel
 from ..models.pipeline_lm import PipelinedLM
 from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
+from ..nn.parallel.sharded_init import recording_inits, replay_inits
 from ..nn.lora import save_adapter
 from ..nn.parallel import DistributedDataParallel
 from ..tensor import Tensor
@@ -85,11 +86,14 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_model(cfg, device, dims=None, lora_reference=None, on_meta=False):
-    """The run's model (``model.arch``), initialised as in one process (seeded), then split over the tensor group
-    and into pipeline stages if the layout says so (every layout starts from the same weights). Returns (model,
-    tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA checkpoint's record, whose
-    pinned base is restored instead of reading ``lora.init_from`` afresh."""
+def build_model(cfg, device, dims=None, lora_reference=None, resuming=False):
+    """The run's model (``model.arch``), split over the tensor group and into pipeline stages if the layout says
+    so. It is built on the meta device (shapes only); each rank then allocates just its part and fills it with the
+    values the whole model would hold there (sharded init: a function of the seed and each parameter's name, the same
+    in every layout), or leaves it for the checkpoint to fill when ``resuming``, so no rank ever holds the whole
+    model. A LoRA run starts from its base weights instead: built whole and seeded, as in one process. Returns
+    (model, tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA checkpoint's
+    record, whose pinned base is restored instead of reading ``lora.init_from`` afresh."""
     model_cfg = cfg.model.to_model_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
     if vocab_needed > model_cfg.vocab_size:
@@ -97,8 +101,9 @@ def build_model(cfg, device, dims=None, lora_reference=None, on_meta=False):
                           f"model's vocab_size {model_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
     backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
     cls, _ = registry.model_class(cfg.model.arch)
-    if on_meta:  # shapes only: each rank allocates just its part below, which a checkpoint then fills
-        with backend.META:
+    on_meta = not cfg.lora.rank
+    if on_meta:
+        with backend.META, recording_inits() as init_calls:
             model = cls(model_cfg)
     else:
         model = cls(model_cfg).to(device=device, dtype=cfg.dtype)
@@ -113,6 +118,9 @@ def build_model(cfg, device, dims=None, lora_reference=None, on_meta=False):
         model = PipelinedLM(model, dims.pp_group, dims.schedule, dims.virtual)
     if on_meta:
         model.to_empty(device=device).to(dtype=cfg.dtype)
+        if not resuming:
+            tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims is not None and dims.tensor_parallel else (0, 1)
+            replay_inits(init_calls, model, tp_rank, tp_size)
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
@@ -176,9 +184,8 @@ class Run:
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
         self.memory = PhasePeaks(self.device)
         self.memory.start("build")
-        on_meta = resume_state is not None and is_sharded(resume_state) and not cfg.lora.rank  # the checkpoint
-        self.raw_model, self.tok_name, self.lora_base = build_model(  # fills every rank's part: no whole model built
-            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), on_meta=on_meta)
+        self.raw_model, self.tok_name, self.lora_base = build_model(
+            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from))
         self.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.dp_group)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)

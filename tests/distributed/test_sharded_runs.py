@@ -161,3 +161,11 @@ def test_consolidate_writes_the_whole_checkpoint_hf_and_llmc_files(data_dir, tmp
     with it.no_grad():
         our_logits = ours(it.tensor(tokens))[0].numpy()
     np.testing.assert_allclose(our_logits, hf_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_sharded_init_gives_every_layout_the_one_process_weights_bitwise():
+    from tests.distributed.mpi_jobs import mpirun
+
+    proc = mpirun(4, "worker_sharded_init.py", timeout=240)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.count("sharded init ok") == 4, output(proc)

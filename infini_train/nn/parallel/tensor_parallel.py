@@ -24,6 +24,7 @@ from ...autograd.grad_mode import no_grad
 from ...distributed import default_group
 from ...tensor import Tensor
 from .. import functional as F
+from .sharded_init import derived_from
 from ..layers import Linear
 from ..module import Module, Parameter
 from .mappings import (
@@ -138,12 +139,21 @@ def shard_parameter(param, spec, group):
             array = shard_from_whole(param.array, spec, group.rank, group.size, xp)
     out = ParallelParameter(Tensor._make(array, param.device), requires_grad=param.requires_grad)
     out.tp_spec = spec
+    _keep_init_recipe(param, out)
     return out
 
 
+def _keep_init_recipe(source, param):
+    """A split or copied parameter of a model built on the meta device takes its source's values."""
+    if source.device is backend.META:
+        derived_from(param, source)
+
+
 def _replicated_parameter(param):
-    return ParallelParameter(Tensor._make(backend.copy_array(param.array, param.device), param.device),
-                             requires_grad=param.requires_grad)
+    out = ParallelParameter(Tensor._make(backend.copy_array(param.array, param.device), param.device),
+                            requires_grad=param.requires_grad)
+    _keep_init_recipe(param, out)
+    return out
 
 
 def mark_sequence_parallel(module):
@@ -156,6 +166,7 @@ def mark_sequence_parallel(module):
             if not isinstance(p, ParallelParameter):
                 if id(p) not in replaced:
                     replaced[id(p)] = ParallelParameter(p, requires_grad=p.requires_grad)
+                    _keep_init_recipe(p, replaced[id(p)])
                 p = replaced[id(p)]
                 setattr(sub, name, p)
             p.sequence_parallel = True
