@@ -121,6 +121,9 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False):
         if not resuming:
             tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims is not None and dims.tensor_parallel else (0, 1)
             replay_inits(init_calls, model, tp_rank, tp_size)
+        else:  # the checkpoint fills every element but a split vocabulary's padding, which stays zero
+            for p in model.parameters():
+                p.array[...] = 0
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
