@@ -312,33 +312,33 @@ class Module:
         dt = backend.as_dtype(dtype) if dtype is not None else None
         if dt is not None and not backend.is_floating(dt):
             raise TypeError(f"Module.to: only floating dtypes are supported, got {dt}")
+        for t in self._own_tensors():
+            _move_in_place(t, dev, dt)
+        return self
+
+    def _own_tensors(self):
+        """Every parameter and buffer of the module tree, once each (tied ones too)."""
         seen = set()
         for mod in self.modules():
             for table in (mod._parameters, mod._buffers):
                 for t in table.values():
                     if t is not None and id(t) not in seen:
                         seen.add(id(t))
-                        _move_in_place(t, dev, dt)
-        return self
+                        yield t
 
     def to_empty(self, *, device):
         """Give every parameter and buffer fresh, uninitialised storage on ``device`` (a model built under
         ``with it.device("meta"):`` holds none), keeping the Parameter objects; fill them next (a checkpoint load,
         an init)."""
         dev = backend.Device.parse(device)
-        seen = set()
-        for mod in self.modules():
-            for table in (mod._parameters, mod._buffers):
-                for t in table.values():
-                    if t is not None and id(t) not in seen:
-                        seen.add(id(t))
-                        with dev.context():
-                            t.array = dev.array_module().empty(t.array.shape, t.array.dtype)
-                        t.device = dev
-                        if t._accumulate is not None:
-                            t._accumulate.device, t._accumulate.xp = dev, dev.array_module()
-                        t.grad = None
-                        t._version[0] += 1
+        for t in self._own_tensors():
+            with dev.context():
+                t.array = dev.array_module().empty(t.array.shape, t.array.dtype)
+            t.device = dev
+            if t._accumulate is not None:
+                t._accumulate.device, t._accumulate.xp = dev, dev.array_module()
+            t.grad = None
+            t._version[0] += 1
         return self
 
     def cpu(self):

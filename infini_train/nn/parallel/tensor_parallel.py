@@ -139,11 +139,11 @@ def shard_parameter(param, spec, group):
             array = shard_from_whole(param.array, spec, group.rank, group.size, xp)
     out = ParallelParameter(Tensor._make(array, param.device), requires_grad=param.requires_grad)
     out.tp_spec = spec
-    _keep_init_recipe(param, out)
+    _keep_init_source(param, out)
     return out
 
 
-def _keep_init_recipe(source, param):
+def _keep_init_source(source, param):
     """A split or copied parameter of a model built on the meta device takes its source's values."""
     if source.device is backend.META:
         derived_from(param, source)
@@ -152,7 +152,7 @@ def _keep_init_recipe(source, param):
 def _replicated_parameter(param):
     out = ParallelParameter(Tensor._make(backend.copy_array(param.array, param.device), param.device),
                             requires_grad=param.requires_grad)
-    _keep_init_recipe(param, out)
+    _keep_init_source(param, out)
     return out
 
 
@@ -166,7 +166,7 @@ def mark_sequence_parallel(module):
             if not isinstance(p, ParallelParameter):
                 if id(p) not in replaced:
                     replaced[id(p)] = ParallelParameter(p, requires_grad=p.requires_grad)
-                    _keep_init_recipe(p, replaced[id(p)])
+                    _keep_init_source(p, replaced[id(p)])
                 p = replaced[id(p)]
                 setattr(sub, name, p)
             p.sequence_parallel = True
