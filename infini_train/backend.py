@@ -6,6 +6,7 @@ against ``device.xp``, which is numpy for CPU devices and cupy for CUDA devices.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -206,6 +207,31 @@ class _MetaArrays:
 
 
 _META_XP = _MetaArrays()
+
+
+class _InitRecording(threading.local):
+    calls = None
+
+
+_init_recording = _InitRecording()
+
+
+@contextlib.contextmanager
+def recording_inits():
+    """Build a model inside this (and ``with it.device("meta"):``) to collect, in order, the init calls its
+    constructor makes on meta tensors: (tensor, "normal" | "uniform" | "constant" | "copied", args). Sharded
+    initialisation (nn/parallel/sharded_init.py) replays them."""
+    previous, _init_recording.calls = _init_recording.calls, []
+    try:
+        yield _init_recording.calls
+    finally:
+        _init_recording.calls = previous
+
+
+def record_init(tensor, kind, *args):
+    """Called by a meta tensor's ``normal_`` / ``uniform_`` / fill: remembers the call while recording."""
+    if _init_recording.calls is not None:
+        _init_recording.calls.append((tensor, kind, args))
 
 
 def copy_array(array, dev):

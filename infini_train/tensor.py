@@ -561,7 +561,5 @@ from .autograd.elementwise import Add, Mul, Pow, Sub  # noqa: E402
 def _remember_init(t, kind, *args):
     """On the meta device nothing is drawn or written; the call is recorded for sharded initialisation
     (nn/parallel/sharded_init.py), which replays it slice by slice once the parameter has storage."""
-    from .nn.parallel.sharded_init import record_init
-
-    record_init(t, kind, *args)
+    backend.record_init(t, kind, *args)
     return t

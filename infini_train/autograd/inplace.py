@@ -179,12 +179,10 @@ def copy(t, src):
     if needs_graph(t, (src,)):
         return apply_inplace(t, Copy(t.device), (src,), "copy_")
     if t.device is backend.META:  # no storage to write; the fill is recorded for sharded initialisation
-        from ..nn.parallel.sharded_init import record_init
-
         if isinstance(src, (int, float)):
-            record_init(t, "constant", float(src))
+            backend.record_init(t, "constant", float(src))
         else:
-            record_init(t, "copied")
+            backend.record_init(t, "copied")
         return t
     check_writable(t, "copy_")
     arr = src.array if isinstance(src, Tensor) else src

@@ -11,12 +11,10 @@ stream aligned with one process's, bitwise.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import numpy as np
 
 from ... import backend
+from ...backend import record_init, recording_inits  # noqa: F401  (part of this module's interface)
 from .sharded_pieces import tensor_pieces
 
 CHUNK = 1 << 20
@@ -24,29 +22,6 @@ CHUNK = 1 << 20
 
 class InitError(ValueError):
     """A model built on the meta device whose init cannot be replayed."""
-
-
-class _Recording(threading.local):
-    calls = None
-
-
-_recording = _Recording()
-
-
-@contextlib.contextmanager
-def recording_inits():
-    """Build a model inside this (and ``with it.device("meta"):``) to collect its init calls, in order."""
-    previous, _recording.calls = _recording.calls, []
-    try:
-        yield _recording.calls
-    finally:
-        _recording.calls = previous
-
-
-def record_init(tensor, kind, *args):
-    """Called by a meta tensor's ``normal_`` / ``uniform_`` / constant fill: remembers the call while recording."""
-    if _recording.calls is not None:
-        _recording.calls.append((tensor, kind, args))
 
 
 def derived_from(param, source):
