@@ -26,8 +26,8 @@ from ..distributed.checkpoint import read_metadata
 from ..distributed.checkpoint.whole_files import whole_tensor, write_whole_safetensors
 from ..models import registry
 from ..training import checkpoints as ckpt
-from ..training.sharded_checkpoints import is_sharded, whole_state
-from ..training.sharded_state import group_options
+from ..training.sharded_checkpoints import is_sharded
+from ..training.sharded_state import group_options, whole_state
 
 FORMATS = ("safetensors", "hf", "llmc")
 

@@ -22,6 +22,7 @@ import tempfile
 import numpy as np
 
 from ..distributed.checkpoint.storage import file_digest
+from .state_tree import _to_numpy, flatten_state, unflatten_state  # noqa: F401  (part of this module's interface)
 
 CHECKPOINT_DIR = "checkpoints"
 STEP_PATTERN = re.compile(r"^step_(\d{6,})$")
@@ -31,50 +32,6 @@ TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing or cannot be read: names the path and what is wrong."""
-
-
-def _to_numpy(value):
-    return value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
-
-
-def flatten_state(state, prefix=""):
-    """Split a nested dict/list into ({dotted key: array}, JSON-able skeleton with array placeholders)."""
-    arrays = {}
-
-    def walk(node, path):
-        node = _to_numpy(node)
-        if isinstance(node, np.ndarray):
-            arrays[path] = np.ascontiguousarray(node)
-            return {"__array__": path}
-        if isinstance(node, dict):
-            return {"__dict__": [[_key(k), walk(v, f"{path}.{k}" if path else str(k))] for k, v in node.items()]}
-        if isinstance(node, (list, tuple)):
-            return {"__list__": [walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node)],
-                    "tuple": isinstance(node, tuple)}
-        if isinstance(node, np.generic):
-            return node.item()
-        return node
-
-    return arrays, walk(state, prefix)
-
-
-def _key(k):
-    return {"int": k} if isinstance(k, int) else k
-
-
-def unflatten_state(skeleton, arrays):
-    def walk(node):
-        if isinstance(node, dict):
-            if "__array__" in node:
-                return arrays[node["__array__"]]
-            if "__dict__" in node:
-                return {(k["int"] if isinstance(k, dict) else k): walk(v) for k, v in node["__dict__"]}
-            if "__list__" in node:
-                items = [walk(v) for v in node["__list__"]]
-                return tuple(items) if node.get("tuple") else items
-        return node
-
-    return walk(skeleton)
 
 
 def step_dir(out_dir, step):
@@ -263,10 +220,8 @@ def load_checkpoint(path, verify=True):
 
     path = resolve_checkpoint(path)
     state = verify_checkpoint(path) if verify else read_state(path)
-    if state.get("format") == "sharded":  # assembled whole here (sharded_checkpoints.py)
-        from .sharded_checkpoints import whole_state
-
-        model_state, optimizer_state = whole_state(path, state)
+    if state.get("format") == "sharded":  # assembled whole here (sharded_state.py)
+        model_state, optimizer_state = _whole_sharded(path, state)
         state.pop("optimizer")
         return model_state, optimizer_state, state
     try:
@@ -326,11 +281,20 @@ def _verified_model(path, load_file):
     and optimizer entries)."""
     state = verify_checkpoint(path, files=("model.safetensors",))
     if state.get("format") == "sharded":
-        from .sharded_checkpoints import whole_state
-
         verify_checkpoint(path)
-        return state, whole_state(path, state, model_only=True)[0]
+        return state, _whole_sharded(path, state, model_only=True)[0]
     return state, load_file(os.path.join(path, "model.safetensors"))
+
+
+def _whole_sharded(path, state, model_only=False):
+    from ..distributed.checkpoint import CheckpointFormatError
+    from .sharded_state import whole_state
+
+    try:
+        return whole_state(path, state, model_only)
+    except (CheckpointFormatError, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} is unreadable: {exc}\nHINT: it may be incomplete or corrupted; "
+                              "resume from an earlier one") from exc
 
 
 def _model_verifies(path):

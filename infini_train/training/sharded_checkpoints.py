@@ -5,7 +5,7 @@ work as for whole checkpoints), ``"format": "sharded"`` and the optimizer's para
 
 Writing: rank 0 makes the temporary directory, every rank writes its shard into it with no gather, then rank 0 writes
 state.json and renames the directory into place (the previous checkpoints stay intact until then). Reading in one
-process (``whole_state``) assembles the whole model and optimizer state, as a one-process checkpoint holds it.
+process (sharded_state.whole_state) assembles the whole model and optimizer state, as a one-process checkpoint holds it.
 """
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ import os
 import shutil
 import tempfile
 
-import numpy as np
 
 from .. import distributed as dist
 from ..distributed import checkpoint as dcp
 from . import checkpoints as ckpt
-from .sharded_state import group_options
 
 FORMAT = "sharded"
 
@@ -74,34 +72,4 @@ def save_sharded_checkpoint(out_dir, step, sharded, extra, keep_last=None, run_i
     return final
 
 
-def whole_state(path, state, model_only=False):
-    """(model state {name: array}, optimizer state in torch's layout or None) of a sharded checkpoint, assembled
-    whole in this process; ``state``: its parsed state.json."""
-    tensors = dcp.read_metadata(path)["tensors"]
-    wanted = {e: info for e, info in tensors.items() if not (model_only and e.startswith("optimizer/"))}
-    arrays = {}
-    for entry, info in wanted.items():
-        from ..safetensors_io import _numpy_dtype
-
-        arrays[entry] = np.zeros(tuple(info["shape"]), _numpy_dtype(info["dtype"], path, entry))
-    try:
-        dcp.load(arrays, path)
-    except (dcp.CheckpointFormatError, OSError, ValueError) as exc:
-        raise ckpt.CheckpointError(f"checkpoint {path} is unreadable: {exc}\nHINT: it may be incomplete or "
-                                   "corrupted; resume from an earlier one") from exc
-    model_state = {e[len("model/"):]: a for e, a in sorted(arrays.items()) if e.startswith("model/")}  # by name,
-    # as a whole checkpoint's model file gives them
-    if model_only:
-        return model_state, None
-    groups, per_param, index = [], {}, {}
-    for group in state["optimizer"]["param_groups"]:
-        groups.append({**group_options(group),
-                       "params": [index.setdefault(name, len(index)) for name in group["params"]]})
-    for entry, array in arrays.items():
-        if entry.startswith("optimizer/"):
-            name, _, key = entry[len("optimizer/"):].rpartition("/")
-            per_param.setdefault(index[name], {})[key] = int(array) if array.ndim == 0 else array
-    return model_state, {"state": per_param, "param_groups": groups}
-
-
-__all__ = ["save_sharded_checkpoint", "whole_state", "is_sharded", "FORMAT"]
+__all__ = ["save_sharded_checkpoint", "is_sharded", "FORMAT"]

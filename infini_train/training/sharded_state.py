@@ -14,7 +14,7 @@ import numpy as np
 from ..distributed import checkpoint as dcp
 from ..nn.lora import lora_state_dict
 from ..nn.parallel.sharded_pieces import flat_pieces, tensor_pieces
-from .checkpoints import flatten_state, unflatten_state
+from .state_tree import flatten_state, unflatten_state
 
 
 def _array(value):
@@ -153,6 +153,30 @@ class ShardedState:
         optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
+def whole_state(path, state, model_only=False):
+    """(model state {name: array}, optimizer state in torch's layout or None) of a sharded checkpoint, assembled
+    whole in this process; ``state``: its parsed state.json."""
+    tensors = dcp.read_metadata(path)["tensors"]
+    wanted = {e: info for e, info in tensors.items() if not (model_only and e.startswith("optimizer/"))}
+    arrays = {}
+    for entry, info in wanted.items():
+        arrays[entry] = np.zeros(tuple(info["shape"]), _dtype(info["dtype"]))
+    dcp.load(arrays, path)
+    model_state = {e[len("model/"):]: a for e, a in sorted(arrays.items()) if e.startswith("model/")}  # by name,
+    # as a whole checkpoint's model file gives them
+    if model_only:
+        return model_state, None
+    groups, per_param, index = [], {}, {}
+    for group in state["optimizer"]["param_groups"]:
+        groups.append({**group_options(group),
+                       "params": [index.setdefault(name, len(index)) for name in group["params"]]})
+    for entry, array in arrays.items():
+        if entry.startswith("optimizer/"):
+            name, _, key = entry[len("optimizer/"):].rpartition("/")
+            per_param.setdefault(index[name], {})[key] = int(array) if array.ndim == 0 else array
+    return model_state, {"state": per_param, "param_groups": groups}
+
+
 def _dtype(code):
     from ..safetensors_io import _numpy_dtype
 
@@ -164,4 +188,4 @@ def group_options(saved_group):
     return unflatten_state(saved_group["options"], {})
 
 
-__all__ = ["ShardedState", "group_options"]
+__all__ = ["ShardedState", "group_options", "whole_state"]
