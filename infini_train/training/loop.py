@@ -88,12 +88,12 @@ def _tokenizer_name(cfg):
 
 def build_model(cfg, device, dims=None, lora_reference=None, resuming=False):
     """The run's model (``model.arch``), split over the tensor group and into pipeline stages if the layout says
-    so. It is built on the meta device (shapes only); each rank then allocates just its part and fills it with the
-    values the whole model would hold there (sharded init: a function of the seed and each parameter's name, the same
-    in every layout), or leaves it for the checkpoint to fill when ``resuming``, so no rank ever holds the whole
-    model. A LoRA run starts from its base weights instead: built whole and seeded, as in one process. Returns
-    (model, tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA checkpoint's
-    record, whose pinned base is restored instead of reading ``lora.init_from`` afresh."""
+    so. It is built on the meta device (shapes only, its init calls recorded); each rank then allocates just its
+    part and fills it with the values the one-process build would hold there (sharded init replays the seeded init
+    calls, keeping this rank's elements), or leaves it for the checkpoint to fill when ``resuming``, so no rank ever
+    holds the whole model. A LoRA run starts from its base weights instead: built whole and seeded, as in one
+    process. Returns (model, tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA
+    checkpoint's record, whose pinned base is restored instead of reading ``lora.init_from`` afresh."""
     model_cfg = cfg.model.to_model_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
     if vocab_needed > model_cfg.vocab_size:

@@ -77,7 +77,7 @@ def replay_inits(calls, model, rank=0, size=1):
 
 def _write(pieces, shape, start, count, values, constant, xp):
     """Write the elements [start, start + count) of the flattened whole tensor that ``pieces`` hold: ``values``
-    (float64, drawn for those positions), or ``constant``."""
+    (drawn for those positions, in the dtype the tensor was built in), or ``constant``."""
     stop = start + count
     for offsets, view in pieces.pieces:
         for lead, run_start, run_length in _runs(offsets, view, shape):
