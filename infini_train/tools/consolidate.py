@@ -27,7 +27,7 @@ from ..distributed.checkpoint.whole_files import whole_tensor, write_whole_safet
 from ..models import registry
 from ..training import checkpoints as ckpt
 from ..training.sharded_checkpoints import is_sharded
-from ..training.sharded_state import group_options, whole_state
+from ..training.sharded_state import optimizer_entries, whole_param_groups, whole_state
 
 FORMATS = ("safetensors", "hf", "llmc")
 
@@ -69,22 +69,18 @@ def consolidate(checkpoint, out, fmt="safetensors"):
 
 
 def _whole_checkpoint(path, state, out):
-    tensors = read_metadata(path)["tensors"]
+    metadata = read_metadata(path)
+    tensors = metadata["tensors"]
     model_names = {e[len("model/"):]: e for e in sorted(tensors) if e.startswith("model/")}
-    index, groups = {}, []
-    for group in state["optimizer"]["param_groups"]:
-        groups.append({**group_options(group), "params": [index.setdefault(n, len(index)) for n in group["params"]]})
+    index, groups = whole_param_groups(state["optimizer"]["param_groups"])
     per_param, optimizer_names = {}, {}
-    for entry, info in tensors.items():
-        if not entry.startswith("optimizer/"):
-            continue
-        name, _, key = entry[len("optimizer/"):].rpartition("/")
+    for entry, name, key, info in optimizer_entries(tensors):
         i = index[name]
         if info["shape"]:
             per_param.setdefault(i, {})[key] = np.empty(0)  # a placeholder: the data is streamed
             optimizer_names[f"state.{i}.{key}"] = entry
         else:
-            per_param.setdefault(i, {})[key] = int(whole_tensor(path, entry))
+            per_param.setdefault(i, {})[key] = int(whole_tensor(path, entry, metadata))
     _, skeleton = ckpt.flatten_state({"state": per_param, "param_groups": groups})
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)

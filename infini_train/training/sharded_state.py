@@ -17,6 +17,9 @@ from ..nn.parallel.sharded_pieces import flat_pieces, tensor_pieces
 from .state_tree import flatten_state, unflatten_state
 
 
+OPTIMIZER = "optimizer/"
+
+
 def _array(value):
     return getattr(value, "array", value)
 
@@ -71,26 +74,28 @@ class ShardedState:
         for name, t in self._model_tensors().items():
             out[f"model/{name}"] = self._pieces(_array(t), t)
         names = self._param_names()
-        if self.zero is not None:
-            for view, _, p, _, a, _ in self.zero.pieces:
-                state = self.zero.optim.state.get(view) or {}
-                for key, value in state.items():
-                    entry = f"optimizer/{names[id(p)]}/{key}"
-                    if getattr(value, "ndim", 0):
-                        out[entry] = flat_pieces(tuple(p.shape), value, a, getattr(p, "tp_spec", None),
-                                                 self.tp_rank, self.tp_size)
-                    elif not key.startswith("_"):
-                        out[entry] = dcp.LocalPieces.whole(np.array(value))
-            return out
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                for key, value in (self.optimizer.state.get(p) or {}).items():
-                    entry = f"optimizer/{names[id(p)]}/{key}"
-                    if getattr(value, "ndim", 0):
-                        out[entry] = self._pieces(value, p)
-                    elif not key.startswith("_"):
-                        out[entry] = dcp.LocalPieces.whole(np.array(value))
+        for holder, p, start, length in self._state_holders():
+            state = (self.zero.optim if self.zero is not None else self.optimizer).state.get(holder) or {}
+            for key, value in state.items():
+                entry = f"{OPTIMIZER}{names[id(p)]}/{key}"
+                if getattr(value, "ndim", 0):
+                    out[entry] = self._state_pieces(value, p, start, length)
+                elif not key.startswith("_"):
+                    out[entry] = dcp.LocalPieces.whole(np.array(value))
         return out
+
+    def _state_holders(self):
+        """(tensor the optimizer keeps state for, its parameter, first flat element, element count): a ZeRO
+        piece (a flat range of the parameter's shard) or, without ZeRO, the parameter itself (count None)."""
+        if self.zero is not None:
+            return [(view, p, a, b - a) for view, _, p, _, a, b in self.zero.pieces]
+        return [(p, p, 0, None) for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _state_pieces(self, array, p, start, length):
+        """The pieces of the whole state tensor of ``p`` that ``array`` (a holder's state) covers."""
+        if length is None:
+            return self._pieces(array, p)
+        return flat_pieces(tuple(p.shape), array, start, getattr(p, "tp_spec", None), self.tp_rank, self.tp_size)
 
     def save(self, directory, group=None):
         """Write this rank's entries into ``directory`` (collective); returns the checkpoint's metadata."""
@@ -100,34 +105,23 @@ class ShardedState:
     def load(self, directory, param_groups):
         """Fill the model and optimizer from the sharded checkpoint in ``directory``; ``param_groups``: the
         groups its state.json recorded (options and names)."""
-        saved = dcp.read_metadata(directory)["tensors"]
+        metadata = dcp.read_metadata(directory)
         targets = {f"model/{name}": self._pieces(_array(t), t) for name, t in self._model_tensors().items()}
-        dcp.load(targets, directory)
+        dcp.load(targets, directory, metadata=metadata)
         names = self._param_names()
-        saved_keys = {}  # parameter name -> [(state key, entry info)]
-        for entry, info in saved.items():
-            if entry.startswith("optimizer/"):
-                name, _, key = entry[len("optimizer/"):].rpartition("/")
-                saved_keys.setdefault(name, []).append((key, info))
-        if self.zero is not None:
-            holders = [(view, p, a, b - a) for view, _, p, _, a, b in self.zero.pieces]
-        else:
-            holders = [(p, p, 0, None) for g in self.optimizer.param_groups for p in g["params"]]
+        saved_keys = {}  # parameter name -> [(state key, entry, entry info)]
+        for entry, name, key, info in optimizer_entries(metadata["tensors"]):
+            saved_keys.setdefault(name, []).append((key, entry, info))
         filled = {}  # (id of the tensor holding the state, key) -> array filled from the checkpoint
         batches = [{}]  # one dcp.load per batch; a tied weight's copy asks for an entry a second time
-        for holder, p, start, length in holders:
-            spec = getattr(p, "tp_spec", None)
-            for key, info in saved_keys.get(names[id(p)], ()):
-                entry = f"optimizer/{names[id(p)]}/{key}"
-                if not info["shape"]:
+        for holder, p, start, length in self._state_holders():
+            for key, entry, info in saved_keys.get(names[id(p)], ()):
+                if info["shape"]:
+                    array = np.zeros(length if length is not None else tuple(p.shape), _dtype(info["dtype"]))
+                    pieces = self._state_pieces(array, p, start, length)
+                else:
                     array = np.zeros((), _dtype(info["dtype"]))
                     pieces = dcp.LocalPieces.whole(array)
-                elif length is not None:  # a ZeRO piece: a flat range of the parameter (its tensor shard)
-                    array = np.zeros(length, _dtype(info["dtype"]))
-                    pieces = flat_pieces(tuple(p.shape), array, start, spec, self.tp_rank, self.tp_size)
-                else:
-                    array = np.zeros(tuple(p.shape), _dtype(info["dtype"]))
-                    pieces = self._pieces(array, p)
                 batch = next((b for b in batches if entry not in b), None)
                 if batch is None:
                     batch = {}
@@ -135,7 +129,7 @@ class ShardedState:
                 batch[entry] = pieces
                 filled[(id(holder), key)] = array
         for batch in batches:
-            dcp.load(batch, directory)
+            dcp.load(batch, directory, metadata=metadata)
         self._load_optimizer(filled, param_groups)
 
     def _load_optimizer(self, filled, param_groups):
@@ -156,25 +150,38 @@ class ShardedState:
 def whole_state(path, state, model_only=False):
     """(model state {name: array}, optimizer state in torch's layout or None) of a sharded checkpoint, assembled
     whole in this process; ``state``: its parsed state.json."""
-    tensors = dcp.read_metadata(path)["tensors"]
-    wanted = {e: info for e, info in tensors.items() if not (model_only and e.startswith("optimizer/"))}
-    arrays = {}
-    for entry, info in wanted.items():
-        arrays[entry] = np.zeros(tuple(info["shape"]), _dtype(info["dtype"]))
-    dcp.load(arrays, path)
+    metadata = dcp.read_metadata(path)
+    tensors = metadata["tensors"]
+    wanted = {e: info for e, info in tensors.items() if not (model_only and e.startswith(OPTIMIZER))}
+    arrays = {entry: np.zeros(tuple(info["shape"]), _dtype(info["dtype"])) for entry, info in wanted.items()}
+    dcp.load(arrays, path, metadata=metadata)
     model_state = {e[len("model/"):]: a for e, a in sorted(arrays.items()) if e.startswith("model/")}  # by name,
     # as a whole checkpoint's model file gives them
     if model_only:
         return model_state, None
-    groups, per_param, index = [], {}, {}
-    for group in state["optimizer"]["param_groups"]:
-        groups.append({**group_options(group),
-                       "params": [index.setdefault(name, len(index)) for name in group["params"]]})
-    for entry, array in arrays.items():
-        if entry.startswith("optimizer/"):
-            name, _, key = entry[len("optimizer/"):].rpartition("/")
-            per_param.setdefault(index[name], {})[key] = int(array) if array.ndim == 0 else array
+    index, groups = whole_param_groups(state["optimizer"]["param_groups"])
+    per_param = {}
+    for entry, name, key, _ in optimizer_entries(tensors):
+        array = arrays[entry]
+        per_param.setdefault(index[name], {})[key] = int(array) if array.ndim == 0 else array
     return model_state, {"state": per_param, "param_groups": groups}
+
+
+def optimizer_entries(tensors):
+    """(entry, parameter name, state key, entry info) of each optimizer entry of a sharded checkpoint's tensors."""
+    for entry, info in tensors.items():
+        if entry.startswith(OPTIMIZER):
+            name, _, key = entry[len(OPTIMIZER):].rpartition("/")
+            yield entry, name, key, info
+
+
+def whole_param_groups(saved_groups):
+    """({parameter name: index}, param groups in torch's layout) from state.json's record of the param groups:
+    the parameters numbered across groups in order, as a whole optimizer state dict numbers them."""
+    index, groups = {}, []
+    for group in saved_groups:
+        groups.append({**group_options(group), "params": [index.setdefault(n, len(index)) for n in group["params"]]})
+    return index, groups
 
 
 def _dtype(code):
@@ -188,4 +195,4 @@ def group_options(saved_group):
     return unflatten_state(saved_group["options"], {})
 
 
-__all__ = ["ShardedState", "group_options", "whole_state"]
+__all__ = ["ShardedState", "group_options", "whole_state", "optimizer_entries", "whole_param_groups"]

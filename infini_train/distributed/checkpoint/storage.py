@@ -182,11 +182,12 @@ class _Reader:
         return data.view(dtype).reshape(tuple(info["shape"]))
 
 
-def load(state, directory, group=None):
+def load(state, directory, group=None, metadata=None):
     """Fill ``state`` ({name: LocalPieces | Tensor | array}, the boxes this rank holds now) from the sharded
     checkpoint in ``directory``, reading only the overlapping parts of the saved chunks. Returns the metadata's
-    ``extra``. Not a collective (``group`` is accepted for symmetry with ``save``)."""
-    metadata = read_metadata(directory)
+    ``extra``. Not a collective (``group`` is accepted for symmetry with ``save``). ``metadata``: the checkpoint's,
+    when the caller already read it (loading tensor by tensor)."""
+    metadata = metadata or read_metadata(directory)
     reader = _Reader(directory)
     for name, value in state.items():
         pieces = _as_pieces(name, value)

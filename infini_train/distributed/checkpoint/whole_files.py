@@ -15,9 +15,10 @@ from .storage import load, read_metadata
 
 def whole_tensor(directory, entry, metadata=None):
     """The global tensor ``entry`` of the sharded checkpoint in ``directory``, assembled (a numpy array)."""
-    info = (metadata or read_metadata(directory))["tensors"][entry]
+    metadata = metadata or read_metadata(directory)
+    info = metadata["tensors"][entry]
     array = np.zeros(tuple(info["shape"]), _numpy_dtype(info["dtype"], directory, entry))
-    load({entry: array}, directory)
+    load({entry: array}, directory, metadata=metadata)
     return array
 
 
