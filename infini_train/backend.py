@@ -240,8 +240,7 @@ def copy_array(array, dev):
 
 
 class _DefaultDevice(threading.local):
-    device = None
-    stack = None
+    """The device factories use when given none (``with it.device(...)``), per thread."""
 
     def __init__(self):
         self.device, self.stack = CPU, []

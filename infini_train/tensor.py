@@ -315,13 +315,15 @@ class Tensor(TensorMethods):
         return inplace.copy(self, 0)
 
     def uniform_(self, low=0.0, high=1.0):
-        if self.device is backend.META:  # no storage: nothing drawn, nothing written; the call is recorded for
-            return _remember_init(self, "uniform", float(low), float(high))  # it was to be initialised
+        if self.device is backend.META:  # no storage: nothing drawn or written; recorded for sharded init
+            backend.record_init(self, "uniform", float(low), float(high))
+            return self
         return inplace.copy(self, backend.generator_for(self.device).uniform(low, high, self.shape))
 
     def normal_(self, mean=0.0, std=1.0):
         if self.device is backend.META:
-            return _remember_init(self, "normal", float(mean), float(std))
+            backend.record_init(self, "normal", float(mean), float(std))
+            return self
         return inplace.copy(self, backend.generator_for(self.device).standard_normal(self.shape) * std + mean)
 
     def __setitem__(self, index, value):
@@ -555,11 +557,3 @@ from .autograd import (  # noqa: E402
     transform,
 )
 from .autograd.elementwise import Add, Mul, Pow, Sub  # noqa: E402
-
-
-
-def _remember_init(t, kind, *args):
-    """On the meta device nothing is drawn or written; the call is recorded for sharded initialisation
-    (nn/parallel/sharded_init.py), which replays it slice by slice once the parameter has storage."""
-    backend.record_init(t, kind, *args)
-    return t

@@ -177,10 +177,11 @@ def read_state(path):
         return json.load(f)
 
 
-def verify_checkpoint(path, files=None):
+def verify_checkpoint(path, model_only=False):
     """Check a checkpoint directory against the hashes in its state.json; returns the parsed state. Raises
-    CheckpointError naming the file and what is wrong (missing, truncated, edited, unreadable). ``files``: the
-    tensor files to check (default every one recorded; ("model.safetensors",) for inference)."""
+    CheckpointError naming the file and what is wrong (missing, truncated, edited, unreadable). ``model_only``
+    (inference): only the files holding the model, model.safetensors (a sharded checkpoint's shards hold model and
+    optimizer entries alike: every one)."""
     state_path = os.path.join(path, "state.json")
     try:
         with open(state_path) as f:
@@ -195,8 +196,9 @@ def verify_checkpoint(path, files=None):
     if recorded is not None and recorded != _state_digest(state):
         raise CheckpointError(f"checkpoint {path} is damaged: state.json was edited (its content no longer "
                               "matches the SHA-256 recorded in it)")
+    model_file_only = model_only and state.get("format") != "sharded"
     for name, expect in (state.get("files") or {}).items():
-        if files is not None and name not in files:
+        if model_file_only and name != "model.safetensors":
             continue
         file_path = os.path.join(path, name)
         if not os.path.exists(file_path):
@@ -279,9 +281,8 @@ def load_model_checkpoint(path, warn=None):
 def _verified_model(path, load_file):
     """(state, model state) of a checkpoint whose model verifies (a sharded one: every shard, each holding model
     and optimizer entries)."""
-    state = verify_checkpoint(path, files=("model.safetensors",))
+    state = verify_checkpoint(path, model_only=True)
     if state.get("format") == "sharded":
-        verify_checkpoint(path)
         return state, _whole_sharded(path, state, model_only=True)[0]
     return state, load_file(os.path.join(path, "model.safetensors"))
 
@@ -299,9 +300,7 @@ def _whole_sharded(path, state, model_only=False):
 
 def _model_verifies(path):
     try:
-        state = verify_checkpoint(path, files=("model.safetensors",))
-        if state.get("format") == "sharded":
-            verify_checkpoint(path)
+        verify_checkpoint(path, model_only=True)
         return True
     except CheckpointError:
         return False

@@ -270,7 +270,7 @@ class ZeroRedundancyOptimizer:
     # ---------------------------------------------------------------------------------------- state dicts
     def state_bytes(self):
         """Bytes of optimizer state this rank holds (the inner optimizer's arrays)."""
-        return sum(v.nbytes for st in self.optim.state.values() for v in st.values() if hasattr(v, "nbytes"))
+        return self.optim.state_bytes()
 
     def grad_bytes(self):
         """Bytes of gradient storage: the flat gradient buffers and this rank's gradient shards."""
