@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from ... import backend
 from ...atomic_file import write_text_atomically
 from ...safetensors_io import _code, _numpy_dtype, read_header, write_safetensors
 from .pieces import LocalPieces, overlap, region
@@ -48,10 +49,6 @@ def _entry_key(name, offsets):
     return f"{name}@{','.join(str(o) for o in offsets)}"
 
 
-def _host(view):
-    return view.get() if hasattr(view, "get") else np.asarray(view)
-
-
 def file_digest(path):
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -77,7 +74,7 @@ def save(state, directory, group=None, extra=None):
     for name, pieces in local.items():
         for offsets, view in pieces.pieces:
             if writer[(name, tuple(offsets), tuple(view.shape))] == group.rank:
-                mine[_entry_key(name, offsets)] = _host(view)
+                mine[_entry_key(name, offsets)] = backend.to_device_array(view, backend.CPU)
     os.makedirs(directory, exist_ok=True)
     described = None
     if mine:
@@ -212,13 +209,7 @@ def _fill(view, offsets, chunks, reader, name, directory):
         if met is None:
             continue
         part = np.asarray(reader.entry(chunk["file"], chunk["key"])[region(*met, chunk["offsets"])])
-        target = region(*met, offsets)
-        if hasattr(view, "__cuda_array_interface__"):
-            import cupy
-
-            view[target] = cupy.asarray(part, dtype=view.dtype)
-        else:
-            view[target] = part
+        view[region(*met, offsets)] = backend.to_device_array(part, backend.device_of_array(view))
         covered += int(np.prod(met[1], dtype=np.int64))
     if covered < needed:
         raise CheckpointFormatError(f"{directory}: the saved chunks of {name!r} cover {covered} of the {needed} "

@@ -5,7 +5,7 @@ mapped through the shard's spec in turn. Saving writes those boxes; loading fill
 """
 from __future__ import annotations
 
-from ...distributed.checkpoint import LocalPieces, flat_range_boxes
+from ...distributed.checkpoint import LocalPieces
 
 
 def whole_shape(local_shape, spec, size):
@@ -61,13 +61,7 @@ def tensor_pieces(array, spec=None, rank=0, size=1):
 def flat_pieces(local_shape, flat_view, flat_start, spec=None, rank=0, size=1):
     """The pieces held by ``flat_view``: elements [flat_start, flat_start + size) of this rank's flattened shard
     of ``local_shape`` (a ZeRO piece)."""
-    boxes, at = [], 0
-    for offsets, sizes in flat_range_boxes(local_shape, flat_start, flat_start + flat_view.size):
-        n = 1
-        for s in sizes:
-            n *= s
-        boxes.append((offsets, flat_view[at:at + n].reshape(sizes)))
-        at += n
+    boxes = LocalPieces.flat_range(local_shape, flat_start, flat_view).pieces  # boxes of this rank's shard
     pieces = shard_pieces(tuple(local_shape), spec, rank, size, boxes)
     pieces.dtype = flat_view.dtype
     return pieces
