@@ -255,6 +255,12 @@ def device(spec=None) -> Device:
     return Device.parse(spec)
 
 
+def data_pointer(array):
+    """The address of an array's first element (numpy or cupy)."""
+    pointer = getattr(array.data, "ptr", None)  # cupy's MemoryPointer; numpy's .data is a memoryview
+    return pointer if pointer is not None else array.__array_interface__["data"][0]
+
+
 def get_xp(dev: Device):
     return dev.xp if dev.xp is not None else dev.array_module()
 

@@ -6,12 +6,14 @@ from .function import Function, Op, OpError, RemovableHandle, sum_to
 from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
                         set_grad_enabled)
 from .recompute import checkpoint, checkpoint_sequential
+from .saved_hooks import saved_tensors_hooks
 from . import graph  # it.autograd.graph.to_dot / render: the graph as Graphviz DOT
 
 __all__ = [
     "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "grad", "Function", "Op",
     "OpError", "RemovableHandle", "sum_to", "enable_grad", "inference_mode", "is_grad_enabled",
     "is_inference_mode_enabled", "no_grad", "set_grad_enabled", "checkpoint", "checkpoint_sequential",
+    "saved_tensors_hooks",
 ]
 
 

@@ -170,8 +170,8 @@ def cast_inputs(fn, inputs, device):
 def _cast(t, dtype):
     from .conversion import cast
 
-    if not (_state.cache_enabled and t.grad_fn is None and t._requires_grad):
-        return cast(t, dtype)
+    if not (_state.cache_enabled and t.grad_fn is None and t._requires_grad) or getattr(t, "sharded_by", None):
+        return cast(t, dtype)  # a fully_shard parameter's cast is redone in backward, never kept
     key = (id(t), dtype)
     hit = _state.cache.get(key)
     if hit is not None and hit[0] is t:

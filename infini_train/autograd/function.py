@@ -25,6 +25,8 @@ from ..lazy_mode.mode import ACTIVE as _LAZY
 from ..lazy_mode.mode import _state as _lazy_state
 from .observers import ACTIVE as _OBSERVERS
 from .observers import observed_apply, observed_backward
+from . import saved_hooks
+from .saved_hooks import hooks as _SAVED_HOOKS
 
 _ndarray = np.ndarray
 _TENSOR = [None]  # the Tensor class, bound on first use (tensor.py imports this module)
@@ -123,6 +125,7 @@ class Function:
     _saved = None
     _saved_versions = None
     _saved_arrays = None
+    _packed = False  # saved tensors went through saved_tensors_hooks (saved_hooks.py)
     _stash = None
     _freed = False
     _num_outputs = 1
@@ -172,13 +175,17 @@ class Function:
                     ref = (t._accumulate_node(), -1)
             saved.append((t.array, t.device, t._version, ref))
             versions.append(t._version[0])
+        if _SAVED_HOOKS.stack:
+            saved = saved_hooks.pack(saved, tensors)
+            self._packed = True
         self._saved = saved
         self._saved_versions = versions
         self._saved_changed()
 
     def _saved_changed(self):
-        """Refresh the arrays ``saved_arrays`` hands out after ``_saved`` was written."""
-        self._saved_arrays = tuple([None if e is None else e[0] for e in self._saved])
+        """Refresh the arrays ``saved_arrays`` hands out after ``_saved`` was written (packed ones are unpacked
+        when asked for)."""
+        self._saved_arrays = None if self._packed else tuple([None if e is None else e[0] for e in self._saved])
 
     def _freed_error(self):
         return RuntimeError(
@@ -199,7 +206,7 @@ class Function:
                     f"{entry[2][0]}; expected version {version}.\n"
                     "HINT: replace the in-place op (add_, mul_, copy_, zero_, x[...] = ...) on that tensor with "
                     "an out-of-place one, or clone it before modifying.")
-        return self._saved
+        return saved_hooks.unpacked(self._saved) if self._packed else self._saved
 
     @property
     def saved_tensors(self):
@@ -234,7 +241,8 @@ class Function:
         for entry, version in zip(saved, self._saved_versions):
             if entry is not None and entry[2][0] != version:
                 self._check_saved()  # raises, naming the tensor modified in place
-        return self._saved_arrays
+        arrays = self._saved_arrays
+        return arrays if arrays is not None else tuple([None if e is None else e[0] for e in self._check_saved()])
 
     # ---------------------------------------------------------------------------------- forward
     def apply(self, *inputs):

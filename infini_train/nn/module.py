@@ -18,10 +18,11 @@ class Parameter(Tensor):
 
     ``Parameter(tensor_or_array, requires_grad=True)`` shares memory with a Tensor or array source, as
     torch.nn.Parameter does; lists and scalars are converted to float32. ``init_source``: for a shard or copy of
-    a parameter built on the meta device, that parameter (sharded initialisation gives it its values).
+    a parameter built on the meta device, that parameter (sharded initialisation gives it its values);
+    ``sharded_by``: the storage holding its values when ``fully_shard`` shards it (it.distributed.fsdp).
     """
 
-    __slots__ = ("init_source",)
+    __slots__ = ("init_source", "sharded_by")
 
     def __init__(self, data=None, requires_grad=True):
         if data is None:
@@ -332,8 +333,12 @@ class Module:
         an init)."""
         dev = backend.Device.parse(device)
         for t in self._own_tensors():
-            with dev.context():
-                t.array = dev.array_module().empty(t.array.shape, t.array.dtype)
+            sharded_by = getattr(t, "sharded_by", None)
+            if sharded_by is not None:  # fully_shard's storage: only this rank's shard gets storage
+                sharded_by.to_empty(dev)
+            else:
+                with dev.context():
+                    t.array = dev.array_module().empty(t.array.shape, t.array.dtype)
             t.device = dev
             if t._accumulate is not None:
                 t._accumulate.device, t._accumulate.xp = dev, dev.array_module()

@@ -38,6 +38,12 @@ def _observed_step(step):
     return run
 
 
+def _stepped(p):
+    """What an optimizer updates for ``p``: the parameter, or for one sharded by fully_shard, this rank's shard."""
+    sharded_by = getattr(p, "sharded_by", None)
+    return p if sharded_by is None else sharded_by.shard_views[id(p)]
+
+
 class Optimizer:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -78,7 +84,7 @@ class Optimizer:
         name = type(self).__name__
         group = dict(group)
         params = group["params"]
-        group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        group["params"] = [_stepped(p) for p in ([params] if isinstance(params, Tensor) else list(params))]
         unknown = set(group) - set(self.defaults) - {"params"} - _EXTRA_GROUP_KEYS
         if unknown:
             raise ValueError(f"{name}: unknown param group option(s) {sorted(unknown)}; expected "

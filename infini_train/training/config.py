@@ -131,7 +131,8 @@ class ParallelConfig:
     pipeline_schedule: str = _key("1f1b", "gpipe | 1f1b | interleaved; micro-batches are the gradient-accumulation "
                                           "steps")
     zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
-                              "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too")
+                              "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too; 3: parameters "
+                              "sharded too, gathered per block while it runs (fully_shard)")
 
 
 @dataclass

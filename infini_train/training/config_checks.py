@@ -95,9 +95,8 @@ def check_ranges(cfg, errors, bad):
     c.need("out_dir", lambda v: v.strip() != "", "a directory path")
     c.need("dtype", lambda v: v in DTYPES, f"one of {DTYPES}")
     c.need("backend", lambda v: v in BACKENDS, f"one of {BACKENDS}")
-    c.need("parallel.zero_stage", lambda v: v in (0, 1, 2),
-           "0, 1 or 2 (stage 3, sharding the parameters themselves, is not supported; stage 2 shards optimizer "
-           "state and gradients)")
+    c.need("parallel.zero_stage", lambda v: v in (0, 1, 2, 3),
+           "0, 1, 2 or 3 (1: optimizer state sharded, 2: and gradients, 3: and the parameters)")
     _check_parallel(cfg, c, errors)
     c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{_closest(cfg.precision, PRECISIONS)}")
     if c.ok("precision", "dtype") and cfg.precision != "fp32" and cfg.dtype != "float32":

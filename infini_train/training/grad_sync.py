@@ -10,6 +10,8 @@ during backward (training/loop.py: wrap_data_parallel); then
   the data-parallel group only now (as Megatron-LM's distributed optimizer does);
 - other runs: with sequence parallelism the layer norms' and row-parallel biases' gradients are summed over the
   tensor group (under ZeRO, the pieces this rank owns);
+- ZeRO-3: fully_shard reduce-scattered the gradients during backward; the sums above run on this rank's shards
+  (a tied embedding is sharded alone, so its shards cover the same elements on the first and last stage);
 - clipping: ZeRO's norm over every rank's shard, the model-parallel norm over a mesh, or the plain norm.
 """
 from __future__ import annotations
@@ -29,21 +31,21 @@ class GradientSync:
         dims = self.dims
         if dims.pipeline_parallel:
             if dims.embedding_group is not None:
-                all_reduce_grads([p.grad for p in self.model.shared_embedding_params() if p.grad is not None],
-                                 dims.embedding_group)
+                shared = {id(p) for p in self.model.shared_embedding_params()}
+                all_reduce_grads(self._grads(lambda p: id(p) in shared), dims.embedding_group)
             if dims.sequence_parallel:
-                all_reduce_grads(self._sequence_parallel_grads(), dims.tp_group)
+                all_reduce_grads(self._grads(_sequence_parallel), dims.tp_group)
             if dims.dp_size > 1 and self.zero_stage == 2:  # reduce-scattered once the schedule is done
                 self.optimizer.reduce_gradients(shard=True)
         elif dims.sequence_parallel:
-            if self.zero_stage:
-                grads = [g for p, g in self.optimizer.owned_grads() if getattr(p, "sequence_parallel", False)]
-            else:
-                grads = self._sequence_parallel_grads()
-            all_reduce_grads(grads, dims.tp_group)
+            all_reduce_grads(self._grads(_sequence_parallel, owned=bool(self.zero_stage)), dims.tp_group)
 
-    def _sequence_parallel_grads(self):
-        return [p.grad for p in self.params if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    def _grads(self, which, owned=None):
+        """The gradients of the parameters ``which(p)`` picks: whole, or the pieces of them this rank owns (ZeRO;
+        under ZeRO-3 only those exist)."""
+        if owned or (owned is None and self.zero_stage == 3):
+            return [g for p, g in self.optimizer.owned_grads() if which(p)]
+        return [p.grad for p in self.params if which(p) and p.grad is not None]
 
     def clip(self, max_norm):
         """Clip by the whole model's gradient norm; returns it as a float."""
@@ -55,6 +57,10 @@ class GradientSync:
             return float(clip_grad_norm_model_parallel_(self.params, max_norm, dims.tp_group,
                                                         dims.pp_group).item())
         return float(clip_grad_norm_(self.params, max_norm).item())
+
+
+def _sequence_parallel(p):
+    return getattr(p, "sequence_parallel", False)
 
 
 __all__ = ["GradientSync"]

@@ -45,6 +45,7 @@ from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
 from .sharded_state import ShardedState
 from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
+from .full_sharding import shard_fully
 from .grad_sync import GradientSync
 from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
@@ -86,7 +87,7 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_model(cfg, device, dims=None, lora_reference=None, resuming=False):
+def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zero_stage=0):
     """The run's model (``model.arch``), split over the tensor group and into pipeline stages if the layout says
     so. It is built on the meta device (shapes only, its init calls recorded); each rank then allocates just its
     part and fills it with the values the one-process build would hold there (sharded init replays the seeded init
@@ -116,6 +117,10 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False):
         apply_run_lora(model, cfg.lora)
     if dims is not None and dims.pipeline_parallel:
         model = PipelinedLM(model, dims.pp_group, dims.schedule, dims.virtual)
+    if zero_stage == 3:  # each rank keeps (and allocates) only its shards
+        if on_meta:
+            model.to(dtype=cfg.dtype)
+        shard_fully(model, dims)
     if on_meta:
         model.to_empty(device=device).to(dtype=cfg.dtype)
         if not resuming:
@@ -123,12 +128,14 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False):
             replay_inits(init_calls, model, tp_rank, tp_size)
         else:  # the checkpoint fills every element but a split vocabulary's padding, which stays zero
             for p in model.parameters():
-                p.array[...] = 0
+                if getattr(p, "sharded_by", None) is None:  # shards start zero-filled
+                    p.array[...] = 0
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
 def build_optimizer(model, train_cfg, zero_stage, group=None):
-    """AdamW over the model's param groups; with ZeRO (stage 1 or 2) sharded across the data-parallel ranks."""
+    """AdamW over the model's param groups; with ZeRO sharded across the data-parallel ranks (stage 3: over the
+    shards fully_shard keeps)."""
     from ..distributed.optim import ZeroRedundancyOptimizer
     from ..optim import AdamW
 
@@ -145,8 +152,8 @@ def wrap_data_parallel(model, optimizer, dims, zero_stage):
     around the whole model, or around each pipeline chunk, averaging gradients while backward runs. Pipeline runs
     under ZeRO-2 keep whole gradients through the schedule (the tied embedding's and sequence-parallel sums need
     them) and reduce-scatter them after it (GradientSync)."""
-    if dims.dp_size == 1 or (dims.pipeline_parallel and zero_stage == 2):
-        return model
+    if dims.dp_size == 1 or (dims.pipeline_parallel and zero_stage == 2) or zero_stage == 3:
+        return model  # (ZeRO-3: fully_shard reduce-scatters the gradients itself)
 
     def wrap(module):
         return DistributedDataParallel(module, process_group=dims.dp_group,
@@ -188,7 +195,8 @@ class Run:
         self.memory = PhasePeaks(self.device)
         self.memory.start("build")
         self.raw_model, self.tok_name, self.lora_base = build_model(
-            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from))
+            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
+            zero_stage=cfg.parallel.zero_stage)
         self.zero_stage = cfg.parallel.zero_stage
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.dp_group)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)

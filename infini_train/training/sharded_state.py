@@ -13,7 +13,7 @@ import numpy as np
 
 from ..distributed import checkpoint as dcp
 from ..nn.lora import lora_state_dict
-from ..nn.parallel.sharded_pieces import flat_pieces, tensor_pieces
+from ..nn.parallel.sharded_pieces import flat_pieces, param_pieces, tensor_pieces
 from .state_tree import flatten_state, unflatten_state
 
 
@@ -64,6 +64,12 @@ class ShardedState:
         options = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         return [{"options": flatten_state(opts)[1], "params": list(group)} for opts, group in zip(options, names)]
 
+    def _model_pieces(self, t):
+        """The pieces of a state-dict entry this rank holds (a fully_shard parameter: its flat piece)."""
+        if getattr(t, "sharded_by", None) is not None:
+            return param_pieces(t, None, self.tp_rank, self.tp_size)
+        return self._pieces(_array(t), t)
+
     def _pieces(self, array, p):
         return tensor_pieces(array, getattr(p, "tp_spec", None), self.tp_rank, self.tp_size)
 
@@ -72,7 +78,7 @@ class ShardedState:
         """{entry name: LocalPieces} of what this rank holds now."""
         out = {}
         for name, t in self._model_tensors().items():
-            out[f"model/{name}"] = self._pieces(_array(t), t)
+            out[f"model/{name}"] = self._model_pieces(t)
         names = self._param_names()
         for holder, p, start, length in self._state_holders():
             state = (self.zero.optim if self.zero is not None else self.optimizer).state.get(holder) or {}
@@ -106,7 +112,7 @@ class ShardedState:
         """Fill the model and optimizer from the sharded checkpoint in ``directory``; ``param_groups``: the
         groups its state.json recorded (options and names)."""
         metadata = dcp.read_metadata(directory)
-        targets = {f"model/{name}": self._pieces(_array(t), t) for name, t in self._model_tensors().items()}
+        targets = {f"model/{name}": self._model_pieces(t) for name, t in self._model_tensors().items()}
         dcp.load(targets, directory, metadata=metadata)
         names = self._param_names()
         saved_keys = {}  # parameter name -> [(state key, entry, entry info)]

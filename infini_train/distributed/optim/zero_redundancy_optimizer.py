@@ -32,8 +32,23 @@ _CONSOLIDATED = "_consolidated"
 class FlatSpace:
     """The parameters of one (device, dtype) in one flat buffer, and this rank's shard of it."""
 
+    resident = True  # every rank holds the whole flat buffer (ZeRO 1 and 2); ZeRO-3's spaces keep the shard only
+
     def __init__(self, params, rank, world):
+        self.lay_out(params, rank, world)
+        xp = self.device.array_module()
+        with self.device.context():
+            self.flat = xp.zeros(self.shard_size * world, self.dtype)
+            self.flat_grad = xp.zeros(self.shard_size * world, self.dtype)
+        for p, start in zip(params, self.offsets):
+            region = self.flat[start:start + p.numel()].reshape(p.shape)
+            region[...] = p.array
+            p.array = region  # the parameter now views the flat buffer (its version is bumped)
+
+    def lay_out(self, params, rank, world):
+        """Offsets of ``params`` in the flat space, and the shard [lo, hi) rank ``rank`` of ``world`` owns."""
         self.params = params
+        self.world = world
         self.device, self.dtype = params[0].device, params[0].dtype
         self.offsets = []
         total = 0
@@ -43,15 +58,7 @@ class FlatSpace:
         self.numel = total
         self.position = {id(p): k for k, p in enumerate(params)}  # by identity: == is elementwise on Tensors
         self.shard_size = max(1, math.ceil(total / world))
-        xp = self.device.array_module()
-        with self.device.context():
-            self.flat = xp.zeros(self.shard_size * world, self.dtype)
-            self.flat_grad = xp.zeros(self.shard_size * world, self.dtype)
-        self.grad_shard = None  # ZeRO-2's reduced gradient shard, allocated on first use (ZeRO-1 never needs it)
-        for p, start in zip(params, self.offsets):
-            region = self.flat[start:start + p.numel()].reshape(p.shape)
-            region[...] = p.array
-            p.array = region  # the parameter now views the flat buffer (its version is bumped)
+        self.grad_shard = None  # the reduced gradient shard, allocated on first use (ZeRO-1 never needs it)
         self.lo = min(rank * self.shard_size, total)
         self.hi = min((rank + 1) * self.shard_size, total)
 
@@ -108,9 +115,11 @@ class ZeroRedundancyOptimizer:
         listed = {id(p) for g in groups for p in g["params"]}
         ordered = [p for p in ordered if id(p) in listed]
         self.params = ordered
-        self.spaces = []
-        for key in dict.fromkeys((p.device, p.dtype) for p in ordered):
-            members = [p for p in ordered if (p.device, p.dtype) == key]
+        self.spaces = list({id(s): s for s in (getattr(p, "sharded_by", None) for p in ordered) if s is not None}
+                           .values())  # fully_shard's spaces (ZeRO-3): the parameters keep only their shards
+        whole = [p for p in ordered if getattr(p, "sharded_by", None) is None]
+        for key in dict.fromkeys((p.device, p.dtype) for p in whole):
+            members = [p for p in whole if (p.device, p.dtype) == key]
             self.spaces.append(FlatSpace(members, self.rank, self.world))
         self.sharded_gradients = False  # set by DistributedDataParallel(zero_optimizer=...) for ZeRO-2
         self._attach_whole_grads()
@@ -119,7 +128,9 @@ class ZeroRedundancyOptimizer:
         views_by_group = [[] for _ in groups]
         for space in self.spaces:
             for p, flat_start, a, b in space.owned_pieces():
-                view = self._view(p, a, b)
+                if id(p) not in group_of:  # a sharded module's parameter this optimizer does not update
+                    continue
+                view = space.shard_views[id(p)] if not space.resident else self._view(p, a, b)
                 self.pieces.append((view, space, p, flat_start, a, b))
                 views_by_group[group_of[id(p)]].append(view)
         inner_groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": views}
@@ -139,6 +150,8 @@ class ZeroRedundancyOptimizer:
     def _attach_whole_grads(self):
         """ZeRO-1: every parameter's .grad is a fixed view into the flat gradient buffer (zeroed, never freed)."""
         for space in self.spaces:
+            if not space.resident:
+                continue
             for p, start in zip(space.params, space.offsets):
                 p.grad = Tensor._make(space.flat_grad[start:start + p.numel()].reshape(p.shape), p.device)
 
@@ -154,7 +167,7 @@ class ZeroRedundancyOptimizer:
     def _point_grads(self):
         """Give each owned piece its gradient: a view into the flat gradients (ZeRO-1) or into grad_shard."""
         for view, space, p, flat_start, a, b in self.pieces:
-            if self.sharded_gradients:
+            if self.sharded_gradients or not space.resident:
                 local = flat_start - space.lo
                 source = space.sharded_grad()[local:local + (b - a)]
             else:
@@ -171,6 +184,8 @@ class ZeroRedundancyOptimizer:
             raise RuntimeError("ZeroRedundancyOptimizer.reduce_gradients: the whole gradients were dropped by "
                                "DistributedDataParallel's ZeRO-2 reducer\nHINT: use one or the other")
         for space in self.spaces:
+            if not space.resident:  # fully_shard reduced them already
+                continue
             flat = Tensor._make(space.flat_grad, space.device)
             if shard:
                 out = Tensor._make(space.sharded_grad(), space.device)
@@ -184,7 +199,7 @@ class ZeroRedundancyOptimizer:
         self._point_grads()
 
     def flat_grad_dropped(self):
-        return any(space.flat_grad is None for space in self.spaces)
+        return any(space.flat_grad is None for space in self.spaces if space.resident)
 
     def owned_grads(self):
         """(parameter, gradient of its owned piece) for each piece this rank owns; the gradients are views into
@@ -221,14 +236,18 @@ class ZeroRedundancyOptimizer:
 
         works = []
         for space in self.spaces:
+            if not space.resident:  # gathered by fully_shard when its module runs next
+                continue
             flat = Tensor._make(space.flat, space.device)
             mine = Tensor._make(space.flat[self.rank * space.shard_size:(self.rank + 1) * space.shard_size],
                                 space.device)
             works.append(dist.all_gather_into_tensor(flat, mine, group=self.group, async_op=True))
         for work in works:
             work.wait()
-        for p in self.params:
-            p._version[0] += 1
+        for space in self.spaces:
+            if space.resident:
+                for p in space.params:
+                    p._version[0] += 1
 
     @no_grad()
     def clip_grad_norm_(self, max_norm, norm_type=2.0, tensor_group=None, pipeline_group=None):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ... import backend
 from ...backend import record_init, recording_inits  # noqa: F401  (part of this module's interface)
-from .sharded_pieces import tensor_pieces
+from .sharded_pieces import param_pieces
 
 CHUNK = 1 << 20
 
@@ -41,8 +41,10 @@ def replay_inits(calls, model, rank=0, size=1):
     holders = {}  # id of a recorded meta tensor -> [(parameter here, its pieces of the whole tensor)]
     for p in model.parameters():
         source = _source_of(p)
-        p.array[...] = 0
-        holders.setdefault(id(source), []).append((p, tensor_pieces(p.array, getattr(p, "tp_spec", None), rank, size)))
+        if getattr(p, "sharded_by", None) is None:  # (fully_shard's shards start zero-filled)
+            p.array[...] = 0
+        pieces = param_pieces(p, None, rank, size)
+        holders.setdefault(id(source), []).append((p, pieces))
     recorded = {id(t) for t, _, _ in calls}
     for p in model.parameters():
         if id(_source_of(p)) not in recorded:

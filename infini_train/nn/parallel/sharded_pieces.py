@@ -67,4 +67,18 @@ def flat_pieces(local_shape, flat_view, flat_start, spec=None, rank=0, size=1):
     return pieces
 
 
-__all__ = ["whole_shape", "shard_pieces", "tensor_pieces", "flat_pieces"]
+def param_pieces(p, array=None, rank=0, size=1):
+    """The pieces of the whole tensor that this rank holds of parameter ``p``: its shard (``array``, default its
+    values) split by its ``tp_spec``, or, for a parameter fully_shard keeps sharded, its flat piece of that."""
+    spec = getattr(p, "tp_spec", None)
+    sharded_by = getattr(p, "sharded_by", None)
+    if sharded_by is None:
+        return tensor_pieces(p.array if array is None else array, spec, rank, size)
+    piece = sharded_by.local_piece(p)
+    if piece is None:
+        return LocalPieces(whole_shape(tuple(p.shape), spec, size), sharded_by.dtype, [])
+    start, view = piece
+    return flat_pieces(tuple(p.shape), view, start, spec, rank, size)
+
+
+__all__ = ["whole_shape", "shard_pieces", "tensor_pieces", "flat_pieces", "param_pieces"]

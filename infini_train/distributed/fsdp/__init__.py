@@ -1,0 +1,7 @@
+"""Fully sharded data parallelism (ZeRO-3) with FSDP2's interface: ``fully_shard``, ``FSDPModule``,
+``MixedPrecisionPolicy``."""
+from .flat_shard import Placeholder, ShardedError, ShardedFlatSpace
+from .fully_shard import FSDPModule, fully_shard
+from .param_group import MixedPrecisionPolicy
+
+__all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "ShardedFlatSpace", "Placeholder", "ShardedError"]

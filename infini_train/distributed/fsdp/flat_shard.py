@@ -1,0 +1,209 @@
+"""ZeRO-3's storage of a group of parameters: one flat space (ZeroRedundancyOptimizer's layout) of which a rank
+keeps only its shard, every parameter's values gathered just while a module needs them.
+
+Between uses a parameter holds a ``Placeholder`` (its shape and dtype, no values; touching it says why), so a rank
+holds 1/N of the parameters, their gradients and optimizer state. ``unshard`` all-gathers the shards (in
+``param_dtype``, as FSDP2's MixedPrecisionPolicy) into one flat buffer and points every parameter at its region;
+``reshard`` drops the buffer. ``reduce_grads`` copies the whole gradients into one flat buffer (in
+``reduce_dtype``), drops them, and reduce-scatters it; the averaged shard is added to ``grad_shard`` when the
+reduction completes, so gradient accumulation sums into the shard as in one process.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import backend
+from ...tensor import Tensor
+from ..optim.zero_redundancy_optimizer import FlatSpace
+
+GATHERED = {}  # id(flat buffer) -> the ShardedFlatSpace it belongs to, while gathered (saved tensors point here)
+
+
+class ShardedError(RuntimeError):
+    """A sharded parameter's values were needed while only its shard is on this rank."""
+
+
+class Placeholder:
+    """The array of a parameter whose values live sharded across ranks: shape and dtype only."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self):
+        return 0
+
+    def _error(self, what="its values"):
+        return ShardedError(
+            f"fully_shard: a parameter of shape {self.shape} is sharded across the data-parallel ranks; {what} "
+            "exist only while its module runs\nHINT: read sharded parameters through the module (forward, "
+            "state_dict of a sharded checkpoint) or gather them with `with module.unsharded():`")
+
+    def __array__(self, *args, **kwargs):
+        raise self._error()
+
+    def __getitem__(self, key):
+        raise self._error()
+
+    def __setitem__(self, key, value):
+        raise self._error("writes")
+
+    def __getattr__(self, name):
+        raise self._error(f".{name}")
+
+    def __len__(self):
+        return self.shape[0] if self.shape else 0
+
+    def __repr__(self):
+        return f"Placeholder(shape={self.shape}, dtype={self.dtype})"
+
+
+class ShardedFlatSpace(FlatSpace):
+    """``ShardedFlatSpace(params, group, param_dtype=None, reduce_dtype=None)``: ``params`` (of one device, dtype
+    and requires_grad) keep only this rank's shard of their flat space."""
+
+    resident = False
+
+    def __init__(self, params, group, param_dtype=None, reduce_dtype=None):
+        self.lay_out(params, group.rank, group.size)
+        self.group = group
+        self.param_dtype = np.dtype(param_dtype or self.dtype)
+        self.reduce_dtype = np.dtype(reduce_dtype or self.param_dtype)
+        self.flat = self.flat_grad = None
+        self._gathering = None  # (work, buffer) of an all-gather in flight
+        self.pending = []  # (work, reduced shard) of reduce-scatters in flight
+        self.shard = self._zeros(self.shard_size, self.dtype)
+        if self.device is not backend.META:
+            for p, flat_start, a, b in self.owned_pieces():
+                self.shard[flat_start - self.lo:flat_start - self.lo + (b - a)] = p.array.reshape(-1)[a:b]
+        self._make_views()
+        for p in params:
+            p.array = Placeholder(p.shape, self.param_dtype)
+            p.sharded_by = self
+            p.grad = None
+
+    def _zeros(self, n, dtype):
+        xp = backend.get_xp(self.device)
+        with self.device.context():
+            return xp.zeros(n, dtype)
+
+    def _make_views(self):
+        """``shard_views``: each parameter's piece of the shard as a 1-D tensor (empty where this rank holds none
+        of it), what an optimizer steps."""
+        self.shard_views = {}
+        for p, offset in zip(self.params, self.offsets):
+            a, b = max(offset, self.lo), min(offset + p.numel(), self.hi)
+            region = self.shard[a - self.lo:b - self.lo] if a < b else self.shard[:0]
+            view = Tensor._make(region, self.device)
+            view._requires_grad = p.requires_grad
+            self.shard_views[id(p)] = view
+
+    def to_empty(self, device):
+        """Give the shard storage on ``device`` (a space built from meta parameters has none): zeros."""
+        if self.device is device and self.device is not backend.META:
+            return
+        self.device = device
+        self.shard = self._zeros(self.shard_size, self.dtype)
+        self.grad_shard = None
+        self._make_views()
+
+    def local_piece(self, p):
+        """(first element of ``p`` this rank holds, those elements as a 1-D array), or None if it holds none."""
+        k = self.position[id(p)]
+        offset = self.offsets[k]
+        a, b = max(offset, self.lo), min(offset + p.numel(), self.hi)
+        return (a - offset, self.shard[a - self.lo:b - self.lo]) if a < b else None
+
+    # ------------------------------------------------------------------------------------------ gathering
+    @property
+    def gathered(self):
+        return self.flat is not None
+
+    def unshard(self, async_op=False):
+        """All-gather the parameters (``async_op``: only start it; the next ``unshard`` completes it)."""
+        if self.flat is not None:
+            return
+        if self._gathering is None:
+            send = self.shard if self.param_dtype == self.dtype else self.shard.astype(self.param_dtype)
+            buffer = self._zeros(self.shard_size * self.world, self.param_dtype)
+            work = self.group.all_gather_into_tensor(buffer, send, async_op=True)
+            self._gathering = (work, buffer, send)
+        if async_op:
+            return
+        work, buffer, _ = self._gathering
+        self._gathering = None
+        work.wait()
+        self.flat = buffer
+        GATHERED[id(buffer)] = self
+        for p, offset in zip(self.params, self.offsets):
+            p.array = buffer[offset:offset + p.numel()].reshape(p.shape)
+
+    def reshard(self):
+        """Drop the gathered parameters (each goes back to its placeholder)."""
+        if self._gathering is not None:
+            self._gathering[0].wait()
+            self._gathering = None
+        if self.flat is None:
+            return
+        GATHERED.pop(id(self.flat), None)
+        self.flat = None
+        for p in self.params:
+            p.array = Placeholder(p.shape, self.param_dtype)
+
+    def saved_view(self, array):
+        """What a saved tensor viewing the gathered buffer keeps: its place in the buffer, so the buffer can be
+        freed and gathered again before backward reads it."""
+        offset = (backend.data_pointer(array) - backend.data_pointer(self.flat)) // array.itemsize
+        return (self, offset, tuple(array.shape), tuple(array.strides))
+
+    def view_at(self, offset, shape, strides):
+        if self.flat is None:
+            raise ShardedError("fully_shard: backward needs the parameters of a module that was resharded and not "
+                               "gathered again\nHINT: run backward through the module's outputs (its pre-backward "
+                               "gathers them), or use reshard_after_forward=False")
+        xp = backend.get_xp(self.device)
+        return xp.lib.stride_tricks.as_strided(self.flat[offset:], shape, strides)
+
+    # ------------------------------------------------------------------------------------------ gradients
+    def reduce_grads(self):
+        """Start reduce-scattering the parameters' whole gradients (missing ones count as zero) and drop them."""
+        flat_grad = self._zeros(self.shard_size * self.world, self.reduce_dtype)
+        for p, offset in zip(self.params, self.offsets):
+            if p.grad is not None:
+                flat_grad[offset:offset + p.numel()] = p.grad.array.reshape(-1)
+                p.grad = None
+        out = self._zeros(self.shard_size, self.reduce_dtype)
+        self.pending.append((self.group.reduce_scatter_tensor(out, flat_grad, async_op=True), out))
+
+    def fold_reduced(self, wait):
+        """Add the averaged shards of completed reductions to ``grad_shard`` (``wait``: all of them)."""
+        while self.pending:
+            work, out = self.pending[0]
+            if not wait and not work.is_completed():
+                return
+            work.wait()
+            self.pending.pop(0)
+            views = [v for v in self.shard_views.values() if v.array.size]
+            grad = self.sharded_grad()
+            if any(v.grad is None for v in views):  # zeroed with set_to_none by an optimizer
+                grad[...] = 0
+            out /= self.world
+            grad += out if out.dtype == grad.dtype else out.astype(grad.dtype)
+            for p, offset in zip(self.params, self.offsets):
+                view = self.shard_views[id(p)]
+                if view.array.size and view.grad is None:
+                    a = max(offset, self.lo)
+                    view.grad = Tensor._make(grad[a - self.lo:a - self.lo + view.array.size], self.device)

@@ -1,0 +1,105 @@
+"""One fully_shard unit: the parameters a ``fully_shard(module)`` call manages (those of its subtree not managed by
+an inner unit), kept in ShardedFlatSpaces, one per (device, dtype, requires_grad).
+
+The unit gathers its parameters before its module's forward and for its backward, reduce-scatters the gradients
+as soon as every trainable parameter's has accumulated (post-accumulate-grad hooks), and reshards.
+"""
+from __future__ import annotations
+
+from ...autograd import engine
+from .flat_shard import GATHERED, ShardedFlatSpace
+
+
+class MixedPrecisionPolicy:
+    """``MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, output_dtype=None, cast_forward_inputs=True)``,
+    as FSDP2's: parameters are gathered (and the module computes) in ``param_dtype``, gradients reduced in
+    ``reduce_dtype`` (default: ``param_dtype``); the sharded parameters, their gradients and the optimizer stay
+    in the parameters' own dtype. The root casts floating inputs to ``param_dtype`` and outputs to
+    ``output_dtype`` when set."""
+
+    def __init__(self, param_dtype=None, reduce_dtype=None, output_dtype=None, cast_forward_inputs=True):
+        self.param_dtype, self.reduce_dtype, self.output_dtype = param_dtype, reduce_dtype, output_dtype
+        self.cast_forward_inputs = bool(cast_forward_inputs)
+
+    def __repr__(self):
+        return (f"MixedPrecisionPolicy(param_dtype={self.param_dtype}, reduce_dtype={self.reduce_dtype}, "
+                f"output_dtype={self.output_dtype}, cast_forward_inputs={self.cast_forward_inputs})")
+
+
+class FSDPParamGroup:
+    def __init__(self, params, group, reshard_after_forward=True, mp_policy=None):
+        self.group = group
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.mp_policy = mp_policy or MixedPrecisionPolicy()
+        self.params = params
+        keys = {}
+        for p in params:
+            keys.setdefault((p.device, str(p.dtype), p.requires_grad), []).append(p)
+        mp = self.mp_policy
+        self.spaces = [ShardedFlatSpace(members, group, mp.param_dtype if key[1] != "float64" else None,
+                                        mp.reduce_dtype if key[1] != "float64" else None)
+                       for key, members in keys.items()]
+        self.trainable = [p for p in params if p.requires_grad]
+        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.trainable]
+        self.ready = set()
+        self.requires_gradient_sync = True
+        self.reshard_after_backward = True
+        self.used = False  # ran forward since its gradients were last reduced
+        self.on_pass_start = None  # set by the root: queues the end-of-backward callback once per pass
+
+    @property
+    def gathered(self):
+        return all(s.gathered for s in self.spaces)
+
+    def unshard(self, async_op=False):
+        for space in self.spaces:
+            space.unshard(async_op)
+
+    def reshard(self):
+        for space in self.spaces:
+            space.reshard()
+
+    def _on_grad(self, param):
+        if self.on_pass_start is not None:
+            self.on_pass_start()
+        self.ready.add(id(param))
+        if len(self.ready) == len(self.trainable):
+            self.post_backward()
+
+    def post_backward(self):
+        """Every trainable parameter's gradient is in: reduce-scatter them (unless gradient sync is off, when the
+        whole gradients stay and accumulate) and reshard."""
+        self.ready.clear()
+        self.used = False
+        if self.requires_gradient_sync:
+            for space in self.spaces:
+                if space.params[0].requires_grad:
+                    space.reduce_grads()
+                    space.fold_reduced(wait=False)
+        if self.reshard_after_backward:
+            self.reshard()
+
+    def finish_backward(self):
+        """End of a backward pass: reduce what ran forward but got only some (or none) of its gradients, wait for
+        every reduction, reshard."""
+        if self.trainable and (self.ready or self.used):
+            self.post_backward()
+        for space in self.spaces:
+            space.fold_reduced(wait=True)
+        self.reshard()
+
+    def pack(self, array):
+        """The saved-tensor form of ``array`` if it views this process's gathered parameters, else None."""
+        base = array.base
+        space = GATHERED.get(id(base)) if base is not None else None
+        if space is None or array.dtype != base.dtype:
+            return None
+        return space.saved_view(array)
+
+
+def in_backward():
+    """Whether a backward pass is running (a recomputation re-runs forwards inside it)."""
+    return engine.pass_state.callbacks is not None
+
+
+__all__ = ["MixedPrecisionPolicy", "FSDPParamGroup", "in_backward"]

@@ -1,0 +1,27 @@
+"""ZeRO-3 in a run (``parallel.zero_stage: 3``): fully_shard over the data-parallel group, each transformer block a
+unit and each root (the model, or each pipeline chunk) one for what is left (embeddings, final norm, output layer),
+as torchtitan applies FSDP2. Applied to the model still on the meta device, so each rank allocates only its shards.
+
+A pipeline's tied embedding and its last-stage copy are units of their own (the embedding module on the first
+stage, the output layer on the last): their shards cover the same elements on both stages, so summing their
+gradient shards over the embedding group sums the copies'."""
+from __future__ import annotations
+
+from ..distributed.fsdp import fully_shard
+
+
+def shard_fully(model, dims):
+    """fully_shard ``model`` (a causal LM or a PipelinedLM) block by block over ``dims.dp_group``; returns it."""
+    roots = list(model.chunks) if dims.pipeline_parallel else [model]
+    shared = {id(p) for p in model.shared_embedding_params()} if dims.pipeline_parallel else set()
+    for root in roots:
+        for module in root.modules():
+            if any(id(p) in shared for p in module._parameters.values() if p is not None):
+                fully_shard(module, dims.dp_group)
+        for _, block in root.numbered_blocks():
+            fully_shard(block, dims.dp_group)
+        fully_shard(root, dims.dp_group)
+    return model
+
+
+__all__ = ["shard_fully"]
