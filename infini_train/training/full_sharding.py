@@ -7,7 +7,9 @@ stage, the output layer on the last): their shards cover the same elements on bo
 gradient shards over the embedding group sums the copies'."""
 from __future__ import annotations
 
-from ..distributed.fsdp import fully_shard
+import contextlib
+
+from ..distributed.fsdp import FSDPModule, fully_shard
 
 
 def shard_fully(model, dims):
@@ -24,4 +26,15 @@ def shard_fully(model, dims):
     return model
 
 
-__all__ = ["shard_fully"]
+@contextlib.contextmanager
+def gathered(model, writeback=False, trainable_only=False):
+    """Under ZeRO-3, ``model``'s parameters gathered whole on every rank while the block runs (collective): for
+    writing and reading checkpoints of the whole format and exporting adapters; otherwise nothing."""
+    roots = [m for m in (getattr(model, "chunks", None) or [model]) if isinstance(m, FSDPModule)]
+    with contextlib.ExitStack() as stack:
+        for root in roots:
+            stack.enter_context(root.unsharded(writeback, trainable_only))
+        yield model
+
+
+__all__ = ["shard_fully", "gathered"]

@@ -45,7 +45,7 @@ from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
 from .sharded_state import ShardedState
 from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
-from .full_sharding import shard_fully
+from .full_sharding import gathered, shard_fully
 from .grad_sync import GradientSync
 from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
@@ -233,7 +233,8 @@ class Run:
             self.sharded.load(path, state["optimizer"]["param_groups"])
         else:
             model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)
-            self.state_io.scatter(model_state, opt_state)
+            with gathered(self.raw_model, writeback=True):
+                self.state_io.scatter(model_state, opt_state)
         self.state_io.load_data_position(self.train_loader, state["data"])
         self.start_step = state["step"]
         self.skipped_total = state.get("skipped_steps", 0)
@@ -258,7 +259,8 @@ class Run:
             path = save_sharded_checkpoint(cfg.out_dir, step, self.sharded, run_state, keep_last=cfg.train.keep_last,
                                            run_id=self.run_id)
         else:
-            model_state, opt_state = self.state_io.gather()
+            with gathered(self.raw_model):  # ZeRO-3: every rank gathers the model for the whole format
+                model_state, opt_state = self.state_io.gather()
             path = None
             if self.rank == 0:
                 path = ckpt.save_checkpoint(cfg.out_dir, step, model_state, opt_state, run_state,
@@ -335,6 +337,10 @@ class Run:
         out_dir/adapter, for PEFT to load onto the base model."""
         if not self.cfg.lora.rank:
             return
+        with gathered(self.raw_model, trainable_only=True):
+            self._write_adapter()
+
+    def _write_adapter(self):
         if self.dims.dp_rank == 0:  # rank 0's tensor group gathers the adapters; rank 0 writes
             path = save_adapter(self.raw_model, os.path.join(self.cfg.out_dir, "adapter"),
                                 base_model_name_or_path=self.lora_base.source)

@@ -166,13 +166,34 @@ class _PreBackward(Op):
         return a
 
     def backward(self, g):
-        self.root.on_pass_start()
-        if self.unit is not None:
+        if self.root is not None:
+            self.root.on_pass_start()
+        if self.unit is not None and self.root is not None:
             self.unit.unshard()
             previous = self.root.next_of(self.unit, -1)
             if previous is not None:
                 previous.unshard(async_op=True)
         return g
+
+
+class _PostBackward(Op):
+    """Identity on a sharded module's input (units with frozen parameters): its backward runs once backward has
+    passed the whole module, after which its parameters may be resharded."""
+
+    def __init__(self, unit):
+        self.unit = unit
+
+    def forward(self, a):
+        return a
+
+    def backward(self, g):
+        self.unit.input_done()
+        return g
+
+
+def _wait_for(unit, t):
+    unit.inputs_pending += 1
+    return _PostBackward(unit).apply(t)
 
 
 def _map_tensors(obj, fn):
@@ -206,6 +227,8 @@ def _pre_forward(module, args):
             args = _map_tensors(args, lambda t: t.to(mp.param_dtype) if t.is_floating_point() else t)
     root = _active.root
     if unit is not None:
+        if unit.waits_for_inputs and is_grad_enabled():
+            args = _map_tensors(args, lambda t: _wait_for(unit, t) if t.requires_grad else t)
         unit.unshard()
         unit.used = True
         root.order.append(unit)
@@ -218,8 +241,8 @@ def _pre_forward(module, args):
 def _post_forward(module, args, output):
     state = module._fsdp
     unit = state.unit
-    if in_backward():
-        return None
+    if in_backward():  # a recomputation builds the graph the forward built (its pre-backward node included)
+        return _map_tensors(output, lambda t: _PreBackward(unit, None).apply(t) if t.requires_grad else t)
     root = _active.root
     is_root = state.hooks is not None
     grad = is_grad_enabled()
@@ -264,21 +287,22 @@ class FSDPModule:
             unit.reshard_after_backward = bool(reshard_after_backward)
 
     @contextlib.contextmanager
-    def unsharded(self, writeback=True):
-        """Every parameter of this subtree gathered (torch's summon_full_params); with ``writeback`` what was
-        written into them goes back to the shards on exit."""
-        units = self._units()
-        for unit in units:
-            unit.unshard()
+    def unsharded(self, writeback=True, trainable_only=False):
+        """Every parameter of this subtree gathered (torch's summon_full_params; collective over the group); with
+        ``writeback`` what was written into them goes back to the shards on exit. ``trainable_only``: gather just
+        the parameters that require grad (a LoRA model's adapters)."""
+        spaces = [s for unit in self._units() for s in unit.spaces
+                  if not trainable_only or s.params[0].requires_grad]
+        for space in spaces:
+            space.unshard()
         try:
             yield self
         finally:
-            for unit in units:
-                for space in unit.spaces:
-                    if writeback and space.flat is not None:
-                        lo, hi = space.lo, space.hi
-                        space.shard[:hi - lo] = space.flat[lo:hi].astype(space.dtype)
-                unit.reshard()
+            for space in spaces:
+                if writeback and space.flat is not None:
+                    lo, hi = space.lo, space.hi
+                    space.shard[:hi - lo] = space.flat[lo:hi].astype(space.dtype)
+                space.reshard()
 
     @no_grad()
     def clip_grad_norm_(self, max_norm, norm_type=2.0):

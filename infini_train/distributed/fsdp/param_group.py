@@ -40,6 +40,10 @@ class FSDPParamGroup:
                                         mp.reduce_dtype if key[1] != "float64" else None)
                        for key, members in keys.items()]
         self.trainable = [p for p in params if p.requires_grad]
+        # frozen parameters (LoRA's base weights) may still be needed for the input's gradient after every trainable
+        # one has its gradient: such a unit also waits until backward has passed its module's inputs
+        self.waits_for_inputs = len(self.trainable) < len(params)
+        self.inputs_pending = 0
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.trainable]
         self.ready = set()
         self.requires_gradient_sync = True
@@ -63,7 +67,17 @@ class FSDPParamGroup:
         if self.on_pass_start is not None:
             self.on_pass_start()
         self.ready.add(id(param))
-        if len(self.ready) == len(self.trainable):
+        self._maybe_post_backward()
+
+    def input_done(self):
+        """Backward has passed one of the module's inputs."""
+        if self.on_pass_start is not None:
+            self.on_pass_start()
+        self.inputs_pending -= 1
+        self._maybe_post_backward()
+
+    def _maybe_post_backward(self):
+        if len(self.ready) == len(self.trainable) and self.inputs_pending <= 0 and (self.ready or self.used):
             self.post_backward()
 
     def post_backward(self):
@@ -71,6 +85,7 @@ class FSDPParamGroup:
         whole gradients stay and accumulate) and reshard."""
         self.ready.clear()
         self.used = False
+        self.inputs_pending = 0
         if self.requires_gradient_sync:
             for space in self.spaces:
                 if space.params[0].requires_grad:
