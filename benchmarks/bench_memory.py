@@ -27,6 +27,9 @@ CASES = {  # name: (ranks, overrides)
     "zero2x4-sharded": (4, ["parallel.zero_stage=2", "train.checkpoint_format=sharded"]),
     "pp2tp2-whole": (4, ["parallel.tensor=2", "parallel.pipeline=2", "train.checkpoint_format=whole"]),
     "pp2tp2-sharded": (4, ["parallel.tensor=2", "parallel.pipeline=2", "train.checkpoint_format=sharded"]),
+    "zero3x4": (4, ["parallel.zero_stage=3"]),
+    "zero3x2-tp2": (4, ["parallel.zero_stage=3", "parallel.tensor=2"]),
+    "pp2-zero3x2": (4, ["parallel.zero_stage=3", "parallel.pipeline=2"]),
 }
 PHASES = ("build", "first_step", "steady", "save")
 

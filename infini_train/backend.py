@@ -257,8 +257,7 @@ def device(spec=None) -> Device:
 
 def data_pointer(array):
     """The address of an array's first element (numpy or cupy)."""
-    pointer = getattr(array.data, "ptr", None)  # cupy's MemoryPointer; numpy's .data is a memoryview
-    return pointer if pointer is not None else array.__array_interface__["data"][0]
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr  # (cupy: a MemoryPointer)
 
 
 def get_xp(dev: Device):

@@ -351,7 +351,9 @@ class Run:
     def _report_memory(self):
         """Once, after the first step: each rank's parameter, gradient and optimizer-state bytes (from the
         tensors it holds) and its peak resident memory."""
-        params = sum(p.array.nbytes for p in self.raw_model.parameters())
+        spaces = {id(s): s for s in (getattr(p, "sharded_by", None) for p in self.raw_model.parameters()) if s}
+        params = (sum(p.array.nbytes for p in self.raw_model.parameters() if getattr(p, "sharded_by", None) is None)
+                  + sum(s.shard.nbytes for s in spaces.values()))  # ZeRO-3: the shards this rank keeps
         mine = Tensor(np.array([params, self.optimizer.grad_bytes(), self.optimizer.state_bytes(), peak_rss_bytes()],
                                np.int64))
         parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]

@@ -57,8 +57,9 @@ def _assert_same_checkpoint(a, b):
     (4, ["parallel.pipeline=2", "parallel.tensor=2"]),
     (4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.zero_stage=2"]),
     (4, ["parallel.pipeline=2", "parallel.zero_stage=1", "parallel.pipeline_schedule=interleaved",
-         "parallel.virtual_pipeline=2", "model.n_layer=4", "train.total_batch_size=512"])],
-    ids=["pp2xtp2", "tp2xdp2-sp-zero2", "pp2xdp2-zero1-interleaved"])
+         "parallel.virtual_pipeline=2", "model.n_layer=4", "train.total_batch_size=512"]),
+    (3, ["parallel.zero_stage=3", "train.total_batch_size=384"])],
+    ids=["pp2xtp2", "tp2xdp2-sp-zero2", "pp2xdp2-zero1-interleaved", "zero3x3"])
 def test_a_sharded_checkpoint_is_the_whole_checkpoint_written_by_every_rank(data_dir, tmp_path, ranks, layout):
     sharded, whole = tmp_path / "sharded", tmp_path / "whole"
     _train(data_dir, sharded, ranks, SHARDED, *layout)

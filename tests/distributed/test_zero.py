@@ -1,6 +1,7 @@
-"""ZeRO-1 and ZeRO-2 against plain DDP and against one process: the same losses with gradient accumulation and
+"""ZeRO-1, 2 and 3 against plain DDP and against one process: the same losses with gradient accumulation and
 clipping on (2, 3 and 4 ranks; 3 gives uneven shards), resume across world sizes and between ZeRO and non-ZeRO
-runs, per-rank optimizer state 1/N of DDP's, and stage 3 refused."""
+runs, per-rank optimizer state 1/N of DDP's (and under ZeRO-3 parameters and gradients too), and a stage that does
+not exist refused."""
 import os
 import re
 import shutil
@@ -45,22 +46,28 @@ def single(data_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("ranks,total", [(2, 256), (3, 384), (4, 256)])
-def test_stages_0_1_2_give_the_losses_of_one_process(data_dir, single, tmp_path, ranks, total):
-    gradient_mb = {}
-    for stage in (0, 1, 2):
+def test_stages_0_1_2_3_give_the_losses_of_one_process(data_dir, single, tmp_path, ranks, total):
+    gradient_mb, parameter_mb = {}, {}
+    for stage in (0, 1, 2, 3):
         out = tmp_path / f"stage{stage}"
         proc = _train(data_dir, out, ranks, stage, 10, total)
         np.testing.assert_allclose(_losses(out), single[total], rtol=1e-5, err_msg=f"stage {stage}, {ranks} ranks")
         line = next(x for x in proc.stdout.splitlines() if x.startswith(f"memory (ZeRO stage {stage},"))
         assert line.count("optimizer state") == ranks
         gradient_mb[stage] = [float(mb) for mb in re.findall(r"gradients ([0-9.]+) MB", line)]
-    # ZeRO-1 keeps the whole gradients (in one flat buffer) and nothing more; ZeRO-2 only its 1/N shard
+        parameter_mb[stage] = [float(mb) for mb in re.findall(r"parameters ([0-9.]+) MB", line)]
+    # ZeRO-1 keeps the whole gradients (in one flat buffer) and nothing more; ZeRO-2 and 3 only their 1/N shard,
+    # and ZeRO-3 1/N of the parameters
     assert gradient_mb[1] == gradient_mb[0], gradient_mb
     np.testing.assert_allclose(gradient_mb[2], np.array(gradient_mb[0]) / ranks, atol=0.011)
+    np.testing.assert_allclose(gradient_mb[3], np.array(gradient_mb[0]) / ranks, atol=0.011)
+    np.testing.assert_allclose(parameter_mb[3], np.array(parameter_mb[0]) / ranks, atol=0.011)
 
 
-@pytest.mark.parametrize("first,second", [((2, 2), (1, 0)), ((1, 0), (2, 1)), ((2, 2), (4, 2)), ((2, 0), (2, 2))],
-                         ids=["2x-zero2->1x", "1x->2x-zero1", "2x-zero2->4x-zero2", "2x-ddp->2x-zero2"])
+@pytest.mark.parametrize("first,second", [((2, 2), (1, 0)), ((1, 0), (2, 1)), ((2, 2), (4, 2)), ((2, 0), (2, 2)),
+                                          ((2, 3), (4, 3))],
+                         ids=["2x-zero2->1x", "1x->2x-zero1", "2x-zero2->4x-zero2", "2x-ddp->2x-zero2",
+                              "2x-zero3->4x-zero3"])
 def test_resume_across_world_sizes_and_zero_stages(data_dir, single, tmp_path, first, second):
     out = tmp_path / "run"
     _train(data_dir, out, first[0], first[1], 10, 256, "train.save_every=5", "train.keep_last=3")
@@ -80,19 +87,19 @@ def test_each_rank_holds_a_1_over_n_share_of_the_optimizer_state(ranks):
     assert proc.stdout.count("share ok") == ranks, output(proc)
 
 
-def test_stage_3_is_refused_with_what_is_supported(data_dir, tmp_path):
-    proc = run(tiny_args(data_dir, tmp_path / "x", "parallel.zero_stage=3"), check=False)
+def test_a_stage_that_does_not_exist_is_refused_with_what_is_supported(data_dir, tmp_path):
+    proc = run(tiny_args(data_dir, tmp_path / "x", "parallel.zero_stage=4"), check=False)
     assert proc.returncode != 0 and os.path.basename(str(tmp_path / "x")) not in os.listdir(tmp_path)
-    assert "parallel.zero_stage: expected 0, 1 or 2 (stage 3, sharding the parameters themselves, is not supported" \
-           in proc.stderr
+    assert "parallel.zero_stage: expected 0, 1, 2 or 3" in proc.stderr
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
-def test_mixed_precision_with_zero2_follows_ddp(data_dir, tmp_path, precision):
+def test_mixed_precision_with_zero2_and_3_follows_ddp(data_dir, tmp_path, precision):
     losses = {}
-    for stage in (0, 2):
+    for stage in (0, 2, 3):
         out = tmp_path / f"stage{stage}"
         _train(data_dir, out, 2, stage, 6, 256, f"precision={precision}")
         losses[stage] = _losses(out)
     # the same bf16/fp16 roundings of the same products; the sharded reduction sums in another order
     np.testing.assert_allclose(losses[2], losses[0], rtol=1e-4)
+    np.testing.assert_allclose(losses[3], losses[0], rtol=1e-4)

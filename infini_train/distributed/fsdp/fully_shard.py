@@ -28,6 +28,7 @@ import threading
 import numpy as np
 
 from ...autograd.function import Op
+from ...backend import is_floating
 from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...autograd.saved_hooks import saved_tensors_hooks
 from ...autograd import engine
@@ -224,7 +225,7 @@ def _pre_forward(module, args):
         state.hooks.__enter__()
         mp = unit.mp_policy if unit is not None else None
         if mp is not None and mp.param_dtype is not None and mp.cast_forward_inputs:
-            args = _map_tensors(args, lambda t: t.to(mp.param_dtype) if t.is_floating_point() else t)
+            args = _map_tensors(args, lambda t: t.to(mp.param_dtype) if is_floating(t.dtype) else t)
     root = _active.root
     if unit is not None:
         if unit.waits_for_inputs and is_grad_enabled():
@@ -257,7 +258,7 @@ def _post_forward(module, args, output):
         root.last_order = root.order
         mp = unit.mp_policy if unit is not None else None
         if mp is not None and mp.output_dtype is not None:
-            output = _map_tensors(output, lambda t: t.to(mp.output_dtype) if t.is_floating_point() else t)
+            output = _map_tensors(output, lambda t: t.to(mp.output_dtype) if is_floating(t.dtype) else t)
     return output
 
 

@@ -6,8 +6,15 @@ as soon as every trainable parameter's has accumulated (post-accumulate-grad hoo
 """
 from __future__ import annotations
 
+from collections import deque
+
 from ...autograd import engine
-from .flat_shard import GATHERED, ShardedFlatSpace
+from .flat_shard import ShardedFlatSpace
+
+# spaces whose gradient reduction is in flight: one unit's may overlap the next unit's backward, but each holds a
+# whole-gradient buffer, so the older ones are completed as new ones start
+_REDUCING = deque()
+MAX_REDUCING = 1
 
 
 class MixedPrecisionPolicy:
@@ -36,9 +43,7 @@ class FSDPParamGroup:
         for p in params:
             keys.setdefault((p.device, str(p.dtype), p.requires_grad), []).append(p)
         mp = self.mp_policy
-        self.spaces = [ShardedFlatSpace(members, group, mp.param_dtype if key[1] != "float64" else None,
-                                        mp.reduce_dtype if key[1] != "float64" else None)
-                       for key, members in keys.items()]
+        self.spaces = [ShardedFlatSpace(members, group, mp.param_dtype, mp.reduce_dtype) for members in keys.values()]
         self.trainable = [p for p in params if p.requires_grad]
         # frozen parameters (LoRA's base weights) may still be needed for the input's gradient after every trainable
         # one has its gradient: such a unit also waits until backward has passed its module's inputs
@@ -89,8 +94,10 @@ class FSDPParamGroup:
         if self.requires_gradient_sync:
             for space in self.spaces:
                 if space.params[0].requires_grad:
+                    while len(_REDUCING) >= MAX_REDUCING:
+                        _REDUCING.popleft().fold_reduced(wait=True)
                     space.reduce_grads()
-                    space.fold_reduced(wait=False)
+                    _REDUCING.append(space)
         if self.reshard_after_backward:
             self.reshard()
 
@@ -102,14 +109,6 @@ class FSDPParamGroup:
         for space in self.spaces:
             space.fold_reduced(wait=True)
         self.reshard()
-
-    def pack(self, array):
-        """The saved-tensor form of ``array`` if it views this process's gathered parameters, else None."""
-        base = array.base
-        space = GATHERED.get(id(base)) if base is not None else None
-        if space is None or array.dtype != base.dtype:
-            return None
-        return space.saved_view(array)
 
 
 def in_backward():
