@@ -154,28 +154,28 @@ def verify(directory, files=None):
 
 
 class _Reader:
-    """Saved entries as memory-mapped arrays: slicing one reads only the pages it touches."""
+    """Saved entries as memory-mapped arrays: slicing one reads only the pages it touches. Each entry is mapped on
+    its own, for as long as it is used, so a rank's address space grows by the entries it reads, not by the files."""
 
     def __init__(self, directory):
-        self.directory, self.maps, self.headers = directory, {}, {}
+        self.directory, self.headers = directory, {}
 
     def entry(self, file, key):
-        if file not in self.maps:
-            path = os.path.join(self.directory, file)
+        path = os.path.join(self.directory, file)
+        if file not in self.headers:
             header, _, base = read_header(path)
-            self.headers[file] = (header, base)
-            self.maps[file] = np.memmap(path, dtype=np.uint8, mode="r")
-        header, base = self.headers[file]
+            self.headers[file] = (header, base, os.path.getsize(path))
+        header, base, size = self.headers[file]
         if key not in header:
-            raise CheckpointFormatError(f"{os.path.join(self.directory, file)}: no entry {key!r}, which the metadata "
-                                        "lists (damaged checkpoint)")
+            raise CheckpointFormatError(f"{path}: no entry {key!r}, which the metadata lists (damaged checkpoint)")
         info = header[key]
         dtype = np.dtype(_numpy_dtype(info["dtype"], file, key))
         start, stop = info["data_offsets"]
-        data = self.maps[file][base + start:base + stop]
-        if data.size != stop - start:
-            raise CheckpointFormatError(f"{os.path.join(self.directory, file)}: entry {key!r} runs past the end of "
-                                        "the file (truncated)")
+        if base + stop > size:
+            raise CheckpointFormatError(f"{path}: entry {key!r} runs past the end of the file (truncated)")
+        if stop == start:
+            return np.zeros(tuple(info["shape"]), dtype)
+        data = np.memmap(path, dtype=np.uint8, mode="r", offset=base + start, shape=(stop - start,))
         return data.view(dtype).reshape(tuple(info["shape"]))
 
 
