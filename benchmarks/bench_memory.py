@@ -1,9 +1,10 @@
 """Per-rank peak resident memory of whole training runs, by phase, for several layouts and checkpoint formats.
 
 Each case runs examples/gpt2/train.py under mpiexec (GPT-2 124M shapes with the byte vocabulary, B4 T64, 1024 tokens
-per step, 3 steps and one checkpoint, one BLAS thread per rank) and reads the run's own closing memory record from
-metrics.jsonl (the kernel's high-water mark per phase: build, first step, steady state, save). The largest rank's
-figures are compared with the one-process run's; the save column is the checkpoint's wall time (slowest rank).
+per step, 3 steps and one checkpoint, one BLAS thread per rank), then resumes it for one more step, and reads the
+runs' own closing memory records from metrics.jsonl (the kernel's high-water mark per phase: build, first step,
+steady state, save, and the resumed run's checkpoint load). The largest rank's figures are compared with the
+one-process run's; the save and load columns are the checkpoint's wall time (slowest rank).
 Nothing here is a test.
 
     python benchmarks/bench_memory.py                 # the default cases
@@ -31,7 +32,7 @@ CASES = {  # name: (ranks, overrides)
     "zero3x2-tp2": (4, ["parallel.zero_stage=3", "parallel.tensor=2"]),
     "pp2-zero3x2": (4, ["parallel.zero_stage=3", "parallel.pipeline=2"]),
 }
-PHASES = ("build", "first_step", "steady", "save")
+PHASES = ("build", "first_step", "steady", "save", "load")
 
 
 def run_case(name, data_dir, out_root):
@@ -48,12 +49,16 @@ def run_case(name, data_dir, out_root):
     if ranks > 1:
         args = [MPIEXEC, "-n", str(ranks), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        record = [json.loads(line) for line in f][-1]
-    return record["memory"]["peak_rss_mb"], record["memory"]["seconds"]
+    records = []
+    for extra in ([], ["train.num_iterations=4", "resume=auto"]):
+        proc = subprocess.run(args + extra, capture_output=True, text=True, cwd=REPO, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            records.append([json.loads(line) for line in f][-1]["memory"])
+    peaks, seconds = records[0]["peak_rss_mb"], records[0]["seconds"]
+    peaks["load"], seconds["load"] = records[1]["peak_rss_mb"]["load"], records[1]["seconds"]["load"]
+    return peaks, seconds
 
 
 def main():
@@ -66,13 +71,13 @@ def main():
         data_dir = make_data(os.path.join(tmp, "data"))
         results = {name: run_case(name, data_dir, tmp) for name in args.cases.split(",")}
     one = max(max(v) for v in results["one"][0].values()) if "one" in results else None
-    print("| case | " + " | ".join(f"{p} MB" for p in PHASES) + " | whole run MB | vs one | save s |")
-    print("| --- " * (len(PHASES) + 4) + "|")
+    print("| case | " + " | ".join(f"{p} MB" for p in PHASES) + " | whole run MB | vs one | save s | load s |")
+    print("| --- " * (len(PHASES) + 5) + "|")
     for name, (peaks, seconds) in results.items():
         largest = max(max(v) for v in peaks.values())
         ratio = f"{largest / one:.2f}" if one else "-"
         print(f"| {name} | " + " | ".join(f"{max(peaks[p]):.0f}" for p in PHASES) +
-              f" | {largest:.0f} | {ratio} | {seconds['save']:.2f} |")
+              f" | {largest:.0f} | {ratio} | {seconds['save']:.2f} | {seconds['load']:.2f} |")
 
 
 if __name__ == "__main__":

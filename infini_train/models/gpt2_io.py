@@ -63,9 +63,11 @@ def hf_config_to_gpt2(hf: dict, source: str) -> GPT2Config:
                       dropout=0.0, bias=True)
 
 
-def load_hf(cls, directory):
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+def hf_weights(directory):
+    """(GPT2Config, {name in this model: MappedArray}) of an HF GPT-2 directory: only the header is read; the
+    Conv1D matrices come transposed to (out, in), the output layer is the token embedding."""
+    from ..mapped_arrays import mapped_safetensors
+    from ..safetensors_io import SafetensorsError
 
     config_path = os.path.join(directory, "config.json")
     weights_path = os.path.join(directory, "model.safetensors")
@@ -76,25 +78,34 @@ def load_hf(cls, directory):
     with open(config_path) as f:
         config = hf_config_to_gpt2(json.load(f), config_path)
     try:
-        tensors = load_file(weights_path)
-    except (SafetensorError, OSError, ValueError) as exc:
+        tensors = mapped_safetensors(weights_path)
+    except (SafetensorsError, OSError, ValueError) as exc:
         raise WeightsError(f"{weights_path}: not a readable safetensors file ({exc})") from exc
-    model = cls(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     state = {}
     for key, value in tensors.items():
         if key.endswith(HF_IGNORED_SUFFIXES):
             continue
         name = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
-        if name.endswith(HF_CONV1D):
-            value = value.T
-        if name not in expected:
-            raise WeightsError(f"{weights_path}: unexpected tensor {key!r} (shape {value.shape})")
-        if tuple(value.shape) != expected[name]:
-            raise WeightsError(f"{weights_path}: tensor {key!r} has shape {tuple(value.shape)}, expected "
-                               f"{expected[name]} for config {config}")
-        state[name] = np.ascontiguousarray(value, dtype=np.float32)
+        state[name] = value.T if name.endswith(HF_CONV1D) else value
     state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
+    return config, state
+
+
+def load_hf(cls, directory):
+    config, mapped = hf_weights(directory)
+    weights_path = os.path.join(directory, "model.safetensors")
+    model = cls(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = {}
+    for name, value in mapped.items():
+        if value is None:
+            continue
+        if name not in expected:
+            raise WeightsError(f"{weights_path}: unexpected tensor {name!r} (shape {value.shape})")
+        if tuple(value.shape) != expected[name]:
+            raise WeightsError(f"{weights_path}: tensor {name!r} has shape {tuple(value.shape)}, expected "
+                               f"{expected[name]} for config {config}")
+        state[name] = np.ascontiguousarray(np.asarray(value), dtype=np.float32)
     missing = [k for k in expected if state.get(k) is None]
     if missing:
         raise WeightsError(f"{weights_path}: missing tensors {missing}")
@@ -147,6 +158,17 @@ def _llmc_layout(cfg: GPT2Config, padded_vocab: int):
 
 
 def load_llmc(cls, path):
+    config, mapped = llmc_weights(path)
+    model = cls(config)
+    model.load_state_dict({name: np.asarray(value).astype(np.float32) for name, value in mapped.items()})
+    return model
+
+
+def llmc_weights(path):
+    """(GPT2Config, {name in this model: MappedArray}) of an llm.c model file: the header is checked and read,
+    the tensors only located (each layer's a row of llm.c's stacked tensors, the embedding without its padding)."""
+    from ..mapped_arrays import MappedArray
+
     size = os.path.getsize(path)
     if size < 256 * 4:
         raise WeightsError(f"{path}: file has {size} bytes, shorter than llm.c's 1024-byte header\n"
@@ -170,31 +192,25 @@ def load_llmc(cls, path):
     layout = _llmc_layout(config, padded)
     offset = 256 * 4
     arrays = {}
-    with open(path, "rb") as f:
-        data = np.memmap(f, dtype=np.uint8, mode="r")
-        for name, shape in layout:
-            nbytes = int(np.prod(shape)) * dtype.itemsize
-            if offset + nbytes > size:
-                raise WeightsError(f"{path}: truncated at tensor {name!r} (needs bytes {offset}..{offset + nbytes}, "
-                                   f"file has {size})\nHINT: the file was cut off while copying or writing")
-            arrays[name] = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=offset) \
-                .reshape(shape).astype(np.float32)
-            offset += nbytes
-        del data
+    for name, shape in layout:
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if offset + nbytes > size:
+            raise WeightsError(f"{path}: truncated at tensor {name!r} (needs bytes {offset}..{offset + nbytes}, "
+                               f"file has {size})\nHINT: the file was cut off while copying or writing")
+        arrays[name] = MappedArray(path, offset, shape, dtype)
+        offset += nbytes
     if offset != size:
         raise WeightsError(f"{path}: {size - offset} unexpected trailing bytes after the last tensor\n"
                            f"HINT: the header says {config}; the file may not match it")
     state = {
-        "transformer.wte.weight": arrays["wte"][:vocab], "transformer.wpe.weight": arrays["wpe"],
+        "transformer.wte.weight": arrays["wte"].first(vocab), "transformer.wpe.weight": arrays["wpe"],
         "transformer.ln_f.weight": arrays["ln_f.weight"], "transformer.ln_f.bias": arrays["ln_f.bias"],
     }
     for name, _ in layout[2:-2]:
         for layer in range(n_layer):
-            state[f"transformer.h.{layer}.{name}"] = arrays[name][layer]
+            state[f"transformer.h.{layer}.{name}"] = arrays[name].row(layer)
     state["lm_head.weight"] = state["transformer.wte.weight"]
-    model = cls(config)
-    model.load_state_dict(state)
-    return model
+    return config, state
 
 
 def save_llmc(model, path, dtype="float32"):

@@ -10,7 +10,8 @@ import re
 import numpy as np
 
 from .. import backend
-from ..safetensors_io import SafetensorsError, read_safetensors, write_safetensors
+from ..mapped_arrays import mapped_safetensors
+from ..safetensors_io import SafetensorsError, write_safetensors
 from .gpt2_io import WeightsError, _atomic_write
 from .llama_config import ROPE_SCALING_KEYS, LlamaConfig
 from .special_tokens import text_boundary_ids
@@ -78,7 +79,9 @@ def _weight_files(directory):
     return [(single, None)]
 
 
-def load_hf(cls, directory, dtype=None):
+def hf_weights(directory):
+    """(LlamaConfig, {name: MappedArray}) of an HF LLaMA directory (one safetensors file or shards and their
+    index): only the headers are read; a tied output layer is the token embedding."""
     directory = os.fspath(directory)
     config_path = os.path.join(directory, "config.json")
     if not os.path.exists(config_path):
@@ -86,29 +89,40 @@ def load_hf(cls, directory, dtype=None):
                                 "holds config.json and model.safetensors (or shards and their index)")
     with open(config_path) as f:
         config = hf_config_to_llama(json.load(f), config_path)
+    state, where = {}, {}
+    for path, names in _weight_files(directory):
+        if not os.path.exists(path):
+            raise WeightsError(f"{directory}: shard {os.path.basename(path)} listed in {INDEX} is missing")
+        try:
+            tensors = mapped_safetensors(path, names)
+        except (SafetensorsError, OSError) as exc:
+            raise WeightsError(f"{path}: not a readable safetensors file ({exc})") from exc
+        for name, value in tensors.items():
+            if not name.endswith("rotary_emb.inv_freq"):  # (recomputed from the config)
+                state[name], where[name] = value, path
+    if config.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    return config, state, where
+
+
+def load_hf(cls, directory, dtype=None):
+    config, mapped, where = hf_weights(directory)
     model = cls(config)
     if dtype is not None:
         model.to(dtype=dtype)
     expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     state = {}
-    for path, names in _weight_files(directory):
-        if not os.path.exists(path):
-            raise WeightsError(f"{directory}: shard {os.path.basename(path)} listed in {INDEX} is missing")
-        try:
-            tensors = read_safetensors(path, names)
-        except (SafetensorsError, OSError) as exc:
-            raise WeightsError(f"{path}: not a readable safetensors file ({exc})") from exc
-        for name, value in tensors.items():
-            if name.endswith("rotary_emb.inv_freq"):
-                continue  # recomputed from the config
-            if name not in expected:
-                raise WeightsError(f"{path}: unexpected tensor {name!r} (shape {value.shape}) for {config}")
-            shape, want = expected[name]
-            if tuple(value.shape) != shape:
-                raise WeightsError(f"{path}: tensor {name!r} has shape {tuple(value.shape)}, expected {shape}")
-            state[name] = np.ascontiguousarray(value.astype(want))
-    if config.tie_word_embeddings:
-        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    for name, value in mapped.items():
+        if value is None:
+            continue
+        if name not in expected:
+            raise WeightsError(f"{where.get(name, directory)}: unexpected tensor {name!r} (shape {value.shape}) "
+                               f"for {config}")
+        shape, want = expected[name]
+        if tuple(value.shape) != shape:
+            raise WeightsError(f"{where.get(name, directory)}: tensor {name!r} has shape {tuple(value.shape)}, "
+                               f"expected {shape}")
+        state[name] = np.ascontiguousarray(np.asarray(value).astype(want))
     missing = [k for k in expected if state.get(k) is None]
     if missing:
         raise WeightsError(f"{directory}: missing tensors {missing[:5]} ({len(missing)} in all)")

@@ -132,6 +132,17 @@ class _ParallelLoRALinear(LoRALinear):
             return self.lora_dropout(x)
 
 
+def _rewrapped(param, cls):
+    """``param``'s storage as a ``cls`` parameter; built on the meta device, it takes ``param``'s recorded init."""
+    from .. import backend
+    from .parallel.sharded_init import derived_from
+
+    out = cls(param, requires_grad=param.requires_grad)
+    if param.device is backend.META:
+        derived_from(out, param)
+    return out
+
+
 class ColumnParallelLoRALinear(_ParallelLoRALinear):
     """LoRA on a ColumnParallelLinear: A whole, B split like the weight's rows (fused blocks included)."""
 
@@ -140,7 +151,7 @@ class ColumnParallelLoRALinear(_ParallelLoRALinear):
 
         base = self.base_layer
         a = self.lora_A.weight
-        self.lora_A.weight = ParallelParameter(a, requires_grad=a.requires_grad)
+        self.lora_A.weight = _rewrapped(a, ParallelParameter)
         self.lora_A.weight.sequence_parallel = bool(base.sequence_parallel)
         self.lora_B.weight = shard_parameter(self.lora_B.weight, ShardSpec(0, base.blocks), base.group)
 
@@ -172,7 +183,7 @@ class RowParallelLoRALinear(_ParallelLoRALinear):
         base = self.base_layer
         self.lora_A.weight = shard_parameter(self.lora_A.weight, ShardSpec(1), base.group)
         b = self.lora_B.weight
-        self.lora_B.weight = ParallelParameter(b, requires_grad=b.requires_grad)
+        self.lora_B.weight = _rewrapped(b, ParallelParameter)
         self.lora_B.weight.sequence_parallel = bool(base.sequence_parallel)
 
     def forward(self, x):

@@ -278,6 +278,28 @@ def load_model_checkpoint(path, warn=None):
                           + "\n  ".join(failures) + "\nHINT: restore a good copy of one of them")
 
 
+def mapped_model_checkpoint(path):
+    """{name: array-like} of a checkpoint's model after verifying its model files, each tensor read box by box
+    when indexed (MappedArray / SavedTensor), so a rank reads only the parts it keeps; and its state.json."""
+    from ..distributed.checkpoint import CheckpointFormatError
+    from ..distributed.checkpoint.whole_files import SavedTensor
+    from ..mapped_arrays import mapped_safetensors
+    from ..safetensors_io import SafetensorsError
+
+    path = resolve_checkpoint(path)
+    state = verify_checkpoint(path, model_only=True)
+    try:
+        if state.get("format") == "sharded":
+            from ..distributed.checkpoint import read_metadata
+
+            metadata = read_metadata(path)
+            return {e[len("model/"):]: SavedTensor(path, e, metadata) for e in metadata["tensors"]
+                    if e.startswith("model/")}, state
+        return mapped_safetensors(os.path.join(path, "model.safetensors")), state
+    except (CheckpointFormatError, SafetensorsError, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from exc
+
+
 def _verified_model(path, load_file):
     """(state, model state) of a checkpoint whose model verifies (a sharded one: every shard, each holding model
     and optimizer entries)."""

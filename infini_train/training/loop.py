@@ -7,6 +7,7 @@ barrier, so a slow disk or a long sample never trips the collective timeout and 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -36,7 +37,8 @@ from .evaluation import evaluate, sample_text
 from .parallel_dims import ParallelDims
 from .out_dir import check_writable
 from .memory import PhasePeaks, peak_rss_bytes
-from .lora_run import apply_run_lora, check_same_lora, checkpoint_reference, prepare_base, restore_base
+from .lora_run import (BaseWeights, apply_run_lora, base_source, check_same_lora, checked_base, checkpoint_reference,
+                       load_base_pieces, prepare_base, restore_base)
 from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
@@ -92,8 +94,9 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
     so. It is built on the meta device (shapes only, its init calls recorded); each rank then allocates just its
     part and fills it with the values the one-process build would hold there (sharded init replays the seeded init
     calls, keeping this rank's elements), or leaves it for the checkpoint to fill when ``resuming``, so no rank ever
-    holds the whole model. A LoRA run starts from its base weights instead: built whole and seeded, as in one
-    process. Returns (model, tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA
+    holds the whole model. A LoRA run's base weights are read from their source the same way, each rank reading only
+    the boxes it keeps (a seeded base, without ``lora.init_from``, is built whole: its pin hashes every value in name
+    order). Returns (model, tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA
     checkpoint's record, whose pinned base is restored instead of reading ``lora.init_from`` afresh."""
     model_cfg = cfg.model.to_model_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
@@ -102,19 +105,19 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
                           f"model's vocab_size {model_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
     backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
     cls, _ = registry.model_class(cfg.model.arch)
-    on_meta = not cfg.lora.rank
-    if on_meta:
-        with backend.META, recording_inits() as init_calls:
-            model = cls(model_cfg)
-    else:
-        model = cls(model_cfg).to(device=device, dtype=cfg.dtype)
+    lora = bool(cfg.lora.rank)
+    source = base_source(cfg.lora, lora_reference) if lora else None
+    on_meta = not lora or source is not None
     base = None
-    if cfg.lora.rank:
-        base = restore_base(model, lora_reference) if lora_reference else prepare_base(model, cfg.lora.init_from)
-    if dims is not None and dims.tensor_parallel:
-        registry.parallelize(model, dims.tp_group, dims.sequence_parallel)
-    if cfg.lora.rank:  # after the split: the adapters of split layers are split too
-        apply_run_lora(model, cfg.lora)
+    with backend.META if on_meta else contextlib.nullcontext(), recording_inits() as init_calls:
+        model = like = cls(model_cfg) if on_meta else cls(model_cfg).to(device=device, dtype=cfg.dtype)
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        if lora and not on_meta:
+            base = restore_base(model, lora_reference) if lora_reference else prepare_base(model, None)
+        if dims is not None and dims.tensor_parallel:
+            registry.parallelize(model, dims.tp_group, dims.sequence_parallel)
+        if lora:  # after the split: the adapters of split layers are split too (their init recorded after the model's)
+            apply_run_lora(model, cfg.lora)
     if dims is not None and dims.pipeline_parallel:
         model = PipelinedLM(model, dims.pp_group, dims.schedule, dims.virtual)
     if zero_stage == 3:  # each rank keeps (and allocates) only its shards
@@ -123,13 +126,17 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
         shard_fully(model, dims)
     if on_meta:
         model.to_empty(device=device).to(dtype=cfg.dtype)
+        tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims is not None and dims.tensor_parallel else (0, 1)
         if not resuming:
-            tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims is not None and dims.tensor_parallel else (0, 1)
             replay_inits(init_calls, model, tp_rank, tp_size)
         else:  # the checkpoint fills every element but a split vocabulary's padding, which stays zero
             for p in model.parameters():
                 if getattr(p, "sharded_by", None) is None:  # shards start zero-filled
                     p.array[...] = 0
+        if lora:  # the base's boxes this rank keeps, read from its source
+            digest = load_base_pieces(model, source, like, shapes, tp_rank, tp_size)
+            base = (checked_base(lora_reference, source, lambda: digest) if lora_reference
+                    else BaseWeights(os.path.abspath(cfg.lora.init_from), source, digest))
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 

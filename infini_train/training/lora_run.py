@@ -64,36 +64,54 @@ def load_base_weights(model, init_from):
     LLaMA), an llm.c .bin file, or a training checkpoint (a step directory or a run's out_dir). Returns the source
     read (resolve_base)."""
     source = resolve_base(init_from)
-    state = _base_state(source, model)
+    state = mapped_base(source, model)
     own = model.state_dict()
-    wrong = [f"{k}: base {tuple(state[k].shape)}, model {tuple(v.shape)}" for k, v in own.items()
-             if k in state and tuple(state[k].shape) != tuple(v.shape)]
-    missing = [k for k in own if k not in state]
+    _check_fits(state, {k: tuple(v.shape) for k, v in own.items()}, init_from)
+    model.load_state_dict({k: np.asarray(state[k]) for k in own})
+    return source
+
+
+def _check_fits(state, shapes, init_from):
+    wrong = [f"{k}: base {tuple(state[k].shape)}, model {shape}" for k, shape in shapes.items()
+             if k in state and tuple(state[k].shape) != shape]
+    missing = [k for k in shapes if k not in state]
     if wrong or missing:
         raise ConfigError(f"lora.init_from: {init_from} does not fit the model the config builds ("
                           f"{'; '.join(wrong[:3] or [f'missing {missing[:3]}'])})\nHINT: set model.* (arch, preset or "
                           "the shape fields) to the base model's shape")
-    model.load_state_dict({k: state[k] for k in own})
-    return source
 
 
-def _base_state(path, model):
-    from ..models.gpt2 import GPT2
+def mapped_base(path, model):
+    """{name: tensor read box by box} of the base weights at ``path`` (resolve_base) for a model like ``model``:
+    nothing is read until a box is asked for."""
+    from ..models import gpt2_io, llama_io
     from ..models.llama import Llama
 
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-        cls = Llama if isinstance(model, Llama) else GPT2
-        return cls.from_pretrained(path).state_dict()
+        return llama_io.hf_weights(path)[1] if isinstance(model, Llama) else gpt2_io.hf_weights(path)[1]
     if os.path.isfile(path) and path.endswith(".bin"):
-        return GPT2.from_pretrained(path).state_dict()
+        return gpt2_io.llmc_weights(path)[1]
     try:
-        weights, _, state = ckpt.load_checkpoint(path)
+        weights, state = ckpt.mapped_model_checkpoint(path)
     except ckpt.CheckpointError as exc:
         raise ConfigError(f"lora.init_from: {exc}") from None
     if state.get("lora"):
         raise ConfigError(f"lora.init_from: {path} is a LoRA run's checkpoint (adapters only)\nHINT: fine-tune from "
                           "its base, or merge its adapters first (generate.py loads it merged)")
     return weights
+
+
+def base_source(lora_cfg, reference):
+    """The file or directory a LoRA run reads its base from: a resumed checkpoint's recorded source, else
+    ``lora.init_from`` resolved; None for the seeded init."""
+    if reference is None:
+        return resolve_base(lora_cfg.init_from) if lora_cfg.init_from else None
+    source = reference.get("base_source") or reference.get("base")
+    if source and not os.path.exists(source):
+        raise ckpt.CheckpointError(
+            f"the LoRA checkpoint's base weights {source} are gone\nHINT: put the base model back at that path "
+            "(a base run's checkpoint may have been pruned by its train.keep_last)")
+    return source or None
 
 
 def prepare_base(model, init_from):
@@ -103,21 +121,24 @@ def prepare_base(model, init_from):
 
 
 def restore_base(model, reference):
-    """A LoRA checkpoint's base, loaded into ``model`` (which holds the seeded init) from the source the run read,
-    and checked against the recorded digest (checkpoints written before digests were recorded load unchecked)."""
-    source = reference.get("base_source") or reference.get("base")
+    """A LoRA checkpoint's base, loaded into ``model`` (which holds the seeded init the run started from) from the
+    source the run read, and checked against the recorded digest (checkpoints written before digests were recorded
+    load unchecked)."""
+    source = base_source(None, reference)
     if source:
-        if not os.path.exists(source):
-            raise ckpt.CheckpointError(
-                f"the LoRA checkpoint's base weights {source} are gone\nHINT: put the base model back at that path "
-                "(a base run's checkpoint may have been pruned by its train.keep_last)")
         try:
             load_base_weights(model, source)
         except ConfigError as exc:
             raise ckpt.CheckpointError(f"the LoRA checkpoint's base weights could not be read: {exc}") from None
+    return checked_base(reference, source, lambda: weights_digest(model))
+
+
+def checked_base(reference, source, found_digest):
+    """The BaseWeights of a resumed LoRA checkpoint whose base was read from ``source``: ``found_digest()`` must
+    give the digest the checkpoint recorded."""
     base = BaseWeights(reference.get("base"), source, reference.get("base_sha256"))
     if base.sha256 is not None:
-        found = weights_digest(model)
+        found = found_digest()
         if found != base.sha256:
             what = f"the base weights at {source}" if source else "the seeded initial weights"
             raise ckpt.CheckpointError(
@@ -125,6 +146,66 @@ def restore_base(model, reference):
                 f"{base.sha256[:16]}..., found {found[:16]}...)\nHINT: the base was replaced or retrained after the "
                 "fine-tune; put the original base back at that path, or fine-tune again from the new one")
     return base
+
+
+def load_base_pieces(model, source, like, shapes, tp_rank=0, tp_size=1):
+    """Fill the base weights ``model`` holds on this rank (built on the meta device, then split, staged, sharded and
+    given storage, adapters applied) from ``source``, reading only the boxes this rank keeps. ``like``: a model of
+    the run's class; ``shapes``: the whole base model's {name: shape}. Returns the base's digest (weights_digest's,
+    streamed tensor by tensor on rank 0 and shared with every rank)."""
+    from .. import distributed as dist
+
+    state = mapped_base(source, like)
+    _check_fits(state, shapes, source)
+    dtype = fill_base_pieces(model, state, tp_rank, tp_size)
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, streamed_digest(state, shapes, dtype) if dist.get_rank() == 0 else None)
+    return found[0]
+
+
+def base_entries(model):
+    """(base weight's name in the base model, tensor) of each state-dict entry of ``model`` but the adapters."""
+    for key, t in model.state_dict(keep_vars=True).items():
+        if ".lora_A." not in key and ".lora_B." not in key:
+            yield key.replace(".base_layer.", "."), t
+
+
+def fill_base_pieces(model, state, tp_rank=0, tp_size=1):
+    """Copy into each base tensor of ``model`` the boxes of ``state``'s whole tensors it holds on this rank (its
+    tensor-parallel shard, or its ZeRO-3 flat piece of that); returns the base's dtype."""
+    from .. import backend
+    from ..mapped_arrays import read_box
+    from ..nn.parallel.sharded_pieces import param_pieces
+
+    dtype = None
+    for name, t in base_entries(model):
+        dtype = dtype or getattr(t, "sharded_by", t).dtype
+        for offsets, view in param_pieces(t, None, tp_rank, tp_size).pieces:
+            box = read_box(state[name], offsets, view.shape).astype(view.dtype)
+            view[...] = backend.to_device_array(box, backend.device_of_array(view))
+        t._version[0] += 1
+    return dtype
+
+
+def streamed_digest(state, shapes, dtype):
+    """weights_digest of the weights ``state`` ({name: tensor read box by box}) holds as ``dtype``, read a few rows
+    at a time: memory is one chunk, whatever the model's size."""
+    from ..mapped_arrays import read_box
+
+    digest = hashlib.sha256()
+    for name in sorted(shapes):
+        shape = shapes[name]
+        digest.update(f"{name}:{shape};".encode())
+        if not shape:
+            digest.update(np.asarray(state[name][...]).astype(dtype).astype(np.float64).tobytes())
+            continue
+        row = int(np.prod(shape[1:], dtype=np.int64)) or 1
+        step = max(1, DIGEST_CHUNK // row)
+        for start in range(0, shape[0], step):
+            rows = read_box(state[name], (start,) + (0,) * (len(shape) - 1),
+                            (min(step, shape[0] - start),) + tuple(shape[1:]))
+            digest.update(rows.astype(dtype).astype(np.float64).reshape(-1).tobytes())
+    return digest.hexdigest()
 
 
 def check_same_lora(reference, lora_cfg, path):
@@ -178,4 +259,6 @@ def rebuild(model, reference, adapters):
 
 
 __all__ = ["BaseWeights", "weights_digest", "resolve_base", "load_base_weights", "prepare_base", "restore_base",
-           "check_same_lora", "apply_run_lora", "checkpoint_reference", "rebuild"]
+           "base_source", "checked_base", "load_base_pieces", "fill_base_pieces", "base_entries", "streamed_digest",
+           "mapped_base", "check_same_lora",
+           "apply_run_lora", "checkpoint_reference", "rebuild"]

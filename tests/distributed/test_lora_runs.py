@@ -18,7 +18,7 @@ import infini_train as it
 from infini_train.data.corpus import prepare_shards
 from infini_train.models.gpt2 import GPT2
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
-from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
+from tests.distributed.mpi_jobs import REPO, job_env, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import make_data, metrics, run, same_run, tiny_args
 
 pytestmark = needs_mpiexec
@@ -93,7 +93,8 @@ def test_loss_falls_and_the_base_weights_stay_bitwise_unchanged(single, base):
 
 @pytest.mark.parametrize("ranks,extra", [
     (2, ["train.batch_size=2"]), (2, ["train.batch_size=2", "parallel.zero_stage=2"]), (2, ["parallel.tensor=2"]),
-    (2, ["parallel.tensor=2", "parallel.sequence=true"])], ids=["ddp2", "ddp2-zero2", "tp2", "tp2-sp"])
+    (2, ["parallel.tensor=2", "parallel.sequence=true"]), (2, ["train.batch_size=2", "parallel.zero_stage=3"])],
+    ids=["ddp2", "ddp2-zero2", "tp2", "tp2-sp", "zero3x2"])
 def test_lora_runs_in_parallel_give_the_one_process_losses(tune_dir, base, single, tmp_path, ranks, extra):
     out = tmp_path / "run"
     _lora(tune_dir, base, out, ranks, *extra, "train.val_loss_every=12")
@@ -153,3 +154,9 @@ def test_the_run_adapter_loads_in_peft_onto_the_hf_base_model(tune_dir, tmp_path
 def test_bad_lora_settings_are_refused(data_dir, tmp_path, extra, message):
     proc = run(tiny_args(data_dir, tmp_path / "x", "train.num_iterations=1", "lora.rank=4", *extra), check=False)
     assert proc.returncode != 0 and message in proc.stderr, output(proc)
+
+
+def test_each_rank_reads_only_its_pieces_of_imported_base_weights(tmp_path):
+    proc = mpirun(2, "worker_lora_pieces.py", str(tmp_path), timeout=180)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.count("lora pieces ok") == 2, output(proc)
