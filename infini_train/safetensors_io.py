@@ -4,7 +4,6 @@ bfloat16): an 8-byte little-endian header length, a JSON header {name: {dtype, s
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 
@@ -59,24 +58,9 @@ def read_header(path):
 
 def read_safetensors(path, names=None):
     """{name: numpy array} of the file's tensors (only ``names`` when given), copied out of a memory map."""
-    header, _, base = read_header(path)
-    out = {}
-    size = os.path.getsize(path)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        for name, info in header.items():
-            if names is not None and name not in names:
-                continue
-            dtype = _numpy_dtype(info["dtype"], path, name)
-            start, stop = info["data_offsets"]
-            shape = tuple(info["shape"])
-            expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if stop - start != expected or base + stop > size:
-                raise SafetensorsError(f"{path}: tensor {name!r} of shape {shape} {info['dtype']} needs {expected} "
-                                       f"bytes, its offsets give {stop - start} (file {size} bytes): truncated or "
-                                       "damaged")
-            out[name] = np.frombuffer(data, dtype=dtype, count=expected // dtype.itemsize,
-                                      offset=base + start).reshape(shape).copy()
-    return out
+    from .mapped_arrays import mapped_safetensors
+
+    return {name: tensor[...] for name, tensor in mapped_safetensors(path, names).items()}
 
 
 def write_safetensors(path, tensors, metadata=None):

@@ -92,3 +92,13 @@ def test_fully_shard_on_several_ranks_matches_one_process(ranks):
     proc = mpirun(ranks, "worker_fsdp.py", timeout=180)
     assert proc.returncode == 0, output(proc)
     assert proc.stdout.count("fsdp ok") == ranks, output(proc)
+
+
+def test_a_forward_that_raises_leaves_the_next_forward_working():
+    model = sharded(build())
+    x, y = batches(1)[0]
+    with pytest.raises(ValueError):
+        model(it.tensor(x[:, :4]), it.tensor(y[:, :3]))  # targets of another shape
+    _, loss = model(it.tensor(x), it.tensor(y))
+    loss.backward()
+    assert not GATHERED

@@ -10,13 +10,14 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints
 from tests.distributed.mpi_jobs import needs_mpiexec, output
-from tests.training.tiny_run import make_data, metrics, run, tiny_args
+from tests.training.tiny_run import losses_by_step, make_data, metrics, run, tiny_args
 
 pytestmark = needs_mpiexec
 
 SHAPE = ["model.n_head=4", "train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.total_batch_size=256", "train.save_every=3", "train.num_iterations=6", "train.batch_size=2"]
 ZERO3 = "parallel.zero_stage=3"
+TEN_STEPS = ["train.num_iterations=10", "train.save_every=0"]
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +29,6 @@ def _train(data_dir, out, ranks, *extra, check=True):
     return run(tiny_args(data_dir, out, *SHAPE, *extra), ranks=ranks, check=check)
 
 
-def _losses(out):
-    return {r["step"]: r["loss"] for r in metrics(out) if "loss" in r}
-
-
 def _norms(out):
     return [r["grad_norm"] for r in metrics(out) if "grad_norm" in r]
 
@@ -41,7 +38,7 @@ def single(data_dir, tmp_path_factory):
     runs = {}
     for name, extra in (("plain", []), ("recompute", ["train.recompute=block"]), ("lora", ["lora.rank=4"])):
         out = tmp_path_factory.mktemp(name)
-        _train(data_dir, out, 1, *extra)
+        _train(data_dir, out, 1, *extra, *TEN_STEPS)
         runs[name] = out
     return runs
 
@@ -53,11 +50,11 @@ def single(data_dir, tmp_path_factory):
     (["train.recompute=block"], "recompute"),
     (["lora.rank=4"], "lora")],
     ids=["zero3x2-tp2", "zero3x2-tp2-sp", "pp2-zero3x2", "zero3x4-recompute", "zero3x4-lora"])
-def test_zero3_composes_and_gives_the_one_process_losses(data_dir, single, tmp_path, layout, reference):
+def test_zero3_composes_and_gives_the_one_processlosses_by_step(data_dir, single, tmp_path, layout, reference):
     out = tmp_path / "run"
-    _train(data_dir, out, 4, ZERO3, *layout)
-    want, got = _losses(single[reference]), _losses(out)
-    assert sorted(got) == sorted(want) == list(range(6))
+    _train(data_dir, out, 4, ZERO3, *layout, *TEN_STEPS)
+    want, got = losses_by_step(single[reference]), losses_by_step(out)
+    assert sorted(got) == sorted(want) == list(range(10))
     np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-4)
     np.testing.assert_allclose(_norms(out), _norms(single[reference]), rtol=1e-4)
     if reference == "lora":
@@ -79,7 +76,7 @@ def test_a_zero3_checkpoint_reshards_both_ways(data_dir, tmp_path, first, second
     _train(data_dir, uninterrupted, first[0], *first[1])
     proc = _train(data_dir, resumed, second[0], *second[1], f"resume={list_checkpoints(uninterrupted)[0]}")
     assert "at step 3" in proc.stdout, output(proc)
-    want, got = _losses(uninterrupted), _losses(resumed)
+    want, got = losses_by_step(uninterrupted), losses_by_step(resumed)
     assert sorted(got) == [3, 4, 5]
     np.testing.assert_allclose([got[s] for s in got], [want[s] for s in got], rtol=1e-4)
 

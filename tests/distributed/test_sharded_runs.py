@@ -10,7 +10,7 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint, load_model_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec, output
-from tests.training.tiny_run import make_data, metrics, run, tiny_args
+from tests.training.tiny_run import losses_by_step, make_data, run, tiny_args
 
 pytestmark = needs_mpiexec
 
@@ -27,10 +27,6 @@ def data_dir(tmp_path_factory):
 
 def _train(data_dir, out, ranks, *extra, check=True):
     return run(tiny_args(data_dir, out, *SHAPE, *extra), ranks=ranks, check=check)
-
-
-def _losses(out):
-    return {r["step"]: r["loss"] for r in metrics(out) if "loss" in r}
 
 
 def _value(x):
@@ -64,7 +60,7 @@ def test_a_sharded_checkpoint_is_the_whole_checkpoint_written_by_every_rank(data
     sharded, whole = tmp_path / "sharded", tmp_path / "whole"
     _train(data_dir, sharded, ranks, SHARDED, *layout)
     _train(data_dir, whole, ranks, WHOLE, *layout)
-    assert _losses(sharded) == _losses(whole)
+    assert losses_by_step(sharded) == losses_by_step(whole)
     newest = list_checkpoints(sharded)[-1]
     files = sorted(os.listdir(newest))
     assert files == ["metadata.json"] + [f"shard{r:05d}.safetensors" for r in range(ranks)] + ["state.json"], files
@@ -89,7 +85,7 @@ def test_a_sharded_checkpoint_resumes_under_another_layout(data_dir, tmp_path, f
     proc = _train(data_dir, resumed, second[0], SHARDED, *second[1],
                   f"resume={list_checkpoints(uninterrupted)[0]}")
     assert "at step 3" in proc.stdout, output(proc)
-    want, got = _losses(uninterrupted), _losses(resumed)
+    want, got = losses_by_step(uninterrupted), losses_by_step(resumed)
     assert sorted(got) == [3, 4, 5]
     np.testing.assert_allclose([got[s] for s in got], [want[s] for s in got], rtol=1e-4)
 
@@ -147,7 +143,7 @@ def test_consolidate_writes_the_whole_checkpoint_hf_and_llmc_files(data_dir, tmp
     resumed = tmp_path / "resumed"
     proc = _train(data_dir, resumed, 1, f"resume={tmp_path / 'step3'}")
     assert "at step 3" in proc.stdout, output(proc)
-    want, got = _losses(whole), _losses(resumed)
+    want, got = losses_by_step(whole), losses_by_step(resumed)
     np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(got)], rtol=1e-4)
     # transformers and llm.c's loader read the model the run ended with
     weights = load_checkpoint(list_checkpoints(whole)[-1])[0]

@@ -51,6 +51,11 @@ def run(args, check=True, ranks=1, env=None):
     return proc
 
 
+def losses_by_step(out_dir):
+    """{step: training loss} of a run's metrics.jsonl."""
+    return {r["step"]: r["loss"] for r in metrics(out_dir) if "loss" in r}
+
+
 def metrics(out_dir):
     """The step and validation records of metrics.jsonl (not the run's closing memory record)."""
     return [r for r in all_records(out_dir) if "memory" not in r]

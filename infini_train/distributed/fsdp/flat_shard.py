@@ -85,7 +85,7 @@ class ShardedFlatSpace(FlatSpace):
         self.flat = self.flat_grad = None
         self._gathering = None  # (work, buffer) of an all-gather in flight
         self.pending = []  # (work, reduced shard) of reduce-scatters in flight
-        self.shard = self._zeros(self.shard_size, self.dtype)
+        self.shard = self._allocate(self.shard_size, self.dtype)
         if self.device is not backend.META:
             for p, flat_start, a, b in self.owned_pieces():
                 self.shard[flat_start - self.lo:flat_start - self.lo + (b - a)] = p.array.reshape(-1)[a:b]
@@ -95,10 +95,10 @@ class ShardedFlatSpace(FlatSpace):
             p.sharded_by = self
             p.grad = None
 
-    def _zeros(self, n, dtype):
+    def _allocate(self, n, dtype, zero=True):
         xp = backend.get_xp(self.device)
         with self.device.context():
-            return xp.zeros(n, dtype)
+            return xp.zeros(n, dtype) if zero else xp.empty(n, dtype)
 
     def _make_views(self):
         """``shard_views``: each parameter's piece of the shard as a 1-D tensor (empty where this rank holds none
@@ -116,7 +116,7 @@ class ShardedFlatSpace(FlatSpace):
         if self.device is device and self.device is not backend.META:
             return
         self.device = device
-        self.shard = self._zeros(self.shard_size, self.dtype)
+        self.shard = self._allocate(self.shard_size, self.dtype)
         self.grad_shard = None
         self._make_views()
 
@@ -132,13 +132,17 @@ class ShardedFlatSpace(FlatSpace):
     def gathered(self):
         return self.flat is not None
 
-    def unshard(self, async_op=False):
-        """All-gather the parameters (``async_op``: only start it; the next ``unshard`` completes it)."""
+    def unshard(self, async_op=False, full_precision=False):
+        """All-gather the parameters (``async_op``: only start it; the next ``unshard`` completes it) in
+        ``param_dtype``, or in the shards' own dtype with ``full_precision``."""
+        dtype = self.dtype if full_precision else self.param_dtype
+        if self.flat is not None and self.flat.dtype != dtype:
+            self.reshard()
         if self.flat is not None:
             return
         if self._gathering is None:
-            send = self.shard if self.param_dtype == self.dtype else self.shard.astype(self.param_dtype)
-            buffer = self._zeros(self.shard_size * self.world, self.param_dtype)
+            send = self.shard if dtype == self.dtype else self.shard.astype(dtype)
+            buffer = self._allocate(self.shard_size * self.world, dtype, zero=False)  # (all overwritten)
             work = self.group.all_gather_into_tensor(buffer, send, async_op=True)
             self._gathering = (work, buffer, send)
         if async_op:
@@ -169,23 +173,30 @@ class ShardedFlatSpace(FlatSpace):
         offset = (backend.data_pointer(array) - backend.data_pointer(self.flat)) // array.itemsize
         return (self, offset, tuple(array.shape), tuple(array.strides))
 
-    def view_at(self, offset, shape, strides):
+    def require_gathered(self):
         if self.flat is None:
             raise ShardedError("fully_shard: backward needs the parameters of a module that was resharded and not "
                                "gathered again\nHINT: run backward through the module's outputs (its pre-backward "
                                "gathers them), or use reshard_after_forward=False")
+
+    def view_at(self, offset, shape, strides):
+        self.require_gathered()
         xp = backend.get_xp(self.device)
         return xp.lib.stride_tricks.as_strided(self.flat[offset:], shape, strides)
 
     # ------------------------------------------------------------------------------------------ gradients
     def reduce_grads(self):
         """Start reduce-scattering the parameters' whole gradients (missing ones count as zero) and drop them."""
-        flat_grad = self._zeros(self.shard_size * self.world, self.reduce_dtype)
+        flat_grad = self._allocate(self.shard_size * self.world, self.reduce_dtype, zero=False)
+        flat_grad[self.numel:] = 0  # the padding of the last shard
         for p, offset in zip(self.params, self.offsets):
+            region = flat_grad[offset:offset + p.numel()]
             if p.grad is not None:
-                flat_grad[offset:offset + p.numel()] = p.grad.array.reshape(-1)
+                region[...] = p.grad.array.reshape(-1)
                 p.grad = None
-        out = self._zeros(self.shard_size, self.reduce_dtype)
+            else:
+                region[...] = 0
+        out = self._allocate(self.shard_size, self.reduce_dtype, zero=False)
         self.pending.append((self.group.reduce_scatter_tensor(out, flat_grad, async_op=True), out))
 
     def fold_reduced(self, wait):

@@ -22,17 +22,16 @@ parameter of the subtree gathered, and written back to the shards on exit).
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 
-import numpy as np
-
-from ...autograd.function import Op
-from ...backend import is_floating
-from ...autograd.grad_mode import is_grad_enabled, no_grad
-from ...autograd.saved_hooks import saved_tensors_hooks
 from ...autograd import engine
+from ...autograd.conversion import Cast
+from ...autograd.function import Op
+from ...autograd.grad_mode import is_grad_enabled
+from ...autograd.saved_hooks import saved_tensors_hooks
+from ...backend import is_floating
 from ...tensor import Tensor
+from ..optim.zero_redundancy_optimizer import clip_sharded_grads_
 from .flat_shard import GATHERED
 from .param_group import FSDPParamGroup, MixedPrecisionPolicy, in_backward
 
@@ -98,7 +97,6 @@ class _RootState:
     finishes each backward pass."""
 
     def __init__(self, module):
-        self.state = module._fsdp
         self.units = [m._fsdp.unit for m in module.modules() if isinstance(m, FSDPModule) and m._fsdp.unit is not None]
         self.order, self.last_order = [], []
         self.queued = False
@@ -135,7 +133,7 @@ def _pack(tensor):
     if space is not None and array.dtype == base.dtype:
         return ("view", space.saved_view(array))
     fn = tensor.grad_fn
-    if fn is not None and type(fn).__name__ == "Cast" and fn.next_functions:  # autocast's cast of a parameter
+    if isinstance(fn, Cast) and fn.next_functions:  # autocast's cast of a parameter
         producer = fn.next_functions[0][0]
         source = getattr(producer, "tensor", None)
         if source is not None and getattr(source, "sharded_by", None) is not None and source.sharded_by.gathered:
@@ -151,8 +149,7 @@ def _unpack(packed):
         space, offset, shape, strides = packed[1]
         return space.view_at(offset, shape, strides)
     source, dtype = packed[1], packed[2]
-    if not source.sharded_by.gathered:
-        source.sharded_by.view_at(0, (), ())  # raises: gathered no more
+    source.sharded_by.require_gathered()
     return source.array.astype(dtype)
 
 
@@ -265,6 +262,17 @@ def _post_forward(module, args, output):
 class FSDPModule:
     """What ``fully_shard`` adds to a module's class."""
 
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except BaseException:
+            state = self._fsdp
+            if state.hooks is not None:  # a forward that raised leaves no root half-open for the next one
+                state.hooks.__exit__(None, None, None)
+                state.hooks = None
+                _active.root = None
+            raise
+
     def _units(self):
         return [m._fsdp.unit for m in self.modules() if isinstance(m, FSDPModule) and m._fsdp.unit is not None]
 
@@ -289,44 +297,27 @@ class FSDPModule:
 
     @contextlib.contextmanager
     def unsharded(self, writeback=True, trainable_only=False):
-        """Every parameter of this subtree gathered (torch's summon_full_params; collective over the group); with
-        ``writeback`` what was written into them goes back to the shards on exit. ``trainable_only``: gather just
-        the parameters that require grad (a LoRA model's adapters)."""
+        """Every parameter of this subtree gathered in its own dtype (torch's summon_full_params; collective over the
+        group); with ``writeback`` what was written into them goes back to the shards on exit. ``trainable_only``:
+        gather just the parameters that require grad (a LoRA model's adapters)."""
         spaces = [s for unit in self._units() for s in unit.spaces
                   if not trainable_only or s.params[0].requires_grad]
         for space in spaces:
-            space.unshard()
+            space.unshard(full_precision=True)
         try:
             yield self
         finally:
             for space in spaces:
                 if writeback and space.flat is not None:
-                    lo, hi = space.lo, space.hi
-                    space.shard[:hi - lo] = space.flat[lo:hi].astype(space.dtype)
+                    space.shard[:space.hi - space.lo] = space.flat[space.lo:space.hi]
                 space.reshard()
 
-    @no_grad()
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Scale the sharded gradients so that the norm of the whole model's gradients is at most ``max_norm``;
         returns that norm (the same on every rank)."""
-        norm_type = float(norm_type)
         grads = [v.grad.array for unit in self._units() for space in unit.spaces
                  for v in space.shard_views.values() if v.grad is not None and v.array.size]
-        group = self._fsdp.group
-        if norm_type == math.inf:
-            local = max((float(abs(g).max()) for g in grads if g.size), default=0.0)
-            total = np.array([local], np.float64)
-            group.all_reduce(total, "max")
-            norm = float(total[0])
-        else:
-            total = np.array([sum(float((abs(g.astype(np.float64)) ** norm_type).sum()) for g in grads)])
-            group.all_reduce(total, "sum")
-            norm = float(total[0]) ** (1.0 / norm_type)
-        coef = float(np.float32(max_norm) / (np.float32(norm) + np.float32(1e-6)))
-        if not coef >= 1.0:
-            for g in grads:
-                g *= coef
-        return Tensor(np.array(norm, np.float32))
+        return clip_sharded_grads_(grads, grads, max_norm, norm_type, [self._fsdp.group])
 
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy"]

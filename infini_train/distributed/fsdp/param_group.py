@@ -108,7 +108,8 @@ class FSDPParamGroup:
             self.post_backward()
         for space in self.spaces:
             space.fold_reduced(wait=True)
-        self.reshard()
+        if self.reshard_after_backward:
+            self.reshard()
 
 
 def in_backward():

@@ -257,9 +257,6 @@ class ZeroRedundancyOptimizer:
         The parameters may also be split over a ``tensor_group`` (a parameter with a ``tp_spec`` counts its shard on
         every rank of it, a replicated one only on tensor rank 0) and a ``pipeline_group`` (each stage counts its
         own; the last stage's copy of a tied weight, marked ``shared_embedding``, does not count)."""
-        from ... import distributed as dist
-
-        norm_type = float(norm_type)
         self._point_grads()
         pieces = [view.grad.array for view, *_ in self.pieces]
         skip_replicated = tensor_group is not None and tensor_group.rank != 0
@@ -267,24 +264,7 @@ class ZeroRedundancyOptimizer:
                    if not getattr(p, "shared_embedding", False)
                    and not (skip_replicated and getattr(p, "tp_spec", None) is None)]
         groups = [self.group] + [g for g in (tensor_group, pipeline_group) if g is not None and g.size > 1]
-        if norm_type == math.inf:
-            local = max((float(abs(g).max()) for g in counted if g.size), default=0.0)
-            total = Tensor(np.array([local], np.float64))
-            for group in groups:
-                dist.all_reduce(total, dist.ReduceOp.MAX, group=group)
-            norm = float(total.numpy()[0])
-        else:
-            local = sum(float((abs(g.astype(np.float64) if g.dtype.itemsize < 8 else g) ** norm_type).sum())
-                        for g in counted)
-            total = Tensor(np.array([local], np.float64))
-            for group in groups:
-                dist.all_reduce(total, dist.ReduceOp.SUM, group=group)
-            norm = float(total.numpy()[0]) ** (1.0 / norm_type)
-        coef = float(np.float32(max_norm) / (np.float32(norm) + np.float32(1e-6)))  # torch's formula
-        if not coef >= 1.0:  # below 1, or nan (a nan norm turns the gradients nan, as in torch)
-            for g in pieces:
-                g *= coef
-        return Tensor(np.array(norm, np.float32))
+        return clip_sharded_grads_(pieces, counted, max_norm, norm_type, groups)
 
     # ---------------------------------------------------------------------------------------- state dicts
     def state_bytes(self):
@@ -409,6 +389,35 @@ class ZeroRedundancyOptimizer:
 
     def __repr__(self):
         return f"ZeroRedundancyOptimizer(rank {self.rank} of {self.world}, {self.optim!r})"
+
+
+@no_grad()
+def clip_sharded_grads_(grads, counted, max_norm, norm_type, groups):
+    """Scale ``grads`` (arrays: the pieces of the gradients this rank holds) so that the norm of the whole model's
+    gradients is at most ``max_norm``; ``counted``: the pieces that count towards it on this rank (each element
+    counted once over ``groups``, whose sums or maxima give the whole norm). Returns the norm as a 0-d float32
+    tensor, the same on every rank."""
+    from ... import distributed as dist
+
+    norm_type = float(norm_type)
+    if norm_type == math.inf:
+        local = max((float(abs(g).max()) for g in counted if g.size), default=0.0)
+        total = Tensor(np.array([local], np.float64))
+        for group in groups:
+            dist.all_reduce(total, dist.ReduceOp.MAX, group=group)
+        norm = float(total.numpy()[0])
+    else:
+        local = sum(float((abs(g.astype(np.float64) if g.dtype.itemsize < 8 else g) ** norm_type).sum())
+                    for g in counted)
+        total = Tensor(np.array([local], np.float64))
+        for group in groups:
+            dist.all_reduce(total, dist.ReduceOp.SUM, group=group)
+        norm = float(total.numpy()[0]) ** (1.0 / norm_type)
+    coef = float(np.float32(max_norm) / (np.float32(norm) + np.float32(1e-6)))  # torch's formula
+    if not coef >= 1.0:  # below 1, or nan (a nan norm turns the gradients nan, as in torch)
+        for g in grads:
+            g *= coef
+    return Tensor(np.array(norm, np.float32))
 
 
 def _as_groups(params):
