@@ -16,16 +16,26 @@ are widened once, see low_precision.py), the output and the gradients are rounde
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
 from ..tensor import Tensor
 from . import low_precision as lp
-from .dropout import keep_mask
+from .attention_dropout import draw_seed, keep_block
 from .double_backward import recomputed_grads
 from .function import Op, op_error, sum_to
 
 _NAME = "scaled_dot_product_attention"
+MATH, BLOCKED = "math", "blocked"  # the materialised path (this file) and the memory-efficient one (flash_attention.py)
+AUTO_BLOCKED_KEYS = 1024  # with no choice made, key lengths above this take the memory-efficient path
+
+
+class _Choice(threading.local):
+    allowed = None  # a tuple of MATH / BLOCKED set by nn.attention.sdpa_kernel, or None: chosen by size
+
+
+choice = _Choice()
 _CAUSAL_BLOCK_ROWS = 128
 _causal_cache = {}  # (Tq, Tk, dtype, device) -> additive (Tq, Tk) mask: 0 on and below the diagonal, -inf above
 
@@ -155,12 +165,13 @@ class ScaledDotProductAttention(Op):
         scale_q = q.shape[-1] < tk  # scale whichever is smaller: q (..., Tq, E) or the scores (..., Tq, Tk)
         q_scaled = q * self.used_scale if scale_q else q
         blocks = self._blocks(tq, tk)
+        self.seed = draw_seed(self.device) if self.dropout_p > 0.0 else None
         outs, probs, keeps = [], [], []
         for q0, q1, keys in blocks:
             block_probs = self._probs(q_scaled[..., q0:q1, :], k[..., :keys, :], mask, q0, q1, scale_q)
             weights, keep = block_probs, None
             if self.dropout_p > 0.0:
-                keep = keep_mask(xp, self.device, block_probs.shape, self.dropout_p)
+                keep = keep_block(xp, self.seed, block_probs.shape[:-2], tq, tk, q0, q1, 0, keys, self.dropout_p)
                 weights = block_probs * (1.0 / (1.0 - self.dropout_p))
                 weights *= keep
             outs.append(xp.matmul(weights, v[..., :keys, :]))
@@ -246,11 +257,9 @@ class ScaledDotProductAttention(Op):
         if mask is not None:  # a fully masked row attends to nothing (zeros), as the forward's safe softmax
             blocked = Tensor._make(xp.isneginf(scores.array).all(axis=-1, keepdims=True), dev)
             probs = where(blocked, 0.0, probs)
-        blocks, _, keeps = self.stashed
-        if self.dropout_p > 0.0:
-            keep = xp.zeros(tuple(probs.shape), probs.dtype)
-            for (q0, q1, keys), block_keep in zip(blocks, keeps):
-                keep[..., q0:q1, :keys] = block_keep
+        if self.dropout_p > 0.0:  # the forward's mask: a function of the positions (attention_dropout.py)
+            keep = keep_block(xp, self.seed, tuple(probs.shape[:-2]), self.tq, self.tk, 0, self.tq, 0, self.tk,
+                              self.dropout_p)
             probs = probs * Tensor._make(keep * (1.0 / (1.0 - self.dropout_p)), dev)
         return probs @ v
 
@@ -287,6 +296,12 @@ def _sum_key_prefixes(xp, parts, keys):
     return total
 
 
+def _blocked():
+    from .flash_attention import BlockedAttention
+
+    return BlockedAttention
+
+
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """softmax(q @ k^T * scale + mask) @ v for q (..., Tq, E), k (..., Tk, E), v (..., Tk, Ev), as torch.
@@ -295,13 +310,23 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     ``is_causal`` keeps tril(ones(Tq, Tk)) (top-left aligned, as torch). ``scale`` defaults to 1/sqrt(E).
     ``dropout_p`` drops attention weights with a mask from the generator seeded by ``manual_seed``.
     ``enable_gqa``: k and v may have fewer heads (dim -3) than q, dividing q's (grouped-query attention): q head
-    h attends to k/v head h // (q heads / k heads), as torch. A fully masked query row gives a zero output."""
+    h attends to k/v head h // (q heads / k heads), as torch. A fully masked query row gives a zero output.
+
+    Key lengths above ``AUTO_BLOCKED_KEYS`` take the memory-efficient path (flash_attention.py: no (Tq, Tk) matrix
+    is ever held), shorter ones the materialised path, faster there; ``it.nn.attention.sdpa_kernel`` forces one."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise op_error(_NAME, "dropout_p in [0, 1)", repr(dropout_p), "dropout_p is the probability of dropping")
     if is_causal and attn_mask is not None:
         raise op_error(_NAME, "either attn_mask or is_causal=True", "both",
                        "fold the causal mask into attn_mask (e.g. with tril) and pass is_causal=False")
-    fn = ScaledDotProductAttention(bool(is_causal), scale, float(dropout_p), bool(enable_gqa))
+    cls = ScaledDotProductAttention
+    allowed = choice.allowed
+    if allowed is None:
+        if k.ndim >= 2 and q.ndim >= 2 and k.shape[-2] > AUTO_BLOCKED_KEYS and q.shape[-2] > 1:
+            cls = _blocked()
+    elif MATH not in allowed:
+        cls = _blocked()
+    fn = cls(bool(is_causal), scale, float(dropout_p), bool(enable_gqa))
     if attn_mask is None:
         return fn.apply(q, k, v)
     return fn.apply(q, k, v, attn_mask)

@@ -1,5 +1,5 @@
 """Neural-network modules, functional forms, initialisation and gradient utilities."""
-from . import functional, init, utils
+from . import attention, functional, init, utils
 from .containers import ModuleDict, ModuleList, Sequential
 from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d

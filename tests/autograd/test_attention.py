@@ -68,9 +68,12 @@ def _torch_sdpa_with_keep(keep, p):
 
 
 def test_sdpa_dropout_uses_the_seeded_generator():
+    """The mask is a function of each weight's position and one seed drawn from the seeded generator."""
+    from infini_train.autograd.attention_dropout import draw_seed, keep_block
+
     p, shapes = 0.4, [(2, 3, 4), (2, 5, 4), (2, 5, 3)]
     backend.manual_seed(7)
-    keep = backend.generator_for(backend.CPU).random((2, 3, 5), dtype=np.float32) >= p
+    keep = keep_block(np, draw_seed(backend.CPU), (2,), 3, 5, 0, 3, 0, 5, p)
     assert 0 < keep.sum() < keep.size
 
     def it_fn(q, k, v):
