@@ -7,6 +7,8 @@ import contextlib
 from .. import backend
 from ..nn import functional as F
 from ..creation import arange
+from ..nn.parallel.context_parallel import active_group, local_positions
+from ..nn.parallel.ring_attention import ring_attention
 from ..nn.parallel.tensor_parallel import TP_RANDOM
 
 
@@ -56,6 +58,9 @@ def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
     """Causal attention of q over k, v (B, heads, T, hd); with ``kv_cache`` the new keys and values are appended
     to ``layer``'s cache first and the queries (the last T positions) attend over everything cached."""
     mask, causal = None, True
+    group = active_group()
+    if group is not None and kv_cache is None:  # a sequence split over context-parallel ranks
+        return ring_attention(q, k, v, group, dropout_p=dropout_p, enable_gqa=enable_gqa)
     if kv_cache is not None:
         past = kv_cache.length
         k, v = kv_cache.append(layer, k, v)
@@ -68,6 +73,17 @@ def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
                                           enable_gqa=enable_gqa)
 
 
+def token_positions(start, length, device):
+    """The positions of a forward's ``length`` tokens: start .. start+length-1, or under context parallelism the
+    global positions of this rank's chunks (an int64 Tensor)."""
+    from ..tensor import Tensor
+
+    group = active_group()
+    if group is None:
+        return arange(start, start + length, device=device)
+    return Tensor._make(backend.to_device_array(local_positions(length, group), device), device)
+
+
 def whole_numel(param, tp_size):
     spec = getattr(param, "tp_spec", None)
     if spec is None:
@@ -76,4 +92,4 @@ def whole_numel(param, tp_size):
     return param.numel() // length * (spec.whole_size if spec.whole_size is not None else length * tp_size)
 
 
-__all__ = ["KVCache", "cached_attention", "sharded_random", "TP_RANDOM", "whole_numel"]
+__all__ = ["KVCache", "cached_attention", "sharded_random", "TP_RANDOM", "whole_numel", "token_positions"]

@@ -8,8 +8,7 @@ from __future__ import annotations
 import math
 
 from .. import nn
-from ..creation import arange
-from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, whole_numel  # noqa: F401
+from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, token_positions, whole_numel  # noqa: F401
 from .causal_lm import CausalLM
 from .gpt2_config import GPT2_PRESETS, GPT2Config
 from .gpt2_io import HF_CONV1D
@@ -116,7 +115,7 @@ class GPT2(CausalLM):
         T = idx.shape[1]
         start = kv_cache.length if kv_cache is not None else 0
         self.check_length(start + T)
-        pos = arange(start, start + T, device=idx.device)
+        pos = token_positions(start, T, idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         tp = self.tp
         if tp is not None and tp.sequence_parallel:  # each rank keeps its part of the sequence between blocks

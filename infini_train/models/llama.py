@@ -11,6 +11,7 @@ from .. import backend
 from .. import nn
 from ..nn import functional as F
 from ..tensor import Tensor
+from ..nn.parallel.context_parallel import active_group, local_positions
 from .attention import cached_attention, sharded_random
 from .causal_lm import CausalLM
 from .llama_config import LlamaConfig
@@ -108,6 +109,12 @@ class Llama(CausalLM):
         """The rotary tables of the positions ``x`` holds (under sequence parallelism x is this rank's slice of the
         whole sequence, whose positions the rotation needs)."""
         length = x.shape[1] * (self.tp.size if self.tp is not None and self.tp.sequence_parallel else 1)
+        group = active_group()
+        if group is not None and kv_cache is None:  # context parallel: the global positions of this rank's chunks
+            positions = local_positions(length, group)
+            cos, sin = self.rope(0, int(positions.max()) + 1, x.device)
+            index = backend.to_device_array(positions, x.device)
+            return ((Tensor._make(cos.array[index], x.device), Tensor._make(sin.array[index], x.device)),)
         return (self.rope(kv_cache.length if kv_cache is not None else 0, length, x.device),)
 
     def rope(self, start, length, device):

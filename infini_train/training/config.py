@@ -124,6 +124,8 @@ class ParallelConfig:
     pp_rank * (DP * TP) + dp_rank * TP + tp_rank); the data-parallel size is world / (tensor x pipeline)."""
 
     tensor: int = _key(1, "tensor-parallel size: attention heads, MLP and vocabulary split over this many ranks")
+    context: int = _key(1, "context-parallel size: each sequence split over this many ranks (ring attention; "
+                           "load-balanced causal chunks)")
     sequence: bool = _key(False, "sequence parallelism: layer norms and dropout on slices of the sequence "
                                  "(needs tensor > 1)")
     pipeline: int = _key(1, "pipeline stages: the layers split into this many consecutive parts, one per rank")

@@ -117,6 +117,15 @@ def _check_parallel(cfg, c, errors):
     p, t = cfg.parallel, cfg.train
     c.need("parallel.tensor", lambda v: v >= 1, "an integer >= 1")
     c.need("parallel.pipeline", lambda v: v >= 1, "an integer >= 1")
+    c.need("parallel.context", lambda v: v >= 1, "an integer >= 1")
+    if c.ok("parallel.context", "train.sequence_length") and p.context > 1:
+        if t.sequence_length % (2 * p.context):
+            errors.append(f"train.sequence_length: expected a multiple of 2 x parallel.context = {2 * p.context} "
+                          f"(each context rank holds two of 2 x {p.context} equal chunks of every sequence), got "
+                          f"{t.sequence_length}")
+        if p.sequence:
+            errors.append("parallel.sequence: expected false with parallel.context > 1 (context parallelism already "
+                          "splits the sequence; sequence parallelism would split it again over the tensor group)")
     c.need("parallel.virtual_pipeline", lambda v: v >= 1, "an integer >= 1")
     c.need("parallel.pipeline_schedule", lambda v: v in SCHEDULES,
            f"one of {SCHEDULES}{_closest(p.pipeline_schedule, SCHEDULES)}")

@@ -13,16 +13,17 @@ from ..distributed.fsdp import FSDPModule, fully_shard
 
 
 def shard_fully(model, dims):
-    """fully_shard ``model`` (a causal LM or a PipelinedLM) block by block over ``dims.dp_group``; returns it."""
+    """fully_shard ``model`` (a causal LM or a PipelinedLM) block by block over ``dims.grad_group`` (data x
+    context); returns it."""
     roots = list(model.chunks) if dims.pipeline_parallel else [model]
     shared = {id(p) for p in model.shared_embedding_params()} if dims.pipeline_parallel else set()
     for root in roots:
         for module in root.modules():
             if any(id(p) in shared for p in module._parameters.values() if p is not None):
-                fully_shard(module, dims.dp_group)
+                fully_shard(module, dims.grad_group)
         for _, block in root.numbered_blocks():
-            fully_shard(block, dims.dp_group)
-        fully_shard(root, dims.dp_group)
+            fully_shard(block, dims.grad_group)
+        fully_shard(root, dims.grad_group)
     return model
 
 

@@ -35,7 +35,7 @@ class GradientSync:
                 all_reduce_grads(self._grads(lambda p: id(p) in shared), dims.embedding_group)
             if dims.sequence_parallel:
                 all_reduce_grads(self._grads(_sequence_parallel), dims.tp_group)
-            if dims.dp_size > 1 and self.zero_stage == 2:  # reduce-scattered once the schedule is done
+            if dims.grad_size > 1 and self.zero_stage == 2:  # reduce-scattered once the schedule is done
                 self.optimizer.reduce_gradients(shard=True)
         elif dims.sequence_parallel:
             all_reduce_grads(self._grads(_sequence_parallel, owned=bool(self.zero_stage)), dims.tp_group)

@@ -159,11 +159,11 @@ def wrap_data_parallel(model, optimizer, dims, zero_stage):
     around the whole model, or around each pipeline chunk, averaging gradients while backward runs. Pipeline runs
     under ZeRO-2 keep whole gradients through the schedule (the tied embedding's and sequence-parallel sums need
     them) and reduce-scatter them after it (GradientSync)."""
-    if dims.dp_size == 1 or (dims.pipeline_parallel and zero_stage == 2) or zero_stage == 3:
+    if dims.grad_size == 1 or (dims.pipeline_parallel and zero_stage == 2) or zero_stage == 3:
         return model  # (ZeRO-3: fully_shard reduce-scatters the gradients itself)
 
     def wrap(module):
-        return DistributedDataParallel(module, process_group=dims.dp_group,
+        return DistributedDataParallel(module, process_group=dims.grad_group,
                                        zero_optimizer=optimizer if zero_stage else None, zero_stage=zero_stage or 2)
 
     if dims.pipeline_parallel:
@@ -182,7 +182,8 @@ class Run:
             check_writable(cfg.out_dir)
         t = cfg.train
         p = cfg.parallel
-        self.dims = dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)
+        self.dims = dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule,
+                                        p.context)
         self.grad_accum = cfg.grad_accum_steps(dims.dp_size)
         if dims.pipeline_parallel:
             try:  # the micro-batches are the gradient-accumulation steps
@@ -205,7 +206,7 @@ class Run:
             cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
             zero_stage=cfg.parallel.zero_stage)
         self.zero_stage = cfg.parallel.zero_stage
-        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.dp_group)
+        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)
         self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
                                                   dims.dp_size, config_key="data.train")

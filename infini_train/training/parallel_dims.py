@@ -23,25 +23,30 @@ def step_seed(seed, rank, step, *more):
 
 
 class ParallelDims:
-    """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b")``: the run's parallel sizes
-    and this rank's coordinates and groups in them (``tp_group`` / ``pp_group`` None without tensor / pipeline
-    parallelism)."""
+    """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1)``: the run's
+    parallel sizes and this rank's coordinates and groups in them (``tp_group`` / ``pp_group`` / ``cp_group`` None
+    without tensor / pipeline / context parallelism). Gradients are averaged over ``grad_group``: the data-parallel
+    group, times the context group under context parallelism."""
 
-    def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b"):
+    def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.tp_size, self.sequence_parallel = int(tensor), bool(sequence)
         self.pp_size, self.virtual, self.schedule = int(pipeline), int(virtual), schedule
-        self.tp_group = self.pp_group = self.embedding_group = None
-        self.tp_rank = self.pp_rank = 0
-        if self.tp_size == 1 and self.pp_size == 1:
+        self.cp_size = int(context)
+        self.tp_group = self.pp_group = self.embedding_group = self.cp_group = None
+        self.tp_rank = self.pp_rank = self.cp_rank = 0
+        if self.tp_size == 1 and self.pp_size == 1 and self.cp_size == 1:
             self.mesh = None
-            self.dp_group = dist.default_group()
+            self.dp_group = self.grad_group = dist.default_group()
             self.dp_rank, self.dp_size = self.rank, self.world
             return
         from ..distributed.mesh import ProcessMesh
 
-        self.mesh = mesh = ProcessMesh(tensor=self.tp_size, pipeline=self.pp_size)
+        self.mesh = mesh = ProcessMesh(tensor=self.tp_size, pipeline=self.pp_size, context=self.cp_size)
         self.dp_group, self.dp_rank, self.dp_size = mesh.data_group, mesh.dp_rank, mesh.dp_size
+        self.grad_group = mesh.grad_group
+        if self.cp_size > 1:
+            self.cp_group, self.cp_rank = mesh.context_group, mesh.cp_rank
         if self.tp_size > 1:
             self.tp_group, self.tp_rank = mesh.tensor_group, mesh.tp_rank
         if self.pp_size > 1:
@@ -55,12 +60,23 @@ class ParallelDims:
     def pipeline_parallel(self):
         return self.pp_size > 1
 
+    @property
+    def context_parallel(self):
+        return self.cp_size > 1
+
+    @property
+    def grad_size(self):
+        """The ranks gradients are averaged over (data x context)."""
+        return self.dp_size * self.cp_size
+
     def describe(self):
         parts = []
         if self.pipeline_parallel:
             chunks = f", {self.virtual} chunks per stage" if self.virtual > 1 else ""
             parts.append(f"pipeline {self.pp_size} ({self.schedule}{chunks})")
         parts.append(f"data parallel {self.dp_size}")
+        if self.context_parallel:
+            parts.append(f"context parallel {self.cp_size}")
         if self.tensor_parallel:
             parts.append(f"tensor parallel {self.tp_size}" + (" with sequence parallel" if self.sequence_parallel
                                                               else ""))
@@ -74,11 +90,12 @@ class ParallelDims:
             backend.seed_fork(TP_RANDOM, step_seed(seed, self.dp_rank, step, 1 + self.tp_rank))
 
     def mean_over_data(self, value):
-        """The average of a float over the data-parallel ranks (the tensor ranks of a group hold the same)."""
-        if self.dp_size == 1:
+        """The average of a float over the data-parallel ranks and, under context parallelism, the context ranks
+        (each holds the loss of its share of the sequence; the tensor ranks of a group hold the same)."""
+        if self.grad_size == 1:
             return value
         mean = Tensor(np.array([value], np.float64))
-        dist.all_reduce(mean, "avg", group=self.dp_group)
+        dist.all_reduce(mean, "avg", group=self.grad_group)
         return float(mean.numpy()[0])
 
 

@@ -11,6 +11,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+from ..nn.parallel.context_parallel import context_parallel, local_chunks
 from ..optim.lr_scheduler import cosine_with_warmup
 from .evaluation import to_device_tensor
 from .forward_backward import forward_backward_func
@@ -52,7 +53,20 @@ class StepPlan:
     def __post_init__(self):
         self.forward_backward = forward_backward_func(self.dims.pipeline_parallel)
         self.no_sync = self.model.no_sync if self.ddp else None
-        self.amp = self.amp or contextlib.nullcontext
+        amp = self.amp or contextlib.nullcontext
+        if self.dims.context_parallel:  # every forward runs its attention over the context group
+            group = self.dims.cp_group
+            self.amp = lambda: _stacked(amp(), context_parallel(group))
+        else:
+            self.amp = amp
+
+
+@contextlib.contextmanager
+def _stacked(*contexts):
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        yield
 
 
 def train_step(plan, loader, train_cfg, step, seed):
@@ -70,6 +84,8 @@ def train_step(plan, loader, train_cfg, step, seed):
 
     def next_batch():
         x, y = _next_batch(loader, train_cfg)
+        if dims.context_parallel:  # this rank's two chunks of every sequence
+            x, y = local_chunks(x, dims.cp_group), local_chunks(y, dims.cp_group)
         return to_device_tensor(x, plan.device), to_device_tensor(y, plan.device)
 
     if scaler is not None and dims.pipeline_parallel:  # only the last stage scales a loss; the others
