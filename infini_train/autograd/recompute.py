@@ -41,7 +41,7 @@ from .function import Function, Op, _tensor_class
 from .grad_mode import _state as _grad
 from .grad_mode import enable_grad
 
-__all__ = ["checkpoint", "checkpoint_sequential", "Checkpoint"]
+__all__ = ["checkpoint", "checkpoint_sequential", "Checkpoint", "register_forward_state"]
 
 _DETERMINISM_HINT = ("the function must compute the same way from the same inputs each time: no branching on "
                      "global state, no tensor created with requires_grad=True inside it, and a tensor it keeps "
@@ -114,6 +114,16 @@ def _segment(functions, start, end):
     return run
 
 
+FORWARD_STATES = []  # (capture, restore) of thread-local state a forward runs under, set again for its recomputation
+
+
+def register_forward_state(capture, restore):
+    """Have every recomputation run under the state ``capture()`` returned when its forward ran (``restore(state)``
+    sets it; the state of the moment is put back afterwards), as the RNG and autocast state are: e.g. the group a
+    context-parallel forward ran its attention over."""
+    FORWARD_STATES.append((capture, restore))
+
+
 def _contexts(context_fn):
     if context_fn is None:
         return contextlib.nullcontext(), contextlib.nullcontext()
@@ -148,6 +158,7 @@ class Checkpoint(Function):
         self.save_for_backward(*inputs)  # before the call: an in-place change of an input inside it is then caught
         self.rng = backend.get_rng_state_all() if self.preserve_rng_state else None
         self.autocast = _autocast.snapshot()
+        self.states = [capture() for capture, _ in FORWARD_STATES]
         leaves = [_leaf(t, req) for t, req in zip(inputs, self.requires)]
         fargs, fkwargs = _fill(self.spec, leaves)
         with forward_context, _own_cast_cache():
@@ -233,14 +244,19 @@ class Checkpoint(Function):
         args, kwargs = _fill(self.spec, leaves)
         rng_now = backend.get_rng_state_all() if self.rng is not None else None
         autocast_now = _autocast.snapshot()
+        states_now = [capture() for capture, _ in FORWARD_STATES]
         try:
             if self.rng is not None:
                 backend.set_rng_state_all(self.rng)
             _autocast.restore(self.autocast)
+            for (_, restore), state in zip(FORWARD_STATES, self.states):
+                restore(state)
             with enable_grad(), _own_cast_cache(), self.recompute_context:
                 out = self.function(*args, **kwargs)
         finally:
             _autocast.restore(autocast_now)
+            for (_, restore), state in zip(FORWARD_STATES, states_now):
+                restore(state)
             if rng_now is not None:
                 backend.set_rng_state_all(rng_now)
         del args, kwargs
@@ -286,7 +302,7 @@ class Checkpoint(Function):
 
     def _release(self):
         super()._release()
-        self.rng = self.spec = None  # the RNG snapshot holds copies of the GPU generators' states
+        self.rng = self.spec = self.states = None  # the RNG snapshot holds copies of the GPU generators' states
 
 
 class _Alias(Op):

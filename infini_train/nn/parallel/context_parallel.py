@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from ...autograd.recompute import register_forward_state
 from .ring_attention import chunks_of
 
 
@@ -34,6 +35,13 @@ def context_parallel(group):
 def active_group():
     """The context-parallel group a forward runs under, or None."""
     return _state.group
+
+
+def _set_group(group):
+    _state.group = group
+
+
+register_forward_state(active_group, _set_group)  # a recomputed block runs its attention over the same group
 
 
 def local_chunks(x, group, dim=1):
