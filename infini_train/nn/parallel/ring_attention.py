@@ -6,8 +6,9 @@ of Megatron-LM and torchtitan: every rank gets the same share of the triangle). 
 values travel around the ring, one hop per step, the next hop's transfer started before the step's compute so the
 two overlap. At each step every (query chunk, key chunk) pair runs the blocked kernels (autograd/flash_kernels.py):
 in full below the diagonal, causally on it, not at all above it, and the partial results merge by their
-log-sum-exp. Backward passes the keys and values around again with their gradients, each rank adding its queries'
-contribution, until the gradients arrive back home; the queries' gradients stay local.
+log-sum-exp. Backward passes the keys and values around again (the next hop again overlapping the compute), their
+gradients following each rank's contribution, until the gradients arrive back home; the queries' gradients stay
+local.
 """
 from __future__ import annotations
 
@@ -119,6 +120,8 @@ class RingAttention(Op):
         held_grads = [xp.zeros(k.shape, out.dtype), xp.zeros(v.shape, out.dtype)]
         for step in range(group.size):
             src = (group.rank - step) % group.size
+            last = step == group.size - 1  # the gradients go home; the keys and values are not needed any more
+            kv_works, incoming_kv, _sent_kv = self._exchange(held, _KV_TAG) if not last else ([], None, None)
             kk, vv = self._kv(*held, heads)
             grad_k, grad_v = xp.zeros(kk.shape, out.dtype), xp.zeros(vv.shape, out.dtype)
             for rows, keys, causal, qc, kc in self._pairs(src):
@@ -127,11 +130,10 @@ class RingAttention(Op):
                                  grad_k[..., keys, :], grad_v[..., keys, :])
             held_grads[0] += self._fold_heads(grad_k, kv_heads)
             held_grads[1] += self._fold_heads(grad_v, kv_heads)
-            last = step == group.size - 1  # the gradients go home; the keys and values are not needed any more
-            works, incoming, _sent = self._exchange(held_grads if last else list(held) + held_grads, _GRAD_TAG)
-            for work in works:
+            works, incoming, _sent = self._exchange(held_grads, _GRAD_TAG)  # (the keys went on during the compute)
+            for work in kv_works + works:
                 work.wait()
-            held, held_grads = (None, incoming) if last else (tuple(incoming[:2]), incoming[2:])
+            held, held_grads = incoming_kv, incoming
         grad_q *= self.used_scale
         held_grads[0] *= self.used_scale
         return tuple(lp.narrow(xp, a, self.in_dtype) for a in (grad_q, held_grads[0], held_grads[1]))
