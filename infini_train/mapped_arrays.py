@@ -1,7 +1,8 @@
 """Tensors stored in files, read box by box: a ``MappedArray`` knows a tensor's file, byte offset, shape and dtype,
 and indexing it (``a[10:20, :64]``) maps just that tensor, copies out the box and unmaps it again, so the pages read
 are the box's and a process's memory grows by what it keeps. Weight files (safetensors, llm.c) open as
-{name: MappedArray}; a rank that keeps a part of each tensor reads only that part."""
+{name: MappedArray} (safetensors_io.mapped_safetensors, the models' weight readers); a rank that keeps a part of
+each tensor reads only that part."""
 from __future__ import annotations
 
 import os
@@ -62,31 +63,9 @@ class MappedArray:
         return f"MappedArray({self.path!r}, shape={self.shape}, dtype={self.dtype})"
 
 
-def mapped_safetensors(path, names=None):
-    """{name: MappedArray} of a safetensors file's tensors (only ``names`` when given); nothing is read but the
-    header. Raises SafetensorsError for a tensor whose bytes run past the file's end."""
-    from .safetensors_io import SafetensorsError, _numpy_dtype, read_header
-
-    header, _, base = read_header(path)
-    size = os.path.getsize(path)
-    out = {}
-    for name, info in header.items():
-        if names is not None and name not in names:
-            continue
-        dtype = _numpy_dtype(info["dtype"], path, name)
-        start, stop = info["data_offsets"]
-        shape = tuple(info["shape"])
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if stop - start != expected or base + stop > size:
-            raise SafetensorsError(f"{path}: tensor {name!r} of shape {shape} {info['dtype']} needs {expected} bytes, "
-                                   f"its offsets give {stop - start} (file {size} bytes): truncated or damaged")
-        out[name] = MappedArray(path, base + start, shape, dtype)
-    return out
-
-
 def read_box(array, offsets, sizes):
     """The box of ``array`` (a MappedArray or an ndarray) at ``offsets`` of ``sizes``, as an ndarray."""
     return np.asarray(array[tuple(slice(o, o + n) for o, n in zip(offsets, sizes))])
 
 
-__all__ = ["MappedArray", "mapped_safetensors", "read_box"]
+__all__ = ["MappedArray", "read_box"]

@@ -56,10 +56,30 @@ def read_header(path):
     return header, metadata, 8 + length
 
 
+def mapped_safetensors(path, names=None):
+    """{name: MappedArray} of a safetensors file's tensors (only ``names`` when given); nothing is read but the
+    header. Raises SafetensorsError for a tensor whose bytes run past the file's end."""
+    from .mapped_arrays import MappedArray
+
+    header, _, base = read_header(path)
+    size = os.path.getsize(path)
+    out = {}
+    for name, info in header.items():
+        if names is not None and name not in names:
+            continue
+        dtype = _numpy_dtype(info["dtype"], path, name)
+        start, stop = info["data_offsets"]
+        shape = tuple(info["shape"])
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if stop - start != expected or base + stop > size:
+            raise SafetensorsError(f"{path}: tensor {name!r} of shape {shape} {info['dtype']} needs {expected} bytes, "
+                                   f"its offsets give {stop - start} (file {size} bytes): truncated or damaged")
+        out[name] = MappedArray(path, base + start, shape, dtype)
+    return out
+
+
 def read_safetensors(path, names=None):
     """{name: numpy array} of the file's tensors (only ``names`` when given), copied out of a memory map."""
-    from .mapped_arrays import mapped_safetensors
-
     return {name: tensor[...] for name, tensor in mapped_safetensors(path, names).items()}
 
 
@@ -88,4 +108,4 @@ def write_safetensors(path, tensors, metadata=None):
     write_atomically(path, write)
 
 
-__all__ = ["read_safetensors", "write_safetensors", "read_header", "SafetensorsError"]
+__all__ = ["read_safetensors", "mapped_safetensors", "write_safetensors", "read_header", "SafetensorsError"]

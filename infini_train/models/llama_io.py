@@ -10,8 +10,7 @@ import re
 import numpy as np
 
 from .. import backend
-from ..mapped_arrays import mapped_safetensors
-from ..safetensors_io import SafetensorsError, write_safetensors
+from ..safetensors_io import SafetensorsError, mapped_safetensors, write_safetensors
 from .gpt2_io import WeightsError, _atomic_write
 from .llama_config import ROPE_SCALING_KEYS, LlamaConfig
 from .special_tokens import text_boundary_ids

@@ -283,7 +283,7 @@ def mapped_model_checkpoint(path):
     when indexed (MappedArray / SavedTensor), so a rank reads only the parts it keeps; and its state.json."""
     from ..distributed.checkpoint import CheckpointFormatError
     from ..distributed.checkpoint.whole_files import SavedTensor
-    from ..mapped_arrays import mapped_safetensors
+    from ..safetensors_io import mapped_safetensors
     from ..safetensors_io import SafetensorsError
 
     path = resolve_checkpoint(path)

@@ -1,7 +1,10 @@
-"""Parallel modules: DataParallel (one process, many devices), DistributedDataParallel (one per rank), and tensor
+"""Parallel modules: DataParallel (one process, many devices), DistributedDataParallel (one per rank), tensor
 (+ sequence) parallelism: the conjugate communication mappings, column/row-parallel linears, the vocab-parallel
-embedding and cross-entropy, clipping by the whole model's norm, and whole state dicts for checkpoints."""
+embedding and cross-entropy, clipping by the whole model's norm, and whole state dicts for checkpoints; context
+parallelism: ring attention over a sequence split across ranks."""
+from .context_parallel import context_parallel, local_chunks, local_positions
 from .data_parallel import DataParallel, parallel_apply, replicate
+from .ring_attention import ring_attention
 from .distributed import DistributedDataParallel, Reducer
 from .grad_norm import clip_grad_norm_model_parallel_
 from .mappings import (
