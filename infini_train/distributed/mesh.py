@@ -32,8 +32,10 @@ class ProcessMesh:
                 raise MeshError(f"parallel.{name}: expected an integer >= 1, got {size!r}")
         split = tensor * pipeline * context
         if world % split:
-            named = [(k, v) for k, v in (("tensor", tensor), ("context", context), ("pipeline", pipeline)) if v > 1]
-            sizes = " x ".join(k for k, _ in named) + " = " + " x ".join(str(v) for _, v in named) + f" = {split}"
+            named = [(k, v) for k, v in (("tensor", tensor), ("context", context), ("pipeline", pipeline))
+                     if v > 1 or k == "tensor"]
+            sizes = (" x ".join(k for k, _ in named) + " = " + " x ".join(str(v) for _, v in named) + f" = {split}"
+                     if len(named) > 1 else f"tensor = {tensor}")
             keys = " / ".join(f"parallel.{k}" for k, _ in named)
             raise MeshError(
                 f"parallel: the world of {world} ranks is not divisible by {sizes}\nHINT: start a multiple of "

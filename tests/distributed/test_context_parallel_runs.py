@@ -11,7 +11,7 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints
 from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
-from tests.training.tiny_run import losses_by_step, make_data, metrics, run, tiny_args
+from tests.training.tiny_run import grad_norms, losses_by_step, make_data, run, tiny_args
 
 pytestmark = needs_mpiexec
 
@@ -27,10 +27,6 @@ def data_dir(tmp_path_factory):
 
 def _train(data_dir, out, ranks, *extra, check=True):
     return run(tiny_args(data_dir, out, *SHAPE, *extra), ranks=ranks, check=check)
-
-
-def _norms(out):
-    return [r["grad_norm"] for r in metrics(out) if "grad_norm" in r]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +60,7 @@ def test_context_parallel_gives_the_one_process_losses(data_dir, single, tmp_pat
     want, got = losses_by_step(single[model, "plain"]), losses_by_step(out)
     assert sorted(got) == sorted(want) == list(range(10))
     np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-4)
-    np.testing.assert_allclose(_norms(out), _norms(single[model, "plain"]), rtol=1e-4)
+    np.testing.assert_allclose(grad_norms(out), grad_norms(single[model, "plain"]), rtol=1e-4)
 
 
 @pytest.mark.parametrize("model", list(MODELS))

@@ -10,7 +10,7 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints
 from tests.distributed.mpi_jobs import needs_mpiexec, output
-from tests.training.tiny_run import losses_by_step, make_data, metrics, run, tiny_args
+from tests.training.tiny_run import grad_norms, losses_by_step, make_data, run, tiny_args
 
 pytestmark = needs_mpiexec
 
@@ -27,10 +27,6 @@ def data_dir(tmp_path_factory):
 
 def _train(data_dir, out, ranks, *extra, check=True):
     return run(tiny_args(data_dir, out, *SHAPE, *extra), ranks=ranks, check=check)
-
-
-def _norms(out):
-    return [r["grad_norm"] for r in metrics(out) if "grad_norm" in r]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +52,7 @@ def test_zero3_composes_and_gives_the_one_processlosses_by_step(data_dir, single
     want, got = losses_by_step(single[reference]), losses_by_step(out)
     assert sorted(got) == sorted(want) == list(range(10))
     np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-4)
-    np.testing.assert_allclose(_norms(out), _norms(single[reference]), rtol=1e-4)
+    np.testing.assert_allclose(grad_norms(out), grad_norms(single[reference]), rtol=1e-4)
     if reference == "lora":
         assert os.path.exists(out / "adapter" / "adapter_model.safetensors")
 

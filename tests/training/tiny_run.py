@@ -56,6 +56,11 @@ def losses_by_step(out_dir):
     return {r["step"]: r["loss"] for r in metrics(out_dir) if "loss" in r}
 
 
+def grad_norms(out_dir):
+    """The gradient norm of every logged step of a run, in order."""
+    return [r["grad_norm"] for r in metrics(out_dir) if "grad_norm" in r]
+
+
 def metrics(out_dir):
     """The step and validation records of metrics.jsonl (not the run's closing memory record)."""
     return [r for r in all_records(out_dir) if "memory" not in r]
