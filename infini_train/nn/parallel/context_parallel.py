@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from ... import backend
 from ...autograd.recompute import register_forward_state
 from .ring_attention import chunks_of
 
@@ -62,8 +63,7 @@ def local_chunks(x, group, dim=1):
     if hasattr(x, "array"):
         from ...functional import cat
         return cat(parts, dim)
-    xp = np if isinstance(x, np.ndarray) else __import__("cupy")
-    return xp.concatenate(parts, axis=dim)
+    return backend.device_of_array(x).array_module().concatenate(parts, axis=dim)
 
 
 def local_positions(local_length, group):
