@@ -20,7 +20,7 @@ import numpy as np
 
 from ... import backend
 from ...atomic_file import write_text_atomically
-from ...safetensors_io import _code, _numpy_dtype, read_header, write_safetensors
+from ...safetensors_io import SafetensorsError, _code, _numpy_dtype, mapped_safetensors, write_safetensors
 from .pieces import LocalPieces, overlap, region
 
 METADATA = "metadata.json"
@@ -154,29 +154,23 @@ def verify(directory, files=None):
 
 
 class _Reader:
-    """Saved entries as memory-mapped arrays: slicing one reads only the pages it touches. Each entry is mapped on
-    its own, for as long as it is used, so a rank's address space grows by the entries it reads, not by the files."""
+    """Saved entries as tensors read box by box (safetensors_io.mapped_safetensors): reading a box maps just its
+    entry, so a rank's memory and address space grow by what it reads, not by the files."""
 
     def __init__(self, directory):
-        self.directory, self.headers = directory, {}
+        self.directory, self.files = directory, {}
 
     def entry(self, file, key):
         path = os.path.join(self.directory, file)
-        if file not in self.headers:
-            header, _, base = read_header(path)
-            self.headers[file] = (header, base, os.path.getsize(path))
-        header, base, size = self.headers[file]
-        if key not in header:
+        if file not in self.files:
+            try:
+                self.files[file] = mapped_safetensors(path)
+            except SafetensorsError as exc:  # an entry running past the end of the file: truncated
+                raise CheckpointFormatError(str(exc)) from None
+        entries = self.files[file]
+        if key not in entries:
             raise CheckpointFormatError(f"{path}: no entry {key!r}, which the metadata lists (damaged checkpoint)")
-        info = header[key]
-        dtype = np.dtype(_numpy_dtype(info["dtype"], file, key))
-        start, stop = info["data_offsets"]
-        if base + stop > size:
-            raise CheckpointFormatError(f"{path}: entry {key!r} runs past the end of the file (truncated)")
-        if stop == start:
-            return np.zeros(tuple(info["shape"]), dtype)
-        data = np.memmap(path, dtype=np.uint8, mode="r", offset=base + start, shape=(stop - start,))
-        return data.view(dtype).reshape(tuple(info["shape"]))
+        return entries[key]
 
 
 def load(state, directory, group=None, metadata=None):
