@@ -281,17 +281,14 @@ def load_model_checkpoint(path, warn=None):
 def mapped_model_checkpoint(path):
     """{name: array-like} of a checkpoint's model after verifying its model files, each tensor read box by box
     when indexed (MappedArray / SavedTensor), so a rank reads only the parts it keeps; and its state.json."""
-    from ..distributed.checkpoint import CheckpointFormatError
+    from ..distributed.checkpoint import CheckpointFormatError, read_metadata
     from ..distributed.checkpoint.whole_files import SavedTensor
-    from ..safetensors_io import mapped_safetensors
-    from ..safetensors_io import SafetensorsError
+    from ..safetensors_io import SafetensorsError, mapped_safetensors
 
     path = resolve_checkpoint(path)
     state = verify_checkpoint(path, model_only=True)
     try:
         if state.get("format") == "sharded":
-            from ..distributed.checkpoint import read_metadata
-
             metadata = read_metadata(path)
             return {e[len("model/"):]: SavedTensor(path, e, metadata) for e in metadata["tensors"]
                     if e.startswith("model/")}, state

@@ -16,11 +16,7 @@ from .storage import load, read_metadata
 
 def whole_tensor(directory, entry, metadata=None):
     """The global tensor ``entry`` of the sharded checkpoint in ``directory``, assembled (a numpy array)."""
-    metadata = metadata or read_metadata(directory)
-    info = metadata["tensors"][entry]
-    array = np.zeros(tuple(info["shape"]), _numpy_dtype(info["dtype"], directory, entry))
-    load({entry: array}, directory, metadata=metadata)
-    return array
+    return SavedTensor(directory, entry, metadata)[...]
 
 
 class SavedTensor:
