@@ -20,10 +20,6 @@ from .state_tree import flatten_state, unflatten_state
 OPTIMIZER = "optimizer/"
 
 
-def _array(value):
-    return getattr(value, "array", value)
-
-
 class ShardedState:
     def __init__(self, dims, model, optimizer, zero_stage, lora):
         self.dims, self.model, self.optimizer = dims, model, optimizer
@@ -66,9 +62,7 @@ class ShardedState:
 
     def _model_pieces(self, t):
         """The pieces of a state-dict entry this rank holds (a fully_shard parameter: its flat piece)."""
-        if getattr(t, "sharded_by", None) is not None:
-            return param_pieces(t, None, self.tp_rank, self.tp_size)
-        return self._pieces(_array(t), t)
+        return param_pieces(t, self.tp_rank, self.tp_size)
 
     def _pieces(self, array, p):
         return tensor_pieces(array, getattr(p, "tp_spec", None), self.tp_rank, self.tp_size)

@@ -55,7 +55,7 @@ for source_name, path in sources.items():
         model, _, base = build_model(cfg, backend.CPU, dims, zero_stage=p.zero_stage)
         tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims.tensor_parallel else (0, 1)
         for name, t in base_entries(model):
-            for offsets, view in param_pieces(t, None, tp_rank, tp_size).pieces:
+            for offsets, view in param_pieces(t, tp_rank, tp_size).pieces:
                 box = tuple(slice(o, o + n) for o, n in zip(offsets, view.shape))
                 assert np.array_equal(np.asarray(view), reference[name][box]), (source_name, layout, name)
         assert base.sha256 == weights_digest(source_model), (source_name, layout)

@@ -43,7 +43,7 @@ def replay_inits(calls, model, rank=0, size=1):
         source = _source_of(p)
         if getattr(p, "sharded_by", None) is None:  # (fully_shard's shards start zero-filled)
             p.array[...] = 0
-        pieces = param_pieces(p, None, rank, size)
+        pieces = param_pieces(p, rank, size)
         holders.setdefault(id(source), []).append((p, pieces))
     recorded = {id(t) for t, _, _ in calls}
     for p in model.parameters():

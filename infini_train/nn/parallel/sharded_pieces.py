@@ -67,13 +67,13 @@ def flat_pieces(local_shape, flat_view, flat_start, spec=None, rank=0, size=1):
     return pieces
 
 
-def param_pieces(p, array=None, rank=0, size=1):
-    """The pieces of the whole tensor that this rank holds of parameter ``p``: its shard (``array``, default its
-    values) split by its ``tp_spec``, or, for a parameter fully_shard keeps sharded, its flat piece of that."""
+def param_pieces(p, rank=0, size=1):
+    """The pieces of the whole tensor that this rank holds of ``p`` (a parameter or buffer): its values split by its
+    ``tp_spec``, or, for a parameter fully_shard keeps sharded, its flat piece of that."""
     spec = getattr(p, "tp_spec", None)
     sharded_by = getattr(p, "sharded_by", None)
     if sharded_by is None:
-        return tensor_pieces(p.array if array is None else array, spec, rank, size)
+        return tensor_pieces(p.array, spec, rank, size)
     piece = sharded_by.local_piece(p)
     if piece is None:
         return LocalPieces(whole_shape(tuple(p.shape), spec, size), sharded_by.dtype, [])
