@@ -83,7 +83,7 @@ class ShardedFlatSpace(FlatSpace):
         self.param_dtype = np.dtype(param_dtype or self.dtype)
         self.reduce_dtype = np.dtype(reduce_dtype or self.param_dtype)
         self.flat = self.flat_grad = None
-        self._gathering = None  # (work, buffer) of an all-gather in flight
+        self._gathering = None  # (work, buffer, what was sent) of an all-gather in flight
         self.pending = []  # (work, reduced shard) of reduce-scatters in flight
         self.shard = self._allocate(self.shard_size, self.dtype)
         if self.device is not backend.META:
@@ -104,10 +104,9 @@ class ShardedFlatSpace(FlatSpace):
         """``shard_views``: each parameter's piece of the shard as a 1-D tensor (empty where this rank holds none
         of it), what an optimizer steps."""
         self.shard_views = {}
-        for p, offset in zip(self.params, self.offsets):
-            a, b = max(offset, self.lo), min(offset + p.numel(), self.hi)
-            region = self.shard[a - self.lo:b - self.lo] if a < b else self.shard[:0]
-            view = Tensor._make(region, self.device)
+        for k, p in enumerate(self.params):
+            a, b = self.held(k)
+            view = Tensor._make(self.shard[a - self.lo:b - self.lo] if a < b else self.shard[:0], self.device)
             view._requires_grad = p.requires_grad
             self.shard_views[id(p)] = view
 
@@ -123,9 +122,8 @@ class ShardedFlatSpace(FlatSpace):
     def local_piece(self, p):
         """(first element of ``p`` this rank holds, those elements as a 1-D array), or None if it holds none."""
         k = self.position[id(p)]
-        offset = self.offsets[k]
-        a, b = max(offset, self.lo), min(offset + p.numel(), self.hi)
-        return (a - offset, self.shard[a - self.lo:b - self.lo]) if a < b else None
+        a, b = self.held(k)
+        return (a - self.offsets[k], self.shard[a - self.lo:b - self.lo]) if a < b else None
 
     # ------------------------------------------------------------------------------------------ gathering
     @property
@@ -199,22 +197,19 @@ class ShardedFlatSpace(FlatSpace):
         out = self._allocate(self.shard_size, self.reduce_dtype, zero=False)
         self.pending.append((self.group.reduce_scatter_tensor(out, flat_grad, async_op=True), out))
 
-    def fold_reduced(self, wait):
-        """Add the averaged shards of completed reductions to ``grad_shard`` (``wait``: all of them)."""
+    def fold_reduced(self):
+        """Wait for the reductions in flight and add their averaged shards to ``grad_shard``."""
         while self.pending:
-            work, out = self.pending[0]
-            if not wait and not work.is_completed():
-                return
+            work, out = self.pending.pop(0)
             work.wait()
-            self.pending.pop(0)
             views = [v for v in self.shard_views.values() if v.array.size]
             grad = self.sharded_grad()
             if any(v.grad is None for v in views):  # zeroed with set_to_none by an optimizer
                 grad[...] = 0
             out /= self.world
             grad += out if out.dtype == grad.dtype else out.astype(grad.dtype)
-            for p, offset in zip(self.params, self.offsets):
+            for k, p in enumerate(self.params):
                 view = self.shard_views[id(p)]
                 if view.array.size and view.grad is None:
-                    a = max(offset, self.lo)
-                    view.grad = Tensor._make(grad[a - self.lo:a - self.lo + view.array.size], self.device)
+                    a, b = self.held(k)
+                    view.grad = Tensor._make(grad[a - self.lo:b - self.lo], self.device)

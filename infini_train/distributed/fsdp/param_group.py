@@ -95,7 +95,7 @@ class FSDPParamGroup:
             for space in self.spaces:
                 if space.params[0].requires_grad:
                     while len(_REDUCING) >= MAX_REDUCING:
-                        _REDUCING.popleft().fold_reduced(wait=True)
+                        _REDUCING.popleft().fold_reduced()
                     space.reduce_grads()
                     _REDUCING.append(space)
         if self.reshard_after_backward:
@@ -107,7 +107,7 @@ class FSDPParamGroup:
         if self.trainable and (self.ready or self.used):
             self.post_backward()
         for space in self.spaces:
-            space.fold_reduced(wait=True)
+            space.fold_reduced()
         if self.reshard_after_backward:
             self.reshard()
 

@@ -72,10 +72,15 @@ class FlatSpace:
     def owned_pieces(self):
         """(param, flat start, start, stop) for each parameter's elements inside this rank's shard: elements
         [start, stop) of the flattened parameter, at ``flat start`` in the flat space."""
-        for p, offset in zip(self.params, self.offsets):
-            a, b = max(offset, self.lo), min(offset + p.numel(), self.hi)
+        for k, (p, offset) in enumerate(zip(self.params, self.offsets)):
+            a, b = self.held(k)
             if a < b:
                 yield p, a, a - offset, b - offset
+
+    def held(self, k):
+        """The flat range [a, b) of parameter ``k`` this rank's shard holds (empty: a >= b)."""
+        offset = self.offsets[k]
+        return max(offset, self.lo), min(offset + self.params[k].numel(), self.hi)
 
     def owner_segments(self, start, stop):
         """(rank, a, b): the part [a, b) of the flat range [start, stop) that each rank owns."""
