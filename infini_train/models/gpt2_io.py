@@ -66,8 +66,7 @@ def hf_config_to_gpt2(hf: dict, source: str) -> GPT2Config:
 def hf_weights(directory):
     """(GPT2Config, {name in this model: MappedArray}) of an HF GPT-2 directory: only the header is read; the
     Conv1D matrices come transposed to (out, in), the output layer is the token embedding."""
-    from ..safetensors_io import mapped_safetensors
-    from ..safetensors_io import SafetensorsError
+    from ..safetensors_io import SafetensorsError, mapped_safetensors
 
     config_path = os.path.join(directory, "config.json")
     weights_path = os.path.join(directory, "model.safetensors")

@@ -61,17 +61,17 @@ class RingAttention(Op):
         dropout = None if self.seed is None else (self.seed, whole, whole, qc * c, kc * c, self.dropout_p)
         return kernels.Blocks(self.xp, self.device, c, c, self.used_scale, causal=causal, dropout=dropout)
 
-    def _exchange(self, arrays, tag, receive=True):
-        """Send ``arrays`` to the next rank and (``receive``) receive the previous rank's into fresh buffers; returns
-        (works, buffers, what was sent: kept until the works are waited on). Sends and receives start together, so
-        the ring cannot deadlock."""
+    def _exchange(self, arrays, tag):
+        """Send ``arrays`` to the next rank and receive the previous rank's into fresh buffers; returns
+        (works, buffers); a Work keeps what it sends until waited on. Sends and receives start together, so the ring
+        cannot deadlock."""
         xp, group = self.xp, self.group
         nxt, prev = (group.rank + 1) % group.size, (group.rank - 1) % group.size
         sent = [xp.ascontiguousarray(a) for a in arrays]
-        buffers = [xp.empty_like(a) for a in sent] if receive else []
+        buffers = [xp.empty_like(a) for a in sent]
         ops = [("send", a, nxt, tag + 10 * i) for i, a in enumerate(sent)]
         ops += [("recv", b, prev, tag + 10 * i) for i, b in enumerate(buffers)]
-        return group.batch_isend_irecv(ops), buffers, sent
+        return group.batch_isend_irecv(ops), buffers
 
     # ------------------------------------------------------------------------------------------- forward
     def forward(self, q, k, v):
@@ -91,7 +91,7 @@ class RingAttention(Op):
         held = (k, v)
         for step in range(group.size):
             src = (group.rank - step) % group.size
-            works, incoming, _sent = self._exchange(held, _KV_TAG) if step < group.size - 1 else ([], None, None)
+            works, incoming = self._exchange(held, _KV_TAG) if step < group.size - 1 else ([], None)
             kk, vv = self._kv(*held, heads)
             for rows, keys, causal, qc, kc in self._pairs(src):
                 part_out, part_lse = kernels.forward(self._blocks(causal, qc, kc), qw[..., rows, :],
@@ -121,7 +121,7 @@ class RingAttention(Op):
         for step in range(group.size):
             src = (group.rank - step) % group.size
             last = step == group.size - 1  # the gradients go home; the keys and values are not needed any more
-            kv_works, incoming_kv, _sent_kv = self._exchange(held, _KV_TAG) if not last else ([], None, None)
+            kv_works, incoming_kv = self._exchange(held, _KV_TAG) if not last else ([], None)
             kk, vv = self._kv(*held, heads)
             grad_k, grad_v = xp.zeros(kk.shape, out.dtype), xp.zeros(vv.shape, out.dtype)
             for rows, keys, causal, qc, kc in self._pairs(src):
@@ -130,7 +130,7 @@ class RingAttention(Op):
                                  grad_k[..., keys, :], grad_v[..., keys, :])
             held_grads[0] += self._fold_heads(grad_k, kv_heads)
             held_grads[1] += self._fold_heads(grad_v, kv_heads)
-            works, incoming, _sent = self._exchange(held_grads, _GRAD_TAG)  # (the keys went on during the compute)
+            works, incoming = self._exchange(held_grads, _GRAD_TAG)  # (the keys went on during the compute)
             for work in kv_works + works:
                 work.wait()
             held, held_grads = incoming_kv, incoming
