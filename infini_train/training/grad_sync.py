@@ -11,7 +11,7 @@ during backward (training/loop.py: wrap_data_parallel); then
 - other runs: with sequence parallelism the layer norms' and row-parallel biases' gradients are summed over the
   tensor group (under ZeRO, the pieces this rank owns);
 - ZeRO-3: fully_shard reduce-scattered the gradients during backward; the sums above run on this rank's shards
-  (a tied embedding is sharded alone, so its shards cover the same elements on the first and last stage);
+  (the tied embedding and its last-stage copy are units of their own, so their shards cover the same elements);
 - clipping: ZeRO's norm over every rank's shard, the model-parallel norm over a mesh, or the plain norm.
 """
 from __future__ import annotations
@@ -32,18 +32,19 @@ class GradientSync:
         if dims.pipeline_parallel:
             if dims.embedding_group is not None:
                 shared = {id(p) for p in self.model.shared_embedding_params()}
-                all_reduce_grads(self._grads(lambda p: id(p) in shared), dims.embedding_group)
+                all_reduce_grads(self._grads(lambda p: id(p) in shared, owned=self.zero_stage == 3),
+                                 dims.embedding_group)
             if dims.sequence_parallel:
-                all_reduce_grads(self._grads(_sequence_parallel), dims.tp_group)
+                all_reduce_grads(self._grads(_sequence_parallel, owned=self.zero_stage == 3), dims.tp_group)
             if dims.grad_size > 1 and self.zero_stage == 2:  # reduce-scattered once the schedule is done
                 self.optimizer.reduce_gradients(shard=True)
         elif dims.sequence_parallel:
             all_reduce_grads(self._grads(_sequence_parallel, owned=bool(self.zero_stage)), dims.tp_group)
 
-    def _grads(self, which, owned=None):
-        """The gradients of the parameters ``which(p)`` picks: whole, or the pieces of them this rank owns (ZeRO;
-        under ZeRO-3 only those exist)."""
-        if owned or (owned is None and self.zero_stage == 3):
+    def _grads(self, which, owned):
+        """The gradients of the parameters ``which(p)`` picks: whole, or (``owned``) the pieces of them this rank's
+        ZeRO shards hold (under ZeRO-3 only those exist)."""
+        if owned:
             return [g for p, g in self.optimizer.owned_grads() if which(p)]
         return [p.grad for p in self.params if which(p) and p.grad is not None]
 
