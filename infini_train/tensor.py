@@ -7,7 +7,7 @@ import numpy as np
 
 from . import backend
 from .autograd import engine
-from .autograd.function import RemovableHandle
+from .autograd.hooks import RemovableHandle
 from .autograd.grad_mode import _state
 from .lazy_mode.mode import ACTIVE as _LAZY
 from .tensor_methods import TensorMethods

@@ -2,7 +2,8 @@
 recomputation (checkpoint)."""
 from .accumulate import AccumulateGrad, PostAccumulateGradHook
 from .engine import backward, grad
-from .function import Function, Op, OpError, RemovableHandle, sum_to
+from .function import Function, Op, OpError, sum_to
+from .hooks import RemovableHandle
 from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
                         set_grad_enabled)
 from .recompute import checkpoint, checkpoint_sequential

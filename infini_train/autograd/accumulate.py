@@ -9,7 +9,8 @@ AllReducePostAccumulateHook).
 from __future__ import annotations
 
 from .engine import pass_state
-from .function import Function, RemovableHandle
+from .function import Function
+from .hooks import RemovableHandle
 
 
 class PostAccumulateGradHook:

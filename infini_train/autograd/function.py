@@ -26,6 +26,7 @@ from ..lazy_mode.mode import _state as _lazy_state
 from .observers import ACTIVE as _OBSERVERS
 from .observers import observed_apply, observed_backward
 from . import saved_hooks
+from .op_errors import OpError, ignore_fp_errors, op_error  # noqa: F401  (imported from here across the package)
 from .saved_hooks import hooks as _SAVED_HOOKS
 
 _ndarray = np.ndarray
@@ -37,33 +38,6 @@ def _tensor_class():
         from ..tensor import Tensor
         _TENSOR[0] = Tensor
     return _TENSOR[0]
-
-
-class OpError(ValueError):
-    """A bad input to an op: names the op, what was expected, what was received, and a hint."""
-
-
-def op_error(op, expected, received, hint=None) -> OpError:
-    msg = f"{op}: expected {expected}, got {received}"
-    if hint:
-        msg += f"\nHINT: {hint}"
-    return OpError(msg)
-
-
-class ignore_fp_errors:
-    """Silence numpy's divide/invalid warnings where an op handles inf/nan itself (cupy has no errstate)."""
-
-    def __init__(self, xp):
-        self.ctx = xp.errstate(divide="ignore", invalid="ignore") if hasattr(xp, "errstate") else None
-
-    def __enter__(self):
-        if self.ctx is not None:
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
-        return False
 
 
 def sum_to(grad, shape):
@@ -593,26 +567,3 @@ class ViewInfo:
         self.maker = maker
         self.version = version
         self.grad_mode = grad_mode
-
-
-class RemovableHandle:
-    """Returned by hook registration; ``handle.remove()`` unregisters the hook."""
-
-    __slots__ = ("_hooks", "_hook")
-
-    def __init__(self, hooks, hook):
-        self._hooks = hooks
-        self._hook = hook
-
-    def remove(self):
-        try:
-            self._hooks.remove(self._hook)
-        except ValueError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
-        return False

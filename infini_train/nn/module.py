@@ -6,7 +6,7 @@ from collections import OrderedDict, namedtuple
 import numpy as np
 
 from .. import backend
-from ..autograd.function import RemovableHandle
+from ..autograd.hooks import RemovableHandle
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
 

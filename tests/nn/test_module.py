@@ -5,7 +5,7 @@ import torch
 
 import infini_train as it
 from infini_train import nn
-from infini_train.autograd.function import RemovableHandle
+from infini_train.autograd.hooks import RemovableHandle
 
 
 def build_net(lib):

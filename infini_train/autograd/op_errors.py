@@ -1,0 +1,33 @@
+"""How ops report bad input (OpError: the op, what was expected, what was received, a hint) and silence numpy's
+floating-point warnings where they handle inf and nan themselves."""
+from __future__ import annotations
+
+
+class OpError(ValueError):
+    """A bad input to an op: names the op, what was expected, what was received, and a hint."""
+
+
+def op_error(op, expected, received, hint=None) -> OpError:
+    msg = f"{op}: expected {expected}, got {received}"
+    if hint:
+        msg += f"\nHINT: {hint}"
+    return OpError(msg)
+
+
+class ignore_fp_errors:
+    """Silence numpy's divide/invalid warnings where an op handles inf/nan itself (cupy has no errstate)."""
+
+    def __init__(self, xp):
+        self.ctx = xp.errstate(divide="ignore", invalid="ignore") if hasattr(xp, "errstate") else None
+
+    def __enter__(self):
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+        return False
+
+
+__all__ = ["OpError", "op_error", "ignore_fp_errors"]
