@@ -21,7 +21,15 @@
 #   PYTHON       interpreter for the ranks (default: $VIRTUAL_ENV/bin/python, else python3 on PATH)
 #   MPIRUN       launcher to use (default: the mpirun/mpiexec next to that python -- the MPICH the mpi extra
 #                installs, which matches mpi4py -- else the first on PATH)
-#   MPIRUN_ARGS  extra launcher arguments, e.g. "-bind-to core" (MPICH) or "--allow-run-as-root" (Open MPI)
+#   MPIRUN_ARGS  extra launcher arguments, e.g. "-bind-to core" (MPICH) or "--bind-to none" (Open MPI)
+#
+# MPICH and Open MPI differ; run.sh evens them out. Hostfile: MPICH reads "host:slots", Open MPI "host slots=N" (run.sh
+# writes that for it). More ranks than slots: MPICH just starts them, Open MPI refuses unless --oversubscribe (run.sh
+# adds it on one machine when -n exceeds the cores). Signals: MPICH's mpiexec passes SIGTERM, SIGINT and SIGUSR1 on to
+# the ranks; Open MPI's passes SIGUSR1 (and SIGUSR2) on but answers SIGTERM/SIGINT by killing the ranks, so run.sh
+# sends it SIGUSR1 instead. Environment: MPICH hands the ranks the whole environment, Open MPI only what -x names
+# (run.sh exports the variables below, and MPI4PY_LIBMPI = this Open MPI's libmpi.so, so that mpi4py's wheel loads
+# it rather than the MPICH wheel's). Open MPI refuses to run as root unless --allow-run-as-root (added for root).
 #   OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS: default to cores / ranks-per-node, so ranks on a
 #                node do not oversubscribe the cores with BLAS threads
 #   NCCL_DEBUG   default WARN;  INFINI_TRAIN_COLLECTIVE_TIMEOUT (seconds, default 300) is passed through
@@ -139,10 +147,21 @@ export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"  # the checkout's package, 
 # ---- launcher arguments
 args=(-n "$nranks")
 if [[ "$flavor" == openmpi ]]; then
+    # mpi4py's wheel loads the MPICH wheel's library unless told otherwise: point it at this mpirun's Open MPI
+    if [[ -z "${MPI4PY_LIBMPI:-}" && -z "${MPI4PY_MPIABI:-}" ]]; then
+        ompi_info="$(dirname "$MPIRUN")/ompi_info" libdir=""
+        if [[ -x "$ompi_info" ]]; then
+            libdir="$("$ompi_info" --parsable --path libdir 2>/dev/null | sed -n 's/^path:libdir://p' || true)"
+        fi
+        if [[ -n "$libdir" && -e "$libdir/libmpi.so" ]]; then export MPI4PY_LIBMPI="$libdir/libmpi.so"; fi
+    fi
     for var in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS NCCL_DEBUG PYTHONUNBUFFERED PYTHONPATH PATH \
-               LD_LIBRARY_PATH VIRTUAL_ENV INFINI_TRAIN_COLLECTIVE_TIMEOUT INFINI_TRAIN_NCCL_BLOCKING_WAIT; do
+               LD_LIBRARY_PATH VIRTUAL_ENV MPI4PY_LIBMPI MPI4PY_MPIABI INFINI_TRAIN_COLLECTIVE_TIMEOUT \
+               INFINI_TRAIN_EXIT_GRACE INFINI_TRAIN_NCCL_BLOCKING_WAIT; do
         if [[ -n "${!var:-}" ]]; then args+=(-x "$var"); fi
     done
+    # Open MPI refuses to start as root unless asked (containers often run as root)
+    if (( EUID == 0 )) && [[ -z "${OMPI_ALLOW_RUN_AS_ROOT:-}" ]]; then args+=(--allow-run-as-root); fi
     if [[ -n "$hostfile" ]]; then  # Open MPI wants "host slots=N" where MPICH reads "host:N"
         converted="$(mktemp "${TMPDIR:-/tmp}/hostfile.XXXXXX")"
         if (( ! dry_run )); then trap 'rm -f "$converted"' EXIT; fi  # --dry-run keeps it for the printed command

@@ -16,14 +16,39 @@ CUDA_HINT = "pip install -e '.[cuda]' on a machine with NVIDIA GPUs, or use back
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+# Open MPI's library (its soname since 3.0): ranks an Open MPI launcher started load it rather than the MPICH wheel's
+OPEN_MPI_LIBRARY = "libmpi.so.40"
+_OPEN_MPI_LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK")  # Open MPI's mpirun; srun --mpi=pmix
+
+
+def _choose_mpi_library():
+    """mpi4py's wheel carries an extension for each MPI ABI and loads the first libmpi it finds: the MPICH wheel's
+    when that is installed. MPICH cannot join ranks that Open MPI's mpirun or srun --mpi=pmix started (it aborts in
+    MPI_Init: "unsupported PMI version PMIx"), so such ranks load Open MPI's library, unless MPI4PY_LIBMPI or
+    MPI4PY_MPIABI names one. Returns the library chosen here, or None."""
+    if "mpi4py.MPI" in sys.modules or os.environ.get("MPI4PY_LIBMPI") or os.environ.get("MPI4PY_MPIABI"):
+        return None
+    if not any(name in os.environ for name in _OPEN_MPI_LAUNCHED):
+        return None
+    os.environ["MPI4PY_LIBMPI"] = OPEN_MPI_LIBRARY
+    return OPEN_MPI_LIBRARY
+
+
 def import_mpi(needed_for=None):
     """mpi4py's MPI module, or None when mpi4py is missing (a RuntimeError with a HINT if ``needed_for``)."""
+    chosen = _choose_mpi_library()
     try:
         from mpi4py import MPI
     except ImportError as exc:
         if needed_for is None:
             return None
         raise RuntimeError(f"{needed_for} needs mpi4py, which is not installed\nHINT: {MPI_HINT}") from exc
+    except RuntimeError as exc:  # mpi4py could not load the MPI library
+        if chosen is None:
+            raise
+        raise RuntimeError(f"Open MPI started this rank, but its library {chosen} could not be loaded: {exc}\n"
+                           "HINT: put Open MPI's lib directory on LD_LIBRARY_PATH (module load openmpi), set "
+                           "MPI4PY_LIBMPI to the libmpi.so to use, or start the job with launch/run.sh") from exc
     return MPI
 
 

@@ -18,6 +18,7 @@ from ..models.tensor_parallel_lm import TensorParallelError
 from .checkpoints import CheckpointError
 from .config import ConfigError, parse_args
 from .loop import Run, TrainingDiverged
+from .signals import StopSignals
 
 
 PEER_REPORT_DELAY = 3.0  # seconds a rank other than 0 waits before printing an error rank 0 likely reports too
@@ -29,18 +30,22 @@ class _ReportedConfigError(Exception):
 
 def main(argv=None):
     """Run training from command-line arguments (``--config FILE key=value ...``); returns the exit status."""
-    cfg = _config_agreed_by_every_rank(argv)
-    dist.init_process_group(None if cfg.backend == "auto" else cfg.backend)
-    try:
-        status = Run(cfg).train()
-    except (ConfigError, CheckpointError, ShardError, MeshError, TensorParallelError, TrainingDiverged) as exc:
-        _report_once(exc)
-        if dist.get_world_size() > 1:
-            from ..distributed.launch_utils import abort_job
+    with StopSignals() as stops:  # from the start: a stop signal while the run is built stops it at its first step
+        cfg = _config_agreed_by_every_rank(argv)
+        dist.init_process_group(None if cfg.backend == "auto" else cfg.backend)
+        try:
+            status = Run(cfg).train(stops)
+        except (ConfigError, CheckpointError, ShardError, MeshError, TensorParallelError, TrainingDiverged) as exc:
+            _report_once(exc)
+            if dist.get_world_size() > 1:
+                from ..distributed.launch_utils import abort_job
 
-            abort_job(1)
-        return 1
-    dist.destroy_process_group()
+                abort_job(1)
+            return 1
+        # the ranks leave together: launchers that end a job when its first rank exits (srun --wait, Open MPI's
+        # mpirun on a non-zero status such as 75) never cut a peer short
+        dist.barrier()
+        dist.destroy_process_group()
     return status
 
 

@@ -279,7 +279,9 @@ class Run:
         return path
 
     # --------------------------------------------------------------------------------------------- the loop
-    def train(self):
+    def train(self, stops=None):
+        """Train to ``train.num_iterations``; returns 0, or EXIT_STOPPED after a stop signal (recorded by ``stops``,
+        a StopSignals already installed, or one installed for the loop)."""
         cfg, t = self.cfg, self.cfg.train
         if self.rank == 0:
             print(f"run config:\n{cfg.to_yaml()}")
@@ -300,7 +302,8 @@ class Run:
         bar = self._progress_bar()
         profiler = RunProfiler(cfg, self.raw_model)  # the profile section's steps
         check = numerics_checker_for(cfg, self.raw_model, self.rank, resume_step)  # detached when the loop ends
-        with StopSignals() as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
+        recording = contextlib.nullcontext(stops) if stops is not None else StopSignals()
+        with recording as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):
                 stop = stops.agreed()
                 if stop:
@@ -417,7 +420,10 @@ class Run:
     def _stop(self, step, number, bar):
         if bar is not None:
             bar.close()
-        path = self.save(step)
+        if step == self.start_step and self.resumed_from:  # stopped before a step: the checkpoint it resumed holds
+            path = self.resumed_from
+        else:
+            path = self.save(step)
         if step == self.cfg.train.num_iterations:  # stopped at the last step boundary: the model is final
             self._export_adapter()
         print0(f"stopped by {signal_name(number)} at step {step}, checkpoint {path}\n"

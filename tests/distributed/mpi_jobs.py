@@ -8,8 +8,16 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
-needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install -e '.[mpi]')")
+# INFINI_TRAIN_TEST_MPI=openmpi runs the multi-rank tests under Open MPI's mpirun (Debian's openmpi-bin) instead of
+# the MPICH next to the test's python; tests/cluster/test_open_mpi.py runs them so
+OPEN_MPI = os.environ.get("INFINI_TRAIN_TEST_MPI", "mpich") == "openmpi"
+if OPEN_MPI:
+    MPIEXEC = shutil.which("mpirun.openmpi")
+    needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="Open MPI's mpirun.openmpi not found")
+else:
+    MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install -e '.[mpi]')")
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")  # a rank's number in its environment: MPICH, Open MPI
 
 
 def job_env(**extra):

@@ -1,16 +1,15 @@
 """DDP and the training script on real 2-rank jobs under mpiexec. The process-group layer itself is tested in
 test_process_group.py, test_collectives.py, test_failures.py and test_nccl.py."""
 import os
-import shutil
 import subprocess
 import sys
 
-import pytest
+
+from tests.distributed.mpi_jobs import MPIEXEC, needs_mpiexec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install -e '.[mpi]')")
+pytestmark = needs_mpiexec
 
 
 def mpirun(n, *args, timeout=120):

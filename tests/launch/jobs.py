@@ -1,19 +1,16 @@
 """Helpers for the launcher tests: run launch/run.sh (or slurm.sbatch) on the fake training script."""
 import os
-import shutil
 import subprocess
 import sys
 import time
 
-import pytest
+from tests.distributed.mpi_jobs import MPIEXEC, OPEN_MPI, RANK_VARIABLES, needs_mpiexec  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 RUN_SH = os.path.join(REPO, "launch", "run.sh")
 SBATCH = os.path.join(REPO, "launch", "slurm.sbatch")
 FAKE = os.path.join(HERE, "fake_train.py")
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
-needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install -e '.[mpi]')")
 BASH_ERRORS = ("unbound variable", "syntax error", "command not found", "integer expression", "value too great",
                "bad substitution", "No such file or directory")
 
@@ -23,6 +20,8 @@ def launcher_env(**extra):
                PYTHONUNBUFFERED="1")
     for key in ("MPIRUN", "MPIRUN_ARGS", "INFINI_TRAIN_COLLECTIVE_TIMEOUT"):
         env.pop(key, None)
+    if OPEN_MPI:  # run.sh would pick the venv's MPICH
+        env["MPIRUN"] = MPIEXEC
     env.update(extra)
     return env
 
@@ -55,7 +54,8 @@ def wait_until(predicate, timeout=30, what="the condition", proc=None):
     while not predicate():
         if proc is not None and proc.poll() is not None:
             out, err = proc.communicate()
-            raise AssertionError(f"the job ended ({proc.returncode}) before {what}\n{out[-3000:]}\n{err[-3000:]}")
+            raise AssertionError(f"the job ended ({proc.returncode}) before {what}\n{(out or '')[-3000:]}\n"
+                                 f"{(err or '')[-3000:]}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)

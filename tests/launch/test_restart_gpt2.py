@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from infini_train.data.corpus import prepare_shards, stdlib_documents
-from tests.launch.jobs import REPO, launcher_env, needs_mpiexec, output, run_sh, start_run_sh, wait_until
+from tests.launch.jobs import (RANK_VARIABLES, REPO, launcher_env, needs_mpiexec, output, run_sh, start_run_sh,
+                               wait_until)
 
 pytestmark = [pytest.mark.slow, needs_mpiexec]
 STEPS = 12
@@ -42,7 +43,7 @@ def descendants(pid):
 
 
 def rank_pid(launcher_pid, rank):
-    """The pid of the train.py process of ``rank`` started (through mpiexec and hydra's proxy) by launcher_pid."""
+    """The pid of the train.py process of ``rank`` started (through mpirun and its daemon) by launcher_pid."""
     for pid in descendants(launcher_pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -51,7 +52,7 @@ def rank_pid(launcher_pid, rank):
                 environ = f.read().split(b"\0")
         except OSError:
             continue
-        if b"examples/gpt2/train.py" in cmdline and f"PMI_RANK={rank}".encode() in environ:
+        if b"examples/gpt2/train.py" in cmdline and any(f"{v}={rank}".encode() in environ for v in RANK_VARIABLES):
             return pid
     return None
 

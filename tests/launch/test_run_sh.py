@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.launch.jobs import (BASH_ERRORS, FAKE, REPO, RUN_SH, launcher_env, launches, needs_mpiexec,
+from tests.launch.jobs import (BASH_ERRORS, FAKE, OPEN_MPI, REPO, RUN_SH, launcher_env, launches, needs_mpiexec,
                                output, rank_log, run_sh, start_run_sh, wait_until)
 
 SCRIPT = "examples/gpt2/train.py"  # exists; never started by these cases
@@ -149,7 +149,22 @@ def test_exit_status_75_stopped_with_a_checkpoint_is_not_restarted(tmp_path):
     assert len(launches(tmp_path, 0)) == len(launches(tmp_path, 1)) == 1
 
 
+@needs_mpiexec
+def test_a_hostfile_run_starts_the_ranks_on_the_hosts_it_lists(tmp_path):
+    hostfile = tmp_path / "hosts"  # MPICH's format; run.sh converts it for Open MPI
+    hostfile.write_text("# this machine, two slots\nlocalhost:2\n")
+    proc = run_sh("-n", "2", "--hostfile", hostfile, FAKE, tmp_path, "fail", "0", "0")
+    assert proc.returncode == 0, output(proc)
+    for rank in (0, 1):
+        assert launches(tmp_path, rank) == [[str(tmp_path), "fail", "0", "0"]], output(proc)
+
+
 # ---- signals
+
+def forwarded(name):
+    """The signal run.sh passes to mpirun for ``name``: Open MPI's mpirun gets SIGUSR1 for SIGTERM and SIGINT."""
+    return "SIGUSR1" if OPEN_MPI else name
+
 
 def both_ready(state_dir):
     return all("ready" in rank_log(state_dir, rank) for rank in (0, 1))
@@ -166,9 +181,10 @@ def test_a_signal_to_run_sh_reaches_every_rank_and_stops_without_restart(tmp_pat
     finally:
         proc.kill()
     assert proc.returncode == 75, f"{proc.returncode}\n{out}\n{err}"
+    sent = forwarded(sig.name)
     for rank in (0, 1):
-        assert rank_log(tmp_path, rank) == [f"launch {tmp_path} wait", "ready", f"got {sig.name}"]
-    assert f"received {sig.name}: sending {sig.name} to mpirun" in err
+        assert rank_log(tmp_path, rank) == [f"launch {tmp_path} wait", "ready", f"got {sent}"]
+    assert f"received {sig.name}: sending {sent} to mpirun" in err
     assert not RESTART_LINE.search(err), err
 
 
@@ -220,12 +236,13 @@ def test_one_ctrl_c_in_a_terminal_stops_the_ranks_once_with_a_checkpoint(tmp_pat
     text = out.decode(errors="replace")
     assert os.waitstatus_to_exitcode(status) == 75, text
     for rank in (0, 1):
-        assert rank_log(tmp_path, rank) == [f"launch {tmp_path} wait", "ready", "got SIGINT"], text
+        assert rank_log(tmp_path, rank) == [f"launch {tmp_path} wait", "ready", f"got {forwarded('SIGINT')}"], text
     assert "force abort" not in text.replace("Press Ctrl-C again to force abort", "")
 
 
 
-# ---- Open MPI's mpirun (a stand-in: none is installed here)
+# ---- what run.sh does for Open MPI's mpirun, seen by a stand-in (tests/cluster/test_open_mpi.py runs the tests above
+# under the real one)
 
 FAKE_MPIRUN = """#!/usr/bin/env bash
 if [[ "$1" == --version ]]; then echo "%s"; exit 0; fi

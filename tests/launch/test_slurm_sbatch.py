@@ -44,7 +44,7 @@ def start_batch(tmp_path, mode, launcher="srun", *args):
     if MPIEXEC:
         env["MPIRUN"] = MPIEXEC
     proc = subprocess.Popen(["bash", SBATCH, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=str(tmp_path))
+                            env=env, cwd=REPO)  # a batch job starts in the directory it was submitted from
     return proc, state
 
 
@@ -88,8 +88,8 @@ def test_usr1_to_the_batch_shell_checkpoints_the_ranks_and_requeues_on_75(tmp_pa
     assert scontrol_calls(state) == ["requeue 4242"], out
     assert "requeueing" in out
     if launcher == "srun":
-        assert (state / "srun_args").read_text().splitlines()[:3] == ["--mpi=pmi2", "--cpu-bind=cores",
-                                                                     "--kill-on-bad-exit=1"]
+        assert (state / "srun_args").read_text().splitlines()[:4] == ["--mpi=pmi2", "--cpu-bind=cores",
+                                                                     "--kill-on-bad-exit=0", "--wait=10"]
     else:
         assert not list(tmp_path.glob("hosts.4242.*")), "the generated hostfile was left behind"
 
@@ -100,6 +100,6 @@ def test_a_finished_or_failed_job_is_not_requeued(tmp_path, mode, status):
     out = finish(proc)
     assert proc.returncode == status, out
     assert scontrol_calls(state) == [], out
-    assert ("failed with exit status 3 (not requeued)" in out) == (status == 3), out
+    assert ("failed with exit status 3 (not requeued" in out) == (status == 3), out
     (args,) = launches(state)
     assert "resume=auto" in args
