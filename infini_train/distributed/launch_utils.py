@@ -52,6 +52,14 @@ def import_mpi(needed_for=None):
     return MPI
 
 
+def mpi_library():
+    """The MPI library this process loaded, e.g. "MPICH 5.0.2" or "Open MPI 4.1.4" (None without mpi4py)."""
+    if "mpi4py.MPI" not in sys.modules:
+        return None
+    name, version = sys.modules["mpi4py.MPI"].get_vendor()
+    return f"{name} {'.'.join(map(str, version))}"
+
+
 def launcher_world_size():
     """The world size a launcher announced in the environment, or None when no launcher started us."""
     for name in _SIZE_VARIABLES:
@@ -175,5 +183,5 @@ def uninstall_abort_on_failure():
         _exit_guard = None
 
 
-__all__ = ["import_mpi", "launcher_world_size", "node_local_rank", "cuda_device_count", "install_abort_on_failure",
-           "uninstall_abort_on_failure", "MPI_HINT", "CUDA_HINT", "EXIT_GRACE_ENV"]
+__all__ = ["import_mpi", "mpi_library", "launcher_world_size", "node_local_rank", "cuda_device_count",
+           "install_abort_on_failure", "uninstall_abort_on_failure", "MPI_HINT", "CUDA_HINT", "EXIT_GRACE_ENV"]

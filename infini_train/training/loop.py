@@ -18,6 +18,7 @@ import numpy as np
 from .. import backend
 from .. import distributed as dist
 from ..data.corpus import ensure_default_data, read_meta
+from ..distributed.launch_utils import mpi_library
 from ..data.loader import DistributedDataLoader
 from ..data.tokenizer import get_tokenizer
 from ..models import registry
@@ -289,10 +290,11 @@ class Run:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
             cfg.save_resolved()
         tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.dims.dp_size
-        print0(f"world {self.world} ({dist.get_backend()}; {self.dims.describe()}), device {self.device}, "
-               f"grad_accum {self.grad_accum}, "
-               f"{tokens_per_step} tokens/step, {self.raw_model.num_params():,} parameters, tokenizer "
-               f"{self.tok_name}")
+        library = mpi_library() if self.world > 1 else None  # the MPI that carries the job (or bootstraps NCCL)
+        backend = f"{dist.get_backend()}, {library}" if library else dist.get_backend()
+        print0(f"world {self.world} ({backend}; {self.dims.describe()}), device {self.device}, grad_accum "
+               f"{self.grad_accum}, {tokens_per_step} tokens/step, {self.raw_model.num_params():,} parameters, "
+               f"tokenizer {self.tok_name}")
         peak, peak_source = run_peak(self.device, cfg.precision, np.dtype(cfg.dtype).itemsize, t.peak_flops)
         print0(f"MFU against {peak_source}" if peak else f"MFU not reported: {peak_source}")
         flops_per_token = self.raw_model.flops_per_token(t.sequence_length)

@@ -21,9 +21,10 @@ def train_args(data_dir, out_dir, steps, save_every):
             "train.val_loss_every=0", "train.sample_every=0", "train.log_every=500", "plot=false", "device=cpu"]
 
 
-def submit(cluster_env, log_dir, args, options=()):
-    """``sbatch launch/slurm.sbatch ARGS`` (the tiny config's overrides) from the repository; returns the job id."""
-    env = dict(cluster_env, CONFIG="configs/gpt2_tiny_ddp.yaml", VENV=sys.prefix, SRUN_WAIT="10")
+def submit(cluster_env, log_dir, args, options=(), **script_env):
+    """``sbatch launch/slurm.sbatch ARGS`` (the tiny config's overrides) from the repository, ``script_env`` (LAUNCHER,
+    SRUN_MPI, MPIRUN) in the job's environment; returns the job id."""
+    env = dict(cluster_env, CONFIG="configs/gpt2_tiny_ddp.yaml", VENV=sys.prefix, SRUN_WAIT="10", **script_env)
     proc = subprocess.run(["sbatch", "--parsable", f"--chdir={REPO}", f"--output={log_dir}/%x-%j.out",
                            *SBATCH_OPTIONS, *options, SBATCH, *args], capture_output=True, text=True,
                           env=env, timeout=60)

@@ -1,8 +1,10 @@
-"""launch/slurm.sbatch on a real (one-machine) Slurm cluster: a run to completion, then one run taken through every
-way a job stops — a task killed, scancel --signal=USR1, scontrol requeue, the time limit — ending bitwise equal to
-the uninterrupted run."""
+"""launch/slurm.sbatch on a real (one-machine) Slurm cluster: a run trained to completion, then the same run taken
+through every way a job stops (a task killed, scancel --signal=USR1, scontrol requeue, the time limit) ending
+bitwise equal to it; and each way the script can start the ranks (srun with MPICH or Open MPI, mpirun with either).
+Each test is whole in itself (its own cluster on whichever pytest worker runs it)."""
 import json
 import os
+import re
 import signal
 import time
 
@@ -12,7 +14,7 @@ from infini_train.data.corpus import prepare_shards, stdlib_documents
 from tests.cluster.slurm_jobs import (assert_bitwise_equal, checkpoint_steps, final_weights, job, log_path, log_text,
                                       rank_pid, slurm, submit, train_args, wait_for)
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # The time-limit stop needs the run to outlast one of slurmctld's 30-second time-limit checks after the limit is
 # lowered; a step of this model takes ~6 ms on 2 ranks, so the run is ~40 s of steps.
@@ -21,23 +23,10 @@ SAVE_EVERY = 250
 FINISHED, RUNNING, PENDING = "COMPLETED", "RUNNING", "PENDING"
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("slurm_data")
-    prepare_shards(stdlib_documents(300_000), str(directory), "byte")
-    return directory
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(slurm_cluster, data_dir, tmp_path_factory):
-    """A job that trains to the end undisturbed: (job id, log dir, out_dir)."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    out_dir = root / "run"
-    job_id = submit(slurm_cluster, root, train_args(data_dir, out_dir, STEPS, SAVE_EVERY))
-    state = wait_for(lambda: ended(slurm_cluster, job_id), 240, f"job {job_id} to end",
-                     lambda: log_text(root, job_id)[-3000:])
-    assert state == FINISHED, log_text(root, job_id)[-3000:]
-    return job_id, root, out_dir
+@pytest.fixture
+def data_dir(tmp_path):
+    prepare_shards(stdlib_documents(300_000), str(tmp_path / "data"), "byte")
+    return tmp_path / "data"
 
 
 def ended(cluster_env, job_id):
@@ -45,23 +34,35 @@ def ended(cluster_env, job_id):
     return None if state in (PENDING, RUNNING, "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD") else state
 
 
-def test_sbatch_trains_the_tiny_config_on_two_tasks_to_completion(slurm_cluster, uninterrupted):
-    job_id, log_dir, out_dir = uninterrupted
-    fields = job(slurm_cluster, job_id)
-    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "0", fields
-    log = log_text(log_dir, job_id)  # where the README says: <job name>-<job id>.out in the directory given
-    assert os.path.basename(log_path(log_dir, job_id)) == f"infini-train-gpt2-{job_id}.out"
-    assert f"job {job_id} (restart 0): 2 ranks on" in log and "world 2 (mpi; data parallel 2)" in log, log
-    assert f"step {STEPS:5d}/{STEPS}" in log and f"step_{STEPS:06d}" in log, log
-    with open(out_dir / "metrics.jsonl") as f:
-        steps = [r["step"] for r in map(json.loads, f) if "loss" in r]
-    assert steps == list(range(STEPS))
-    assert checkpoint_steps(out_dir)[-1] == STEPS
+def finished_run(env, log_dir, args, timeout=120, **script_env):
+    """sbatch the script and wait for the job to complete: (job id, its log)."""
+    job_id = submit(env, log_dir, args, **script_env)
+    state = wait_for(lambda: ended(env, job_id), timeout, f"job {job_id} to end",
+                     lambda: log_text(log_dir, job_id)[-3000:])
+    log = log_text(log_dir, job_id)
+    assert state == FINISHED, log[-3000:]
+    return job_id, log
 
 
-def test_every_way_a_job_stops_then_resumes_bitwise(slurm_cluster, data_dir, uninterrupted, tmp_path):
-    out_dir, args = tmp_path / "run", train_args(data_dir, tmp_path / "run", STEPS, SAVE_EVERY)
+def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(slurm_cluster, data_dir, tmp_path):
     env = slurm_cluster
+
+    # 0. Undisturbed, to the end: the log (<job name>-<job id>.out where the job ran, as the README says), the
+    #    metrics and the checkpoints.
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    job_id, log = finished_run(env, reference, train_args(data_dir, reference / "run", STEPS, SAVE_EVERY), 240)
+    fields = job(env, job_id)
+    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "0", fields
+    assert os.path.basename(log_path(reference, job_id)) == f"infini-train-gpt2-{job_id}.out"
+    assert f"job {job_id} (restart 0): 2 ranks on" in log, log
+    assert re.search(r"world 2 \(mpi, MPICH [\d.]+; data parallel 2\)", log), log  # srun --mpi=pmi2: the wheel
+    assert f"step {STEPS:5d}/{STEPS}" in log and f"step_{STEPS:06d}" in log, log
+    with open(reference / "run" / "metrics.jsonl") as f:
+        assert [r["step"] for r in map(json.loads, f) if "loss" in r] == list(range(STEPS))
+    assert checkpoint_steps(reference / "run")[-1] == STEPS
+
+    out_dir, args = tmp_path / "run", train_args(data_dir, tmp_path / "run", STEPS, SAVE_EVERY)
 
     def state_of(job_id):
         return lambda: f"{job(env, job_id)}\n--- log\n{log_text(tmp_path, job_id)[-3000:]}"
@@ -125,5 +126,24 @@ def test_every_way_a_job_stops_then_resumes_bitwise(slurm_cluster, data_dir, uni
     assert state == FINISHED, state_of(second)()
     log = log_text(tmp_path, second)
     assert log.count("resumed from") == 4, log[-3000:]  # the starts after each stop
-    _, _, reference_dir = uninterrupted
-    assert_bitwise_equal(final_weights(out_dir, STEPS), final_weights(reference_dir, STEPS))
+    assert_bitwise_equal(final_weights(out_dir, STEPS), final_weights(reference / "run", STEPS))
+
+
+# The other ways the script starts the ranks: each gives the weights of the default (srun --mpi=pmi2, MPICH) bit for
+# bit (two ranks sum their gradients exactly, in any order and with either MPI).
+SHORT = 40
+LAUNCH_PATHS = {
+    "srun --mpi=pmix, Open MPI": ({"SRUN_MPI": "pmix"}, "Open MPI"),
+    "mpirun in the allocation, MPICH": ({"LAUNCHER": "mpirun"}, "MPICH"),
+    "mpirun in the allocation, Open MPI": ({"LAUNCHER": "mpirun", "MPIRUN": "mpirun.openmpi"}, "Open MPI"),
+}
+
+
+def test_each_way_of_starting_the_ranks_trains_the_same_weights(slurm_cluster, open_mpi, data_dir, tmp_path):
+    finished_run(slurm_cluster, tmp_path, train_args(data_dir, tmp_path / "srun-pmi2", SHORT, SHORT))
+    expected = final_weights(tmp_path / "srun-pmi2", SHORT)
+    for name, (script_env, library) in LAUNCH_PATHS.items():
+        out_dir = tmp_path / re.sub(r"\W+", "-", name)
+        _, log = finished_run(slurm_cluster, tmp_path, train_args(data_dir, out_dir, SHORT, SHORT), **script_env)
+        assert re.search(rf"world 2 \(mpi, {library} [\d.]+; data parallel 2\)", log), f"{name}\n{log[-3000:]}"
+        assert_bitwise_equal(final_weights(out_dir, SHORT), expected)

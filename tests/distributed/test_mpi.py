@@ -1,11 +1,12 @@
 """DDP and the training script on real 2-rank jobs under mpiexec. The process-group layer itself is tested in
 test_process_group.py, test_collectives.py, test_failures.py and test_nccl.py."""
 import os
+import re
 import subprocess
 import sys
 
 
-from tests.distributed.mpi_jobs import MPIEXEC, needs_mpiexec
+from tests.distributed.mpi_jobs import MPIEXEC, OPEN_MPI, needs_mpiexec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -39,7 +40,8 @@ def test_train_script_on_two_ranks_matches_one_rank_with_twice_the_batch(tmp_pat
     two = mpirun(2, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "two", *common, "train.batch_size=2"),
                  timeout=300)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
-    assert "world 2 (mpi; data parallel 2)" in two.stdout
+    library = "Open MPI" if OPEN_MPI else "MPICH"  # the MPI the ranks loaded
+    assert re.search(rf"world 2 \(mpi, {library} [\d.]+; data parallel 2\)", two.stdout), two.stdout
     one = subprocess.run([sys.executable, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "one", *common)],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert one.returncode == 0, one.stderr[-2000:]

@@ -1,5 +1,6 @@
 """Stop signals end a run at a step boundary with a checkpoint and exit status 75; resuming gives the run that was
 never interrupted, bitwise. Signals are sent by pid from the test, to one rank only in the two-rank job."""
+import os
 import re
 import signal
 import subprocess
@@ -7,10 +8,11 @@ import time
 
 import pytest
 
-from infini_train.training import EXIT_INTERRUPTED, EXIT_STOPPED
+from infini_train.training import EXIT_INTERRUPTED, EXIT_STOPPED, Run, StopSignals
 from infini_train.training.checkpoints import list_checkpoints
+from infini_train.training.config import parse_args
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import (REPO, command, job_env, rank_pids, run, same_run, signal_after_steps,
+from tests.training.tiny_run import (CONFIG, REPO, command, job_env, rank_pids, run, same_run, signal_after_steps,
                                      tiny_args)
 
 COMMON = ["train.num_iterations=30", "train.save_every=0", "model.dropout=0.1", "train.val_loss_every=4"]
@@ -77,3 +79,22 @@ def test_a_second_sigint_exits_at_once_without_a_checkpoint(data_dir, tmp_path):
     assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
     assert "interrupted twice: exiting now, without a checkpoint" in err
     assert list_checkpoints(out) == []
+
+
+def test_a_signal_while_the_run_is_built_stops_it_at_its_first_step_boundary(data_dir, tmp_path, capsys):
+    # train.py records stop signals from its start (a time-limit warning may come before the first step)
+    args = ["--config", CONFIG, *tiny_args(data_dir, tmp_path / "run", "train.num_iterations=6")]
+    with StopSignals() as stops:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert Run(parse_args(args)).train(stops) == EXIT_STOPPED
+    (first,) = list_checkpoints(tmp_path / "run")
+    assert first.endswith("step_000000") and "stopped by SIGUSR1 at step 0" in capsys.readouterr().out
+    state = os.path.join(first, "state.json")
+    written = os.stat(state).st_mtime_ns
+    with StopSignals() as stops:  # resumed and stopped again before a step: the checkpoint it resumed is current
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert Run(parse_args([*args, "resume=auto"])).train(stops) == EXIT_STOPPED
+    assert f"stopped by SIGTERM at step 0, checkpoint {first}" in capsys.readouterr().out
+    assert list_checkpoints(tmp_path / "run") == [first] and os.stat(state).st_mtime_ns == written
+    assert Run(parse_args([*args, "resume=auto"])).train() == 0
+    assert os.path.basename(list_checkpoints(tmp_path / "run")[-1]) == "step_000006"
