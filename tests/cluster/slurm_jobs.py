@@ -6,6 +6,8 @@ import time
 
 import numpy as np
 
+from tests.processes import processes
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SBATCH = os.path.join(REPO, "launch", "slurm.sbatch")
 JOB_NAME = "infini-train-gpt2"  # the script's #SBATCH --job-name: its log is <name>-<jobid>.out
@@ -81,19 +83,10 @@ def checkpoint_steps(out_dir):
 
 def rank_pid(job_id, rank):
     """The pid of rank ``rank``'s train.py in job ``job_id`` (found by its Slurm environment), or None."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().split(b"\0")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if (any(arg.endswith(b"examples/gpt2/train.py") for arg in cmdline)
-                and f"SLURM_JOB_ID={job_id}".encode() in environ and f"SLURM_PROCID={rank}".encode() in environ):
-            return int(entry)
+    wanted = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_PROCID={rank}".encode()}
+    for pid, argv, environ in processes(environ=True):
+        if any(arg.endswith(b"examples/gpt2/train.py") for arg in argv) and wanted <= environ:
+            return pid
     return None
 
 

@@ -62,6 +62,9 @@ node="${node/RealMemory=*/}"       # no memory limits: every job may use the mac
 [[ -f "$dir/munge/munge.key" ]] || mungekey --create --keyfile="$dir/munge/munge.key"
 chmod 600 "$dir/munge/munge.key"
 
+# Job ids unlike those of any other test cluster: MPICH names its shared-memory segments after the job step, and
+# the segments of a rank killed by SIGKILL outlive it, so two clusters both counting from 1 would collide.
+first_job_id=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000 ))
 cat > "$dir/slurm.conf" <<EOF
 # written by tests/cluster/slurm_up.sh: a one-node cluster on this machine
 ClusterName=infini-test
@@ -91,6 +94,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 JobRequeue=1
+FirstJobId=$first_job_id
 MinJobAge=600
 InactiveLimit=0
 KillWait=30

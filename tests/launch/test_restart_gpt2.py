@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from infini_train.data.corpus import prepare_shards, stdlib_documents
+from tests.processes import parent_pids, processes
 from tests.launch.jobs import (RANK_VARIABLES, REPO, launcher_env, needs_mpiexec, output, run_sh, start_run_sh,
                                wait_until)
 
@@ -26,14 +27,8 @@ def train_args(data_dir, out_dir):
 
 def descendants(pid):
     children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
+    for child, parent in parent_pids().items():
+        children.setdefault(parent, []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -44,15 +39,10 @@ def descendants(pid):
 
 def rank_pid(launcher_pid, rank):
     """The pid of the train.py process of ``rank`` started (through mpirun and its daemon) by launcher_pid."""
-    for pid in descendants(launcher_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().split(b"\0")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"examples/gpt2/train.py" in cmdline and any(f"{v}={rank}".encode() in environ for v in RANK_VARIABLES):
+    under = set(descendants(launcher_pid))
+    for pid, argv, environ in processes(environ=True):
+        if pid in under and b"examples/gpt2/train.py" in argv and any(f"{v}={rank}".encode() in environ
+                                                                      for v in RANK_VARIABLES):
             return pid
     return None
 

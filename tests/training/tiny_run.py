@@ -10,6 +10,7 @@ import numpy as np
 
 from infini_train.data.corpus import prepare_shards, stdlib_documents
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from tests.processes import processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "examples", "gpt2", "train.py")
@@ -86,18 +87,8 @@ def same_run(a, b):
 
 def rank_pids(marker):
     """PIDs of the python processes whose command line contains ``marker`` (the ranks of one job)."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(os.path.basename(sys.executable).encode()) and marker.encode() in b" ".join(argv):
-            pids.append(int(name))
-    return sorted(pids)
+    python, marker = os.path.basename(sys.executable).encode(), marker.encode()
+    return sorted(pid for pid, argv, _ in processes() if argv[0].endswith(python) and marker in b" ".join(argv))
 
 
 def signal_after_steps(proc, out_dir, steps, number=signal.SIGTERM, pid=None, timeout=120):
