@@ -1,9 +1,9 @@
 """The multi-rank tests again, under Open MPI's mpirun (Debian's openmpi-bin) instead of the MPICH next to the
-test's python: the DDP, tensor-, pipeline-parallel and ZeRO equivalence tests, the failure tests (a rank raising,
-sys.exit on one rank, a collective or a pipeline peer timing out, SIGTERM to one rank -> checkpoint -> exit 75) and
-launch/run.sh (--max-restarts, signal forwarding, a hostfile, a SIGKILLed rank relaunched bitwise). Each group is
-one pytest run with INFINI_TRAIN_TEST_MPI=openmpi (tests/distributed/mpi_jobs.py then starts jobs with
-mpirun.openmpi); the ranks use mpi4py's wheel, which infini_train points at Open MPI's library."""
+test's python: the DDP, tensor-, pipeline-parallel and ZeRO equivalence tests (a layout of each kind), the failure
+tests (a rank raising, sys.exit on one rank, a collective or a pipeline peer timing out, SIGTERM to one rank ->
+checkpoint -> exit 75) and launch/run.sh (--max-restarts, signal forwarding, a hostfile, a SIGKILLed rank relaunched
+bitwise). Each group is one pytest run with INFINI_TRAIN_TEST_MPI=openmpi (tests/distributed/mpi_jobs.py then starts
+jobs with mpirun.openmpi); the ranks use mpi4py's wheel, which infini_train points at Open MPI's library."""
 import os
 import re
 import subprocess
@@ -15,13 +15,17 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
+PIPELINE = "tests/distributed/test_pipeline_runs.py::test_layout_gives_the_losses_samples_and_weights_of_one_process"
+ZERO = "tests/distributed/test_zero.py::"
+# every test of a group, or (pipeline layouts, ZeRO) one of each kind, to keep CI within its time
 GROUPS = {
     "ddp": ["tests/distributed/test_mpi.py"],
     "tensor parallel": ["tests/distributed/test_tensor_parallel.py"],
-    "pipeline parallel": ["tests/distributed/test_pipeline_runs.py::"
-                          "test_layout_gives_the_losses_samples_and_weights_of_one_process"],
-    "zero": ["tests/distributed/test_zero.py::test_stages_0_1_2_3_give_the_losses_of_one_process",
-             "tests/distributed/test_zero.py::test_resume_across_world_sizes_and_zero_stages"],
+    "pipeline parallel": [f"{PIPELINE}[{layout}]" for layout in ("pp2-1f1b", "pp2xdp2-interleaved",
+                                                                  "pp2xtp2-sp-1f1b", "pp2xdp2-1f1b-zero2")],
+    "zero": [f"{ZERO}test_stages_0_1_2_3_give_the_losses_of_one_process[3-384]",
+             f"{ZERO}test_resume_across_world_sizes_and_zero_stages[2x-zero3->4x-zero3]",
+             f"{ZERO}test_each_rank_holds_a_1_over_n_share_of_the_optimizer_state[2]"],
     "failures": ["tests/distributed/test_failures.py",
                  "tests/training/test_signals.py::test_on_two_ranks_a_signal_to_one_rank_stops_both_and_resume_is_"
                  "bitwise"],

@@ -16,10 +16,11 @@ from tests.cluster.slurm_jobs import (assert_bitwise_equal, checkpoint_steps, fi
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-# The time-limit stop needs the run to outlast one of slurmctld's 30-second time-limit checks after the limit is
-# lowered; a step of this model takes ~6 ms on 2 ranks, so the run is ~40 s of steps.
-STEPS = 7000
-SAVE_EVERY = 250
+# A step of this model takes ~6 ms on 2 ranks: 1200 steps leave time to stop the run four times (after a new
+# checkpoint each time) and to resume it; while slurmctld's time-limit check comes round (every 30 s) the ranks are
+# paused so that the run is still going when the warning arrives
+STEPS = 1200
+SAVE_EVERY = 100
 FINISHED, RUNNING, PENDING = "COMPLETED", "RUNNING", "PENDING"
 
 
@@ -51,7 +52,7 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
     #    metrics and the checkpoints.
     reference = tmp_path / "uninterrupted"
     reference.mkdir()
-    job_id, log = finished_run(env, reference, train_args(data_dir, reference / "run", STEPS, SAVE_EVERY), 240)
+    job_id, log = finished_run(env, reference, train_args(data_dir, reference / "run", STEPS, SAVE_EVERY))
     fields = job(env, job_id)
     assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "0", fields
     assert os.path.basename(log_path(reference, job_id)) == f"infini-train-gpt2-{job_id}.out"
@@ -112,17 +113,28 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
     requeued(second, 2)
 
     # 4. The time limit: lowered to one minute while the job runs, Slurm sends the batch shell SIGUSR1 (the
-    #    script's --signal=B:USR1@120) at its next check; the script passes it on and requeues the job.
+    #    script's --signal=B:USR1@120) at its next check; the script passes it on and requeues the job. The ranks
+    #    wait for it stopped (SIGSTOP): the signal is kept for them, and they take it when continued.
     running_start(second, 2)
     checkpoint_after(checkpoint_steps(out_dir)[-1], second)
-    slurm(env, "scontrol", "update", f"JobId={second}", "TimeLimit=1")
-    requeued(second, 3, timeout=120)
+    ranks = [rank_pid(second, rank) for rank in (0, 1)]
+    assert None not in ranks, state_of(second)()
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        slurm(env, "scontrol", "update", f"JobId={second}", "TimeLimit=1")
+        wait_for(lambda: "SIGUSR1 (time limit near)" in log_text(tmp_path, second).split("(restart 2)")[-1], 60,
+                 "Slurm's warning before the time limit", state_of(second))
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+    requeued(second, 3)
     last_start = log_text(tmp_path, second).split("(restart 2)")[-1]
     assert "SIGUSR1 (time limit near)" in last_start and "requeueing" in last_start, state_of(second)()
     slurm(env, "scontrol", "update", f"JobId={second}", "TimeLimit=10")
 
     # 5. The last start finishes the run: the same weights, bit for bit, as the run nothing stopped.
-    state = wait_for(lambda: ended(env, second), 180, f"job {second} to finish", state_of(second))
+    state = wait_for(lambda: ended(env, second), 120, f"job {second} to finish", state_of(second))
     assert state == FINISHED, state_of(second)()
     log = log_text(tmp_path, second)
     assert log.count("resumed from") == 4, log[-3000:]  # the starts after each stop
