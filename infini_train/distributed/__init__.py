@@ -4,6 +4,7 @@
     dist.all_reduce(t, dist.ReduceOp.AVG)  # in place on t.array, on every rank
     work = dist.all_reduce(t, async_op=True); ...; work.wait()
     dist.all_gather_into_tensor(flat, flat[rank * n:(rank + 1) * n])  # flat buffers, in place (ZeRO)
+    dist.all_to_all_single(out, inp, output_split_sizes, input_split_sizes)  # rows per rank (expert parallel)
 
 Backends: "mpi" (mpi4py on host arrays; cupy arrays are staged through the host) and "nccl" (cupy's NCCL on
 each rank's GPU). ``init_process_group()`` picks NCCL when every rank sees a GPU and cupy, MPI otherwise. A
@@ -39,8 +40,8 @@ from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_tim
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
            "get_local_rank", "get_local_world_size", "get_backend", "new_group", "default_group", "ReduceOp",
            "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_into_tensor",
-           "reduce_scatter_tensor", "reduce", "barrier", "all_gather_object", "send", "recv", "isend", "irecv", "P2POp",
-           "batch_isend_irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
+           "reduce_scatter_tensor", "all_to_all_single", "reduce", "barrier", "all_gather_object", "send", "recv",
+           "isend", "irecv", "P2POp", "batch_isend_irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
 
 _BACKENDS = (None, "auto", "mpi", "nccl", "single")
 _world = None  # the default (world) group
@@ -242,6 +243,14 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     """``output`` on rank r: the reduction over ranks of chunk r of their ``input``; ``output`` may be this rank's
     own chunk of ``input`` (in place)."""
     return (group or default_group()).reduce_scatter_tensor(output, input, op, async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+    """``input`` split along dim 0 into ``input_split_sizes[j]`` rows for rank j (None: equal blocks); ``output``
+    receives every rank's block for this one, in rank order, ``output_split_sizes[j]`` rows from rank j (as
+    torch.distributed's). Blocks may be empty; rows may have any shape."""
+    return (group or default_group()).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                                        async_op)
 
 
 def reduce(tensor, dst=0, op=ReduceOp.SUM, group=None, async_op=False):

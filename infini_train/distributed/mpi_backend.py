@@ -15,6 +15,10 @@ The flat collectives take contiguous buffers, so host arrays travel as they are:
 is one Iallgather into the output (MPI.IN_PLACE when the input is this rank's chunk of it) and
 ``reduce_scatter_tensor`` one Ireduce_scatter_block (in place, the input is copied first: MPI may not read
 the memory it writes).
+
+``all_to_all_single`` is one Ialltoallv with counts and displacements in elements (an MPI type of the dtype's
+size in bytes, so every dtype moves exactly); a cupy or strided input is staged in a host copy and the output
+received into a host buffer and copied back, as for the other collectives.
 """
 from __future__ import annotations
 
@@ -104,11 +108,23 @@ class MPIProcessGroup(ProcessGroup):
         self._owns_comm = owns_comm  # sub-communicators are freed by destroy(); COMM_WORLD never
         self._ops = {op: getattr(MPI, name) for op, name in _MPI_OPS.items()}
         self._bool_ops = {op: getattr(MPI, name) for op, name in _BOOL_OPS.items()}
+        self._element_types = {}  # itemsize -> a committed MPI type of that many bytes (all_to_all_single)
 
     def destroy(self):
         if self._owns_comm and self.comm != self.MPI.COMM_NULL:
             self.comm.Free()
         self._owns_comm = False
+        if not self.MPI.Is_finalized():
+            for datatype in self._element_types.values():
+                datatype.Free()
+        self._element_types.clear()
+
+    def _element_type(self, itemsize):
+        """An MPI type of ``itemsize`` raw bytes: counts in elements for any dtype (bfloat16 included)."""
+        datatype = self._element_types.get(itemsize)
+        if datatype is None:
+            datatype = self._element_types[itemsize] = self.MPI.BYTE.Create_contiguous(itemsize).Commit()
+        return datatype
 
     def _start(self, name, start, finish=None, keep=None):
         """Start a non-blocking MPI operation; its Work tests the request and runs ``finish`` when done."""
@@ -191,6 +207,16 @@ class MPIProcessGroup(ProcessGroup):
                            lambda: self.comm.Ireduce_scatter_block(sendbuf, recv.host, mpi_op),
                            self._finisher(recv, scale), (recv, send, sendbuf))
 
+    def _all_to_all_single(self, out, arr, out_splits, in_splits):
+        send = _Staged(arr, reduce=False)
+        recv = _Staged(out, reduce=False, read=False)
+        row = int(np.prod(arr.shape[1:], dtype=np.int64))  # elements per row
+        datatype = self._element_type(arr.itemsize)
+        send_spec = [send.host.reshape(-1).view(np.uint8), _counts_and_displacements(in_splits, row), datatype]
+        recv_spec = [recv.host.reshape(-1).view(np.uint8), _counts_and_displacements(out_splits, row), datatype]
+        return self._start("all_to_all_single", lambda: self.comm.Ialltoallv(send_spec, recv_spec),
+                           self._finisher(recv), (send, recv))
+
     def _reduce(self, arr, dst, op):
         buf = _Staged(arr, reduce=True)
         mpi_op = self._mpi_op(op, buf.host.dtype)
@@ -212,6 +238,15 @@ class MPIProcessGroup(ProcessGroup):
         buf = _Staged(arr, reduce=False, read=False)
         return self._start(f"recv from {src}", lambda: self.comm.Irecv(buf.raw(self.MPI), source=src, tag=tag),
                            self._finisher(buf), buf)
+
+
+def _counts_and_displacements(splits, row):
+    """MPI's (counts, displacements) in elements for blocks of ``splits`` rows of ``row`` elements each."""
+    counts = [n * row for n in splits]
+    displacements = [0] * len(counts)
+    for j in range(1, len(counts)):
+        displacements[j] = displacements[j - 1] + counts[j - 1]
+    return counts, displacements
 
 
 __all__ = ["MPIProcessGroup"]

@@ -11,6 +11,9 @@ The flat collectives run on the caller's contiguous buffers directly; their in-p
 rank's chunk of the output, or the output this rank's chunk of the input) are NCCL's own in-place calls
 (sendbuff == recvbuff + rank * count, recvbuff == sendbuff + rank * count): one code path for both.
 
+NCCL has no alltoallv: ``all_to_all_single`` is, as in torch, one ncclSend and one ncclRecv per peer (empty blocks
+skipped) inside ncclGroupStart/End, on byte offsets into the contiguous input and output.
+
 Host (numpy) tensors and barriers go through the group's MPI communicator, so a training script may
 all-reduce a host scalar on an NCCL group. NCCL has no message tags: send/recv pair up in call order.
 """
@@ -235,6 +238,26 @@ class NCCLProcessGroup(ProcessGroup):
                                                                                   view.size, dtype, nccl_op, s),
                             self._post(out, out, op), (view, send))
 
+    def _all_to_all_single(self, out, arr, out_splits, in_splits):
+        if self._on_host(out):
+            return self.host._all_to_all_single(out, arr, out_splits, in_splits)
+        send, recv = self._contiguous(arr), self._contiguous(out)
+        row = arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))  # bytes per row
+        plan = all_to_all_plan(in_splits, out_splits, row)
+        nccl = _nccl()
+
+        def call(comm, stream):
+            nccl.groupStart()
+            try:
+                for kind, peer, offset, nbytes in plan:
+                    if kind == "send":
+                        comm.send(send.data.ptr + offset, nbytes, self._bytes, peer, stream)
+                    else:
+                        comm.recv(recv.data.ptr + offset, nbytes, self._bytes, peer, stream)
+            finally:
+                nccl.groupEnd()
+        return self._launch("all_to_all_single", call, self._post(out, recv, None), (send, recv))
+
     def _reduce(self, arr, dst, op):
         if self._on_host(arr):
             return self.host._reduce(arr, dst, op)
@@ -303,4 +326,20 @@ class NCCLProcessGroup(ProcessGroup):
                             self._post(arr, buf, None), buf)
 
 
-__all__ = ["NCCLProcessGroup", "BLOCKING_WAIT_ENV"]
+def all_to_all_plan(in_splits, out_splits, row_bytes):
+    """all_to_all_single as point-to-point transfers: ``[(kind, peer, byte offset, bytes)]``, for each peer in
+    rank order its send (block ``peer`` of the input) then its receive (block ``peer`` of the output); empty
+    blocks are left out (as torch's alltoallv over NCCL does)."""
+    plan, sent, received = [], 0, 0
+    for peer, (n_send, n_recv) in enumerate(zip(in_splits, out_splits)):
+        send_bytes, recv_bytes = n_send * row_bytes, n_recv * row_bytes
+        if send_bytes:
+            plan.append(("send", peer, sent, send_bytes))
+        if recv_bytes:
+            plan.append(("recv", peer, received, recv_bytes))
+        sent += send_bytes
+        received += recv_bytes
+    return plan
+
+
+__all__ = ["NCCLProcessGroup", "BLOCKING_WAIT_ENV", "all_to_all_plan"]

@@ -11,9 +11,14 @@ that holds a chunk per rank (chunk r is elements [r*n, (r+1)*n) of the flattened
 and accept the in-place form where the per-rank tensor is this rank's own chunk of that buffer (ZeRO
 all-gathers its updated shard straight into the flat parameters this way).
 
+``all_to_all_single`` (torch's) splits ``input`` along dim 0 into one block of rows per rank (``input_split_sizes``,
+None: equal blocks) and concatenates the blocks every rank sent this one into ``output`` in rank order
+(``output_split_sizes`` rows from each); expert parallelism dispatches tokens with it.
+
 A backend subclass implements ``_all_reduce``, ``_broadcast``, ``_all_gather``, ``_reduce_scatter``,
-``_all_gather_into_tensor``, ``_reduce_scatter_tensor``, ``_reduce``, ``_barrier``, ``_send`` and ``_recv``
-on arrays, each returning a Work. The flat ones get 1-D views and whether the call is in place.
+``_all_gather_into_tensor``, ``_reduce_scatter_tensor``, ``_all_to_all_single``, ``_reduce``, ``_barrier``,
+``_send`` and ``_recv`` on arrays, each returning a Work. The flat ones get 1-D views and whether the call is in
+place; ``_all_to_all_single`` gets the split sizes as tuples of ints (rows), checked.
 """
 from __future__ import annotations
 
@@ -77,6 +82,19 @@ def _place(tensor, arr):
 
 def _address(arr):
     return arr.__array_interface__["data"][0] if isinstance(arr, np.ndarray) else arr.data.ptr
+
+
+def _span(arr):
+    """The byte range [start, end) that ``arr``'s elements occupy, whatever its strides (empty: nothing)."""
+    if arr.size == 0:
+        return 0, 0
+    start = end = _address(arr)
+    for n, stride in zip(arr.shape, arr.strides):
+        if stride < 0:
+            start += (n - 1) * stride
+        else:
+            end += (n - 1) * stride
+    return start, end + arr.itemsize
 
 
 def _bump(*tensors):
@@ -196,6 +214,23 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
+    @_observed("all_to_all_single")
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
+        """Rank i sends its ``input``'s j-th block of rows (dim 0, ``input_split_sizes[j]`` rows) to rank j and
+        receives into ``output`` the blocks every rank j sent it, concatenated in rank order
+        (``output_split_sizes[j]`` rows from rank j). None splits dim 0 evenly over the group. ``input`` and
+        ``output`` share the dtype and the rows' shape (``shape[1:]``); blocks may be empty. Ranks must agree:
+        rank i's ``input_split_sizes[j]`` is rank j's ``output_split_sizes[i]`` (only this rank's own block is
+        checked here; the rest would need communication)."""
+        what = "all_to_all_single"
+        out = _array_of(output, what, writes=True)
+        arr = _array_of(input, what, writes=False)
+        out_splits, in_splits = self._check_all_to_all(what, out, arr, output, input, output_split_sizes,
+                                                       input_split_sizes)
+        work = self._all_to_all_single(out, arr, out_splits, in_splits)
+        _bump(output)
+        return _result(work, async_op)
+
     @_observed("reduce")
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor`` (the others' stay unchanged)."""
@@ -311,6 +346,67 @@ class ProcessGroup:
                          f"got {part_name} overlapping {whole_name} from element {offset:g}\nHINT: in place, "
                          f"pass {whole_name}[rank * n:(rank + 1) * n] with rank = get_rank(group)")
 
+    def _check_all_to_all(self, what, out, arr, output, input, output_split_sizes, input_split_sizes):
+        """all_to_all_single's checks; returns (output splits, input splits) as tuples of ints (rows per rank)."""
+        for name, a in (("input", arr), ("output", out)):
+            if a.ndim == 0:
+                raise ValueError(f"{what}: expected {name} with a dim 0 to split into rows, got a 0-d {name}\n"
+                                 f"HINT: reshape a scalar to shape (1,)")
+        if out.dtype != arr.dtype:
+            raise ValueError(f"{what}: expected input and output of one dtype, got input {arr.dtype} and output "
+                             f"{out.dtype}\nHINT: cast one of them with t.to(dtype)")
+        if out.shape[1:] != arr.shape[1:]:
+            raise ValueError(f"{what}: expected output rows of input's row shape input.shape[1:] = "
+                             f"{tuple(arr.shape[1:])}, got output of shape {tuple(out.shape)} for input of shape "
+                             f"{tuple(arr.shape)}\nHINT: allocate output as it.empty((sum(output_split_sizes),) + "
+                             f"input.shape[1:]); only dim 0 differs between the two")
+        where_out, where_in = _place(output, out), _place(input, arr)
+        if where_out != where_in:
+            raise ValueError(f"{what}: expected input and output on one device, got input on {where_in} and output "
+                             f"on {where_out}\nHINT: move one with t.to(device)")
+        in_splits = self._split_sizes(what, "input", input_split_sizes, arr.shape[0])
+        out_splits = self._split_sizes(what, "output", output_split_sizes, out.shape[0])
+        me = self.rank
+        if in_splits[me] != out_splits[me]:
+            raise ValueError(f"{what}: expected input_split_sizes[{me}] == output_split_sizes[{me}] (the rows group "
+                             f"rank {me} sends itself), got {in_splits[me]} and {out_splits[me]}\nHINT: rank i's "
+                             "input_split_sizes[j] must be rank j's output_split_sizes[i]; exchange the counts "
+                             "first (e.g. all_to_all_single of one count per rank)")
+        (a0, a1), (b0, b1) = _span(arr), _span(out)
+        if a0 < b1 and b0 < a1:
+            raise ValueError(f"{what}: expected output separate from input, got output of shape {tuple(out.shape)} "
+                             f"overlapping input of shape {tuple(arr.shape)} in memory\nHINT: receive into a new "
+                             "tensor (it.empty_like) and copy it back if needed")
+        return out_splits, in_splits
+
+    def _split_sizes(self, what, name, splits, length):
+        """``splits`` (rows per group rank, None: equal) checked against a dim 0 of ``length`` rows."""
+        arg = f"{name}_split_sizes"
+        if splits is None:
+            if length % self.size:
+                raise ValueError(f"{what}: expected {name}.shape[0] divisible by the group size {self.size} when "
+                                 f"{arg} is None, got {name}.shape[0] = {length}\nHINT: pass {arg}, one row count "
+                                 f"per rank of the group")
+            return (length // self.size,) * self.size
+        if isinstance(splits, np.ndarray) and splits.ndim == 1:
+            splits = splits.tolist()
+        if not isinstance(splits, (list, tuple, range)):
+            raise TypeError(f"{what}: expected {arg} to be None or a list of ints, got {type(splits).__name__}\n"
+                            "HINT: pass a list (a tensor of counts: counts.tolist())")
+        splits = [int(n) if isinstance(n, np.integer) else n for n in splits]  # numpy ints print as plain ints
+        if len(splits) != self.size:
+            raise ValueError(f"{what}: expected {arg} to hold one row count per rank of the group ({self.size}), "
+                             f"got {len(splits)} entries {splits}\nHINT: entry j is the rows exchanged with group "
+                             f"rank j of {self.ranks}")
+        for j, n in enumerate(splits):
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"{what}: expected {arg} to hold non-negative ints, got {n!r} at index {j} of "
+                                 f"{splits}\nHINT: entry j is a number of rows along dim 0")
+        if sum(splits) != length:
+            raise ValueError(f"{what}: expected {arg} to sum to {name}.shape[0] = {length}, got {splits} (sum "
+                             f"{sum(splits)})\nHINT: the blocks cover dim 0 of {name} exactly, in rank order")
+        return tuple(splits)
+
 
 class SingleProcessGroup(ProcessGroup):
     """The world of one process (a plain ``python script.py``): every collective is the identity."""
@@ -337,6 +433,9 @@ class SingleProcessGroup(ProcessGroup):
 
     def _reduce_scatter_tensor(self, out, arr, op, in_place):
         return CompletedWork(self, "reduce_scatter_tensor", None if in_place else lambda: _copy_into(out, arr))
+
+    def _all_to_all_single(self, out, arr, out_splits, in_splits):
+        return CompletedWork(self, "all_to_all_single", lambda: _copy_into(out, arr))
 
     def _reduce(self, arr, dst, op):
         return CompletedWork(self, "reduce")

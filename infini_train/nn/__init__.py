@@ -7,6 +7,7 @@ from .layers import (GELU, Dropout, Embedding, Identity, LayerNorm, Linear, LogS
                      Softmax, Tanh)
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module, Parameter
+from .moe import MoE, Router
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from . import lora
 
@@ -14,7 +15,7 @@ __all__ = ["functional", "init", "utils", "Module", "Parameter", "Sequential", "
            "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Sigmoid", "SiLU", "Tanh", "Softmax", "LogSoftmax",
            "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss", "RMSNorm", "lora", "Conv2d",
            "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Flatten"]
-__all__ += ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
+__all__ += ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell", "MoE", "Router"]
 
 
 def __getattr__(name):
