@@ -47,6 +47,7 @@ from . import amp
 from . import distributed, linalg, nn, optim  # it.distributed, it.linalg, it.nn, it.optim
 from . import profiler  # it.profiler.profile, record_function
 from . import utils  # it.utils.checkpoint (activation recomputation)
+from . import models  # it.models.from_pretrained (the model modules import when asked for)
 from .serialization import load, save
 from .functional import *  # noqa: F401,F403  (it.cat, it.matmul, it.exp, ...)
 

@@ -30,14 +30,20 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * hd, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * hd, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.n_heads * hd, config.dim, bias=config.attention_bias)
+        if config.qk_norm:  # Qwen3: RMSNorm over each head's queries and keys, before the rotation
+            self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
 
     def forward(self, x, rope, kv_cache=None, layer=0):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # the whole sequence, this rank's heads
         cos, sin = (t if t.dtype == q.dtype else t.to(q.dtype) for t in rope)  # HF rotates in q's dtype
         B, T = q.shape[0], q.shape[1]
         hd = self.head_dim
-        q = F.rotary_embedding(q.view(B, T, -1, hd).transpose(1, 2), cos, sin)  # (B, heads, T, hd)
-        k = F.rotary_embedding(k.view(B, T, -1, hd).transpose(1, 2), cos, sin)
+        q, k = q.view(B, T, -1, hd), k.view(B, T, -1, hd)
+        if "q_norm" in self._modules:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = F.rotary_embedding(q.transpose(1, 2), cos, sin)  # (B, heads, T, hd)
+        k = F.rotary_embedding(k.transpose(1, 2), cos, sin)
         v = v.view(B, T, -1, hd).transpose(1, 2)
         dropout_p = self.dropout if self.training else 0.0
         with sharded_random(self.tp, dropout_p):
@@ -56,11 +62,20 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def build_mlp(config, layer):
+    """The MLP of block ``layer``: a sparse mixture of experts where the config makes the layer sparse (Qwen3-MoE,
+    Mixtral: ``config.sparse_layer(layer)``), else LLaMA's SwiGLU. The auxiliary loss is the model's (moe_lm.py)."""
+    if config.sparse_layer(layer):
+        return nn.MoE(config.dim, config.moe_intermediate_size, config.num_experts, config.num_experts_per_tok,
+                      norm_topk_prob=config.norm_topk_prob)
+    return LlamaMLP(config)
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, layer=0):
         super().__init__()
         self.self_attn = LlamaAttention(config)
-        self.mlp = LlamaMLP(config)
+        self.mlp = build_mlp(config, layer)
         self.input_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
 
@@ -79,7 +94,7 @@ class Llama(CausalLM):
         self.config = config
         self.model = nn.ModuleDict(dict(
             embed_tokens=nn.Embedding(config.vocab_size, config.dim),
-            layers=nn.ModuleList([LlamaDecoderLayer(config) for _ in range(config.n_layers)]),
+            layers=nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.n_layers)]),
             norm=nn.RMSNorm(config.dim, eps=config.rms_norm_eps),
         ))
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -92,7 +107,7 @@ class Llama(CausalLM):
     @staticmethod
     def _init_weights(module):
         # HF's LlamaPreTrainedModel: N(0, initializer_range = 0.02) for linear and embedding weights, zero biases
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.Router)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
@@ -143,6 +158,26 @@ class Llama(CausalLM):
         return ("model.embed_tokens.weight", "lm_head.weight") if self.config.tie_word_embeddings else None
 
     # ---------------------------------------------------------------------------------------- weights
+    @classmethod
+    def config_from_hf(cls, hf, source):
+        """Our config from an HF config.json dict (``source`` names it in errors)."""
+        from .llama_io import hf_config_to_llama
+        return hf_config_to_llama(hf, source)
+
+    def hf_config(self, dtype):
+        """The HF config.json dict of this model (weights stored in ``dtype``, a name)."""
+        from .llama_io import llama_to_hf_config
+        return llama_to_hf_config(self.config, dtype)
+
+    @staticmethod
+    def from_hf_name(name):
+        """Our parameter name of an HF checkpoint's tensor name (the same for LLaMA, Qwen3, Qwen3-MoE)."""
+        return name
+
+    @staticmethod
+    def to_hf_name(name):
+        return name
+
     @classmethod
     def from_pretrained(cls, directory, device=None, dtype=None):
         """Load a Hugging Face LlamaForCausalLM directory (config.json + model.safetensors, or sharded with

@@ -50,6 +50,7 @@ class LlamaConfig(LMConfig):
     dropout: float = 0.0
     attention_bias: bool = False
     mlp_bias: bool = False
+    qk_norm = False  # (not a field) Qwen3Config makes it one: RMSNorm on each head's queries and keys
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -98,6 +99,10 @@ class LlamaConfig(LMConfig):
 
     def to_dict(self):
         return dataclasses.asdict(self)
+
+    def sparse_layer(self, layer):
+        """Whether block ``layer``'s MLP is a mixture of experts (never for LLaMA; see moe_lm.py)."""
+        return False
 
     def inv_freq(self):
         """The rotary inverse frequencies (head_dim / 2,), float32, as HF computes them (llama3 scaling applied)."""

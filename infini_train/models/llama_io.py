@@ -21,8 +21,13 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*$", re.IGNORECASE)
 
 def hf_config_to_llama(hf, source):
     """Our LlamaConfig from an HF config.json dict."""
-    if hf.get("model_type", "llama") != "llama":
-        raise WeightsError(f"{source}: model_type {hf.get('model_type')!r}, expected 'llama'")
+    return LlamaConfig(**llama_config_fields(hf, source, "llama"))
+
+
+def llama_config_fields(hf, source, model_type):
+    """The LlamaConfig fields of an HF config.json dict of ``model_type`` (LLaMA's, and the LLaMA-like models')."""
+    if hf.get("model_type", model_type) != model_type:
+        raise WeightsError(f"{source}: model_type {hf.get('model_type')!r}, expected {model_type!r}")
     if hf.get("hidden_act", "silu") != "silu":
         raise WeightsError(f"{source}: hidden_act {hf['hidden_act']!r} is not supported (LLaMA uses 'silu')")
     rope = hf.get("rope_parameters") or {}
@@ -33,7 +38,7 @@ def hf_config_to_llama(hf, source):
         raise WeightsError(f"{source}: rope scaling {kind!r} is not supported (only llama3)")
     if rope.get("rope_type", "default") not in ("default", "llama3"):
         raise WeightsError(f"{source}: rope_type {rope['rope_type']!r} is not supported (default or llama3)")
-    return LlamaConfig(
+    return dict(
         vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads"),
         intermediate_size=hf["intermediate_size"], head_dim=hf.get("head_dim"),
@@ -78,16 +83,21 @@ def _weight_files(directory):
     return [(single, None)]
 
 
-def hf_weights(directory):
-    """(LlamaConfig, {name: MappedArray}) of an HF LLaMA directory (one safetensors file or shards and their
-    index): only the headers are read; a tied output layer is the token embedding."""
+def hf_weights(directory, cls=None):
+    """(config, {our name: MappedArray}, {name: file}) of an HF directory of a LLaMA-like model (one safetensors file
+    or shards and their index): only the headers are read; a tied output layer is the token embedding. ``cls``: the
+    model class (its ``config_from_hf`` and ``from_hf_name``); None: the class of config.json's model_type."""
     directory = os.fspath(directory)
     config_path = os.path.join(directory, "config.json")
     if not os.path.exists(config_path):
         raise FileNotFoundError(f"Llama.from_pretrained: {config_path} is missing\nHINT: an HF LLaMA directory "
                                 "holds config.json and model.safetensors (or shards and their index)")
     with open(config_path) as f:
-        config = hf_config_to_llama(json.load(f), config_path)
+        hf = json.load(f)
+    if cls is None:
+        from .pretrained import hf_model_class
+        cls = hf_model_class(hf.get("model_type", "llama"), config_path)
+    config = cls.config_from_hf(hf, config_path)
     state, where = {}, {}
     for path, names in _weight_files(directory):
         if not os.path.exists(path):
@@ -98,6 +108,7 @@ def hf_weights(directory):
             raise WeightsError(f"{path}: not a readable safetensors file ({exc})") from exc
         for name, value in tensors.items():
             if not name.endswith("rotary_emb.inv_freq"):  # (recomputed from the config)
+                name = cls.from_hf_name(name)
                 state[name], where[name] = value, path
     if config.tie_word_embeddings:
         state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
@@ -105,7 +116,7 @@ def hf_weights(directory):
 
 
 def load_hf(cls, directory, dtype=None):
-    config, mapped, where = hf_weights(directory)
+    config, mapped, where = hf_weights(directory, cls)
     model = cls(config)
     if dtype is not None:
         model.to(dtype=dtype)
@@ -146,7 +157,7 @@ def save_hf(model, directory, max_shard_size="5GB", dtype=None):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         array = value.numpy()
-        tensors[name] = array.astype(backend.as_dtype(dtype)) if dtype is not None else array
+        tensors[model.to_hf_name(name)] = array.astype(backend.as_dtype(dtype)) if dtype is not None else array
     limit = _bytes(max_shard_size)
     shards, current, size = [], {}, 0
     for name, array in tensors.items():
@@ -175,9 +186,8 @@ def save_hf(model, directory, max_shard_size="5GB", dtype=None):
         index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map}
         text = json.dumps(index, indent=2).encode()
         _atomic_write(os.path.join(directory, INDEX), lambda f: f.write(text))
-    text = json.dumps(llama_to_hf_config(cfg, "bfloat16" if stored == backend.bfloat16 else str(stored)),
-                      indent=2).encode()
+    text = json.dumps(model.hf_config("bfloat16" if stored == backend.bfloat16 else str(stored)), indent=2).encode()
     _atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
 
 
-__all__ = ["load_hf", "save_hf", "hf_config_to_llama", "llama_to_hf_config"]
+__all__ = ["load_hf", "save_hf", "hf_weights", "hf_config_to_llama", "llama_config_fields", "llama_to_hf_config"]

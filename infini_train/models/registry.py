@@ -9,7 +9,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-ARCH_MODULES = {"gpt2": "gpt2", "llama3": "llama"}  # arch -> the module under infini_train.models that registers it
+# arch -> the module under infini_train.models that registers it
+ARCH_MODULES = {"gpt2": "gpt2", "llama3": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
 ARCHS = tuple(ARCH_MODULES)
 _SPECS = {}
 
@@ -25,6 +26,7 @@ class ModelSpec:
     config_class: type
     parallelize: Callable
     head_counts: Callable
+    layout_problems: Callable | None = None  # (config, tensor, pipeline, virtual) -> [problem]: what the model refuses
 
     def validate(self, config, tensor=1, pipeline=1, virtual=1):
         """The ways the model ``config`` cannot take the layout, one line each (the key to change first): blocks that
@@ -40,6 +42,8 @@ class ModelSpec:
                 problems.append(f"parallel.tensor: expected a divisor of model {name} ({count}; each rank takes "
                                 f"{name} / tensor heads), got {tensor}; HINT: use one of {divisors}")
                 break
+        if self.layout_problems is not None:
+            problems += self.layout_problems(config, tensor, pipeline, virtual)
         return problems
 
 
@@ -59,6 +63,9 @@ def model_spec(arch):
 
 def spec_of(model):
     """The ModelSpec of a model instance (or of a pipeline chunk of one)."""
+    for spec in _SPECS.values():  # the class itself first: Qwen3 and Mixtral are Llamas
+        if type(model) is spec.model_class:
+            return spec
     for spec in _SPECS.values():
         if isinstance(model, spec.model_class):
             return spec

@@ -1,0 +1,83 @@
+"""Mixtral: LLaMA's attention (no sliding window: a window shorter than the context is refused at load) and in every
+layer an ``it.nn.MoE`` of ``num_experts`` SwiGLU experts of width ``intermediate_size``, top ``num_experts_per_tok``
+always renormalised; the loss adds the load-balancing loss (moe_lm.py). Our modules use Qwen3-MoE's names; the
+checkpoint's ``block_sparse_moe.experts.{i}.w1 / w3 / w2`` (gate / up / down) and ``block_sparse_moe.gate`` are
+mapped when reading and writing HF directories."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .gpt2_io import WeightsError
+from .llama import Llama, _head_counts
+from .llama_config import LlamaConfig
+from .moe_lm import MoECausalLM, check_moe_config, moe_layout_problems, parallelize_moe
+from .qwen3 import check_sliding_window
+from .registry import ModelSpec, register
+
+_FROM_HF = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_TO_HF = {v: k for k, v in _FROM_HF.items()}
+
+
+@dataclass
+class MixtralConfig(LlamaConfig):
+    """LlamaConfig (rope scaling off, rope_theta 1e6, untied) plus ``num_experts`` (HF's num_local_experts),
+    ``num_experts_per_tok`` and ``router_aux_loss_coef``; every layer is sparse, its experts ``intermediate_size``
+    wide."""
+
+    vocab_size: int = 32000
+    rope_theta: float = 1000000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    router_aux_loss_coef: float = 0.001
+    norm_topk_prob = True  # (not fields) Mixtral always renormalises the chosen weights
+    moe_intermediate_size = property(lambda self: self.intermediate_size)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_moe_config(self)
+
+    def sparse_layer(self, layer):
+        return True
+
+
+class Mixtral(MoECausalLM, Llama):
+    @classmethod
+    def config_from_hf(cls, hf, source):
+        from .llama_io import llama_config_fields
+
+        check_sliding_window(hf, source)
+        if hf.get("router_jitter_noise", 0.0):
+            raise WeightsError(f"{source}: router_jitter_noise {hf['router_jitter_noise']} is not supported (0 only)")
+        return MixtralConfig(**llama_config_fields(hf, source, "mixtral"), num_experts=hf["num_local_experts"],
+                             num_experts_per_tok=hf["num_experts_per_tok"],
+                             router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001))
+
+    def hf_config(self, dtype):
+        from .llama_io import llama_to_hf_config
+
+        cfg = self.config
+        hf = llama_to_hf_config(cfg, dtype)
+        for key in ("mlp_bias", "attention_bias"):
+            hf.pop(key)
+        hf.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=cfg.num_experts,
+                  num_experts_per_tok=cfg.num_experts_per_tok, router_aux_loss_coef=cfg.router_aux_loss_coef,
+                  sliding_window=None, router_jitter_noise=0.0, output_router_logits=False)
+        return hf
+
+    @staticmethod
+    def from_hf_name(name):
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        return re.sub(r"(\.experts\.\d+\.)(w[123])\.", lambda m: f"{m[1]}{_FROM_HF[m[2]]}.", name)
+
+    @staticmethod
+    def to_hf_name(name):
+        name = name.replace(".mlp.", ".block_sparse_moe.")
+        return re.sub(r"(\.experts\.\d+\.)(gate_proj|up_proj|down_proj)\.", lambda m: f"{m[1]}{_TO_HF[m[2]]}.", name)
+
+
+SPEC = register(ModelSpec("mixtral", Mixtral, MixtralConfig, parallelize_moe, _head_counts, moe_layout_problems))
+
+__all__ = ["Mixtral", "MixtralConfig", "SPEC"]

@@ -1,0 +1,46 @@
+"""``from_pretrained(path)``: any model this package knows from a Hugging Face directory, by config.json's
+``model_type`` (gpt2, llama, qwen3, qwen3_moe, mixtral), or GPT-2 from an llm.c ``.bin`` file. Every model writes
+the same layout back with ``save_pretrained(directory)``."""
+from __future__ import annotations
+
+import json
+import os
+
+from .gpt2_io import WeightsError
+from .registry import model_class
+
+HF_MODEL_TYPES = {"gpt2": "gpt2", "llama": "llama3", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
+
+
+def hf_model_class(model_type, source="config.json"):
+    """The model class of an HF ``model_type``."""
+    if model_type not in HF_MODEL_TYPES:
+        raise WeightsError(f"{source}: model_type {model_type!r} is not supported; expected one of "
+                           f"{sorted(HF_MODEL_TYPES)}")
+    return model_class(HF_MODEL_TYPES[model_type])[0]
+
+
+def from_pretrained(path, device=None, dtype=None):
+    """The model of an HF directory (config.json + safetensors, sharded or not) with its weights, the class chosen by
+    config.json's ``model_type``; an llm.c ``.bin`` file is a GPT-2. ``dtype`` (LLaMA-like models): keep the weights
+    in that dtype instead of float32."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"from_pretrained: no such file or directory: {path}\nHINT: pass an HF model "
+                                    "directory (config.json + safetensors) or an llm.c .bin file")
+        return model_class("gpt2")[0].from_pretrained(path, device=device)
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"from_pretrained: {config_path} is missing\nHINT: an HF model directory holds "
+                                "config.json and model.safetensors (or shards and their index)")
+    with open(config_path) as f:
+        model_type = json.load(f).get("model_type")
+    cls = hf_model_class(model_type, config_path)
+    if model_type == "gpt2":
+        model = cls.from_pretrained(path, device=device)
+        return model.to(dtype=dtype) if dtype is not None else model
+    return cls.from_pretrained(path, device=device, dtype=dtype)
+
+
+__all__ = ["from_pretrained", "hf_model_class", "HF_MODEL_TYPES"]

@@ -1,0 +1,68 @@
+"""Qwen3-MoE: Qwen3's attention (q_norm / k_norm, its own head_dim) and an ``it.nn.MoE`` MLP in the layers HF makes
+sparse (``(layer + 1) % decoder_sparse_step == 0`` and not in ``mlp_only_layers``; the others keep a dense SwiGLU
+of ``intermediate_size``); the loss adds the load-balancing loss (moe_lm.py). Names are Qwen3MoeForCausalLM's
+checkpoint names (``mlp.gate.weight``, ``mlp.experts.{i}.gate_proj.weight``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .llama import Llama, _head_counts
+from .moe_lm import MoECausalLM, check_moe_config, moe_layout_problems, parallelize_moe
+from .qwen3 import Qwen3Config, check_sliding_window, qwen3_to_hf_config
+from .registry import ModelSpec, register
+
+HF_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+               "mlp_only_layers", "router_aux_loss_coef")
+
+
+@dataclass
+class Qwen3MoeConfig(Qwen3Config):
+    """Qwen3Config plus the experts: ``num_experts`` of width ``moe_intermediate_size``, ``num_experts_per_tok``
+    chosen per token (renormalised when ``norm_topk_prob``), the sparse layers (``decoder_sparse_step``,
+    ``mlp_only_layers``) and the auxiliary loss's ``router_aux_loss_coef``. HF's defaults."""
+
+    num_experts: int = 128
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 768
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
+    router_aux_loss_coef: float = 0.001
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_moe_config(self)
+        if not isinstance(self.decoder_sparse_step, int) or self.decoder_sparse_step <= 0:
+            raise ValueError(f"Qwen3MoeConfig.decoder_sparse_step: expected a positive integer, got "
+                             f"{self.decoder_sparse_step!r}")
+        self.mlp_only_layers = [int(i) for i in self.mlp_only_layers]
+        if not any(self.sparse_layer(i) for i in range(self.n_layers)):
+            raise ValueError("Qwen3MoeConfig: no layer is sparse (decoder_sparse_step / mlp_only_layers leave every "
+                             "layer dense)\nHINT: use the arch qwen3 for a dense model")
+
+    def sparse_layer(self, layer):
+        """HF's Qwen3MoeDecoderLayer rule."""
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+
+class Qwen3Moe(MoECausalLM, Llama):
+    @classmethod
+    def config_from_hf(cls, hf, source):
+        from .llama_io import llama_config_fields
+
+        check_sliding_window(hf, source)
+        fields = llama_config_fields(hf, source, "qwen3_moe")
+        experts = hf.get("num_experts", hf.get("num_local_experts"))
+        return Qwen3MoeConfig(**fields, num_experts=experts, **{k: hf[k] for k in HF_MOE_KEYS if k in hf})
+
+    def hf_config(self, dtype):
+        cfg = self.config
+        hf = qwen3_to_hf_config(cfg, dtype, "qwen3_moe", "Qwen3MoeForCausalLM")
+        hf.update({k: getattr(cfg, k) for k in HF_MOE_KEYS}, num_experts=cfg.num_experts)
+        return hf
+
+
+SPEC = register(ModelSpec("qwen3_moe", Qwen3Moe, Qwen3MoeConfig, parallelize_moe, _head_counts,
+                          moe_layout_problems))
+
+__all__ = ["Qwen3Moe", "Qwen3MoeConfig", "SPEC"]
