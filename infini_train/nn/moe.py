@@ -40,7 +40,8 @@ from .containers import ModuleList
 from .layers import Linear, _param
 from .module import Module
 
-__all__ = ["Router", "RouterOutput", "SwiGLU", "MoE", "load_balancing_loss", "router_z_loss"]
+__all__ = ["Router", "RouterOutput", "SwiGLU", "MoE", "load_balancing_loss", "router_z_loss", "sort_by_expert",
+           "keep_within_capacity", "run_experts", "combine"]
 
 
 def _router_dtype(dtype):
@@ -113,6 +114,45 @@ def router_z_loss(logits):
     return (logits.to(_router_dtype(logits.dtype)).logsumexp(-1) ** 2).mean()
 
 
+def sort_by_expert(xp, ids, num_experts):
+    """The assignments ``ids`` (expert per assignment, token-major) ordered by expert, then token (a stable sort),
+    and the assignments routed to each expert (xp arrays)."""
+    return stable_order(xp, ids, 0, descending=False), xp.bincount(ids, minlength=num_experts)
+
+
+def keep_within_capacity(xp, ids, order, routed, capacity, before=None):
+    """``order`` without the assignments past each expert's first ``capacity`` in token order, and the kept counts.
+    ``before`` (per expert) counts the assignments that come earlier elsewhere (on lower expert-parallel ranks)."""
+    starts = xp.cumsum(routed) - routed
+    place = xp.arange(order.size) - starts[ids[order]]              # place in its expert's queue
+    if before is not None:
+        place = place + before[ids[order]]
+        kept = xp.clip(capacity - before, 0, routed)
+    else:
+        kept = xp.minimum(routed, capacity)
+    return order[place < capacity], kept
+
+
+def run_experts(experts, rows, counts):
+    """Expert i over its contiguous block of ``counts[i]`` rows (one matmul per projection), the outputs
+    concatenated in the same order; None when no expert has a row."""
+    pieces = split(rows, [int(c) for c in counts], 0)
+    outs = [expert(piece) for expert, piece, c in zip(experts, pieces, counts) if c]
+    return cat(outs, 0) if outs else None
+
+
+def combine(x, y, weights, order, top_k):
+    """The output shaped like the tokens ``x`` (n, dim): row i of ``y`` (assignment ``order[i]``) times its router
+    weight, added at its token; zeros when ``y`` is None (no expert ran)."""
+    n, device = x.shape[0], x.device
+    if y is None:
+        return zeros(n, x.shape[-1], dtype=x.dtype, device=device)
+    w = weights.reshape(-1).index_select(0, Tensor._make(order, device))
+    y = y * w.unsqueeze(-1)
+    tokens = Tensor._make(order // top_k, device)
+    return zeros(n, y.shape[-1], dtype=y.dtype, device=device).index_add(0, tokens, y)
+
+
 class MoE(Module):
     """A sparse mixture of ``num_experts`` SwiGLU experts (``hidden_dim`` wide), each token sent to its ``top_k``
     experts by a ``Router`` and the outputs summed with the router weights; optionally a dense shared expert
@@ -146,6 +186,7 @@ class MoE(Module):
                 self.shared_expert_gate = Linear(dim, 1, bias=False, device=device, dtype=dtype)
         self.aux_loss = self.z_loss = self.router_logits = None
         self.tokens_per_expert, self.dropped_tokens = None, 0
+        self.token_dispatcher = None  # None: every expert is here; else a callable (moe, x, weights, indices)
 
     @property
     def router_loss(self):
@@ -178,31 +219,23 @@ class MoE(Module):
         return out.reshape(*x.shape)
 
     def _dispatch(self, x, weights, indices):
-        """Sum over each token's kept choices of weight * expert(x); returns (output, routed counts as an array)."""
-        n, k, num_experts = x.shape[0], self.top_k, self.num_experts
-        device = x.device
-        xp = device.array_module()
+        """Sum over each token's kept choices of weight * expert(x); returns (output, routed counts as an array).
+        An expert-parallel layer (nn.parallel.expert_parallel) hands this to its ``token_dispatcher``."""
+        if self.token_dispatcher is not None:
+            return self.token_dispatcher(self, x, weights, indices)
+        n, k = x.shape[0], self.top_k
+        xp = x.device.array_module()
         ids = indices.array.reshape(-1)                              # assignment a = token * k + choice
-        order = stable_order(xp, ids, 0, descending=False)           # by expert, then token
-        routed = xp.bincount(ids, minlength=num_experts)
+        order, routed = sort_by_expert(xp, ids, self.num_experts)
         kept = routed
         capacity = self.capacity(n)
         if capacity is not None:
-            starts = xp.cumsum(routed) - routed
-            rank = xp.arange(order.size) - starts[ids[order]]           # place in its expert's queue
-            order = order[rank < capacity]
-            kept = xp.minimum(routed, capacity)
+            order, kept = keep_within_capacity(xp, ids, order, routed, capacity)
         counts = backend.to_device_array(kept, backend.CPU).astype(np.int64)
         self.tokens_per_expert, self.dropped_tokens = counts, int(n * k - counts.sum())
-        tokens = order // k
-        rows = x.index_select(0, Tensor._make(tokens, device))         # gathered once, contiguous per expert
-        pieces = split(rows, counts.tolist(), 0)
-        outs = [self.experts[e](piece) for e, piece in enumerate(pieces) if counts[e]]
-        if not outs:
-            return zeros(n, self.dim, dtype=x.dtype, device=device), routed
-        w = weights.reshape(-1).index_select(0, Tensor._make(order, device))
-        y = cat(outs, 0) * w.unsqueeze(-1)
-        return zeros(n, self.dim, dtype=y.dtype, device=device).index_add(0, Tensor._make(tokens, device), y), routed
+        rows = x.index_select(0, Tensor._make(order // k, x.device))   # gathered once, contiguous per expert
+        y = run_experts(list(self.experts), rows, counts)
+        return combine(x, y, weights, order, k), routed
 
     def extra_repr(self):
         cap = f", capacity_factor={self.capacity_factor}" if self.capacity_factor is not None else ""
