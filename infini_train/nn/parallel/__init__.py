@@ -1,7 +1,8 @@
 """Parallel modules: DataParallel (one process, many devices), DistributedDataParallel (one per rank), tensor
 (+ sequence) parallelism: the conjugate communication mappings, column/row-parallel linears, the vocab-parallel
 embedding and cross-entropy, clipping by the whole model's norm, and whole state dicts for checkpoints; context
-parallelism: ring attention over a sequence split across ranks; expert parallelism's token exchange (all_to_all)."""
+parallelism: ring attention over a sequence split across ranks; expert parallelism: the token exchange
+(all_to_all) and expert_parallel(moe, group)."""
 from .all_to_all import all_to_all
 from .context_parallel import context_parallel, local_chunks, local_positions
 from .data_parallel import DataParallel, parallel_apply, replicate
@@ -35,4 +36,11 @@ from .whole_state import (
     shard_state_dict,
     whole_optimizer_state,
     whole_state_dict,
+)
+from .expert_parallel import (
+    all_reduce_expert_grads,
+    expert_parallel,
+    expert_parameters,
+    shard_expert_state_dict,
+    whole_expert_state_dict,
 )
