@@ -38,6 +38,7 @@ from .evaluation import evaluate, sample_text
 from .parallel_dims import ParallelDims
 from .out_dir import check_writable
 from .memory import PhasePeaks, peak_rss_bytes
+from .moe_metrics import moe_metrics_for
 from .lora_run import (BaseWeights, apply_run_lora, base_source, check_same_lora, checked_base, checkpoint_reference,
                        load_base_pieces, prepare_base, restore_base)
 from .precision import autocast_for, scaler_for
@@ -207,6 +208,7 @@ class Run:
             cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
             zero_stage=cfg.parallel.zero_stage)
         self.zero_stage = cfg.parallel.zero_stage
+        self.moe = moe_metrics_for(self.raw_model, dims)  # router statistics of a mixture of experts, else None
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)
         self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
@@ -332,8 +334,11 @@ class Run:
                               skipped=not result.updated, skipped_steps=self.skipped_total)
                 if result.loss_scale is not None:
                     record["loss_scale"] = result.loss_scale
+                if self.moe is not None:
+                    record.update(self.moe.collect())
                 log.write(record)
-                self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar)
+                self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar,
+                               self.moe.describe(record) if self.moe is not None else "")
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.num_iterations:
                     self.save(step + 1)
         if bar is not None:
@@ -440,12 +445,12 @@ class Run:
         return tqdm(total=self.cfg.train.num_iterations, initial=self.start_step, desc="train", dynamic_ncols=True,
                     disable=not sys.stderr.isatty())
 
-    def _log_line(self, step, result, dt, tokens_per_s, mfu, bar):
+    def _log_line(self, step, result, dt, tokens_per_s, mfu, bar, extra=""):
         t = self.cfg.train
         if step % t.log_every == 0 or step == t.num_iterations - 1:
             line = (f"step {step + 1:5d}/{t.num_iterations} | loss {result.loss:.6f} | lr {result.lr:.2e} | norm "
                     f"{result.grad_norm:.4f} | {dt * 1000:.1f} ms | {tokens_per_s:.0f} tok/s"
-                    + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
+                    + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "") + extra)
             if bar is not None and not bar.disable:
                 bar.write(line)
             else:
