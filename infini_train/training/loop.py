@@ -156,16 +156,17 @@ def build_optimizer(model, train_cfg, zero_stage, group=None):
     return AdamW(groups, **options)
 
 
-def wrap_data_parallel(model, optimizer, dims, zero_stage):
+def wrap_data_parallel(model, optimizer, dims, zero_stage, find_unused=False):
     """The model a step runs: with data parallelism, DistributedDataParallel (ZeRO's reducer under ZeRO 1 and 2)
     around the whole model, or around each pipeline chunk, averaging gradients while backward runs. Pipeline runs
     under ZeRO-2 keep whole gradients through the schedule (the tied embedding's and sequence-parallel sums need
-    them) and reduce-scatter them after it (GradientSync)."""
+    them) and reduce-scatter them after it (GradientSync). ``find_unused``: some parameters may get no gradient in a
+    step (experts no token was routed to)."""
     if dims.grad_size == 1 or (dims.pipeline_parallel and zero_stage == 2) or zero_stage == 3:
         return model  # (ZeRO-3: fully_shard reduce-scatters the gradients itself)
 
     def wrap(module):
-        return DistributedDataParallel(module, process_group=dims.grad_group,
+        return DistributedDataParallel(module, process_group=dims.grad_group, find_unused_parameters=find_unused,
                                        zero_optimizer=optimizer if zero_stage else None, zero_stage=zero_stage or 2)
 
     if dims.pipeline_parallel:
@@ -210,7 +211,7 @@ class Run:
         self.zero_stage = cfg.parallel.zero_stage
         self.moe = moe_metrics_for(self.raw_model, dims)  # router statistics of a mixture of experts, else None
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group)
-        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)
+        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None)
         self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
                                                   dims.dp_size, config_key="data.train")
         self.val_loader = None

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, job_env, make_data, metrics, run, same_run, tiny_args
@@ -79,14 +80,22 @@ def test_qwen3_moe_run_resumes_bitwise(data_dir, tmp_path):
 
 @needs_mpiexec
 def test_qwen3_moe_data_parallel_equals_one_process(data_dir, tmp_path):
-    """Each micro-batch routes (and balances) its own tokens, so the micro-batches match: one process runs 4 of B=4,
-    each of two ranks 2 of B=4 (rank r reads the one process's micro-batches r and r + 2)."""
+    """Each micro-batch routes (and balances) its own tokens, so the micro-batches match: one process runs 4 of B=2,
+    each of two ranks 2 of B=2 (rank r reads the one process's micro-batches r and r + 2). Top-1 of 16 experts leaves
+    some experts without a token: their gradients stay None on every rank, as in one process (DDP's
+    find_unused_parameters with torch's rule), and experts used on one rank only are averaged with the other's zeros."""
     one, two = tmp_path / "one", tmp_path / "two"
-    common = ["train.total_batch_size=512", "train.val_loss_every=0"]
+    common = ["train.total_batch_size=256", "train.batch_size=2", "train.val_loss_every=0", "model.num_experts=16",
+              "model.num_experts_per_tok=1", "model.moe_intermediate_size=32"]
     _train(data_dir, one, "qwen3_moe", *common)
     _train(data_dir, two, "qwen3_moe", *common, ranks=2)
+    assert _values(one, "experts_idle").max() > 0
     for key in ("loss", "grad_norm") + MOE_KEYS:
         np.testing.assert_allclose(_values(two, key), _values(one, key), rtol=1e-5, err_msg=key)
+    mine, _, _ = load_checkpoint(list_checkpoints(two)[-1])
+    ref, _, _ = load_checkpoint(list_checkpoints(one)[-1])
+    for name in ref:
+        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def _errors(arch, *overrides):
@@ -133,9 +142,11 @@ def test_moe_model_keys_presets_and_refusals_are_config_errors():
     assert "recomputing blocks is not supported for MoE models yet" in refused[0] and "HINT" in refused[0]
     assert "LoRA on experts is not supported yet" in refused[2]
     assert "expert tensor parallelism is not supported yet" in refused[3]
+    assert _errors("qwen3_moe", "parallel.zero_stage=2")[0].startswith("parallel.zero_stage: expected 0 for "
+                                                                       "model.arch=qwen3_moe (ZeRO's flat gradient")
     assert _errors("qwen3_moe", "parallel.pipeline=2") == [
-        "parallel.pipeline: expected 1 for a mixture-of-experts model (the auxiliary loss spans every layer's routers), "
-        "got 2 x 1 stages"]
+        "parallel.pipeline: expected 1 for a mixture-of-experts model (the auxiliary loss spans every layer's "
+        "routers), got 2 x 1 stages"]
     assert _errors("qwen3_moe", "lora.rank=4", "lora.target_modules=.*mlp.*")[0].startswith("lora.target_modules")
     load_config(CONFIGS["qwen3_moe"], ["lora.rank=4", "lora.target_modules=q_proj,v_proj"])  # attention only: fine
     assert _errors("qwen3", "parallel.tensor=2") == [
