@@ -81,14 +81,20 @@ class LlamaConfig(LMConfig):
             self.rope_scaling = {k: self.rope_scaling[k] for k in ROPE_SCALING_KEYS}
 
     @classmethod
+    def presets(cls):
+        """{name: fields} of the released shapes of this config's model (subclasses name their own)."""
+        return LLAMA_PRESETS
+
+    @classmethod
     def from_preset(cls, name, **overrides):
-        if name not in LLAMA_PRESETS:
+        presets = cls.presets()
+        if name not in presets:
             import difflib
-            close = difflib.get_close_matches(name, LLAMA_PRESETS, n=1)
+            close = difflib.get_close_matches(name, presets, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"LlamaConfig.from_preset: unknown preset {name!r}; expected one of "
-                             f"{sorted(LLAMA_PRESETS)}\nHINT: {hint}or give the shape explicitly")
-        return cls(**{**LLAMA_PRESETS[name], **overrides})
+            raise ValueError(f"{cls.__name__}.from_preset: unknown preset {name!r}; expected one of "
+                             f"{sorted(presets)}\nHINT: {hint}or give the shape explicitly")
+        return cls(**{**presets[name], **overrides})
 
     # the LMConfig names
     hidden_size = property(lambda self: self.dim)

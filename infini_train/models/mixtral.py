@@ -18,6 +18,12 @@ from .registry import ModelSpec, register
 _FROM_HF = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _TO_HF = {v: k for k, v in _FROM_HF.items()}
 
+MIXTRAL_PRESETS = {  # the released shape (config.json of mistralai/Mixtral-8x7B-v0.1)
+    "mixtral-8x7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, intermediate_size=14336, vocab_size=32000,
+                         max_seq_len=32768, rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                         num_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.02),
+}
+
 
 @dataclass
 class MixtralConfig(LlamaConfig):
@@ -38,6 +44,10 @@ class MixtralConfig(LlamaConfig):
     def __post_init__(self):
         super().__post_init__()
         check_moe_config(self)
+
+    @classmethod
+    def presets(cls):
+        return MIXTRAL_PRESETS
 
     def sparse_layer(self, layer):
         return True
@@ -80,4 +90,4 @@ class Mixtral(MoECausalLM, Llama):
 
 SPEC = register(ModelSpec("mixtral", Mixtral, MixtralConfig, parallelize_moe, _head_counts, moe_layout_problems))
 
-__all__ = ["Mixtral", "MixtralConfig", "SPEC"]
+__all__ = ["Mixtral", "MixtralConfig", "MIXTRAL_PRESETS", "SPEC"]

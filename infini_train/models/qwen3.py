@@ -12,6 +12,16 @@ from .llama_config import LlamaConfig
 from .registry import ModelSpec, register
 
 
+QWEN3_PRESETS = {  # the released shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-8B)
+    "qwen3-0.6b": dict(dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, intermediate_size=3072,
+                       vocab_size=151936, max_seq_len=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+    "qwen3-8b": dict(dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, intermediate_size=12288,
+                     vocab_size=151936, max_seq_len=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     tie_word_embeddings=False),
+}
+
+
 @dataclass
 class Qwen3Config(LlamaConfig):
     """LlamaConfig's fields (``head_dim`` given explicitly in Qwen3's checkpoints) plus ``qk_norm`` (True); rope
@@ -23,6 +33,10 @@ class Qwen3Config(LlamaConfig):
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     qk_norm: bool = True
+
+    @classmethod
+    def presets(cls):
+        return QWEN3_PRESETS
 
 
 def check_sliding_window(hf, source):
@@ -80,4 +94,4 @@ def parallelize_qwen3(model, group, sequence_parallel=False):
 
 SPEC = register(ModelSpec("qwen3", Qwen3, Qwen3Config, parallelize_qwen3, _head_counts))
 
-__all__ = ["Qwen3", "Qwen3Config", "SPEC", "check_sliding_window", "qwen3_to_hf_config"]
+__all__ = ["Qwen3", "Qwen3Config", "QWEN3_PRESETS", "SPEC", "check_sliding_window", "qwen3_to_hf_config"]

@@ -14,6 +14,13 @@ from .registry import ModelSpec, register
 HF_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
                "mlp_only_layers", "router_aux_loss_coef")
 
+QWEN3_MOE_PRESETS = {  # the released shape (config.json of Qwen/Qwen3-30B-A3B)
+    "qwen3-30b-a3b": dict(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, intermediate_size=6144,
+                          vocab_size=151936, max_seq_len=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001),
+}
+
 
 @dataclass
 class Qwen3MoeConfig(Qwen3Config):
@@ -40,6 +47,10 @@ class Qwen3MoeConfig(Qwen3Config):
             raise ValueError("Qwen3MoeConfig: no layer is sparse (decoder_sparse_step / mlp_only_layers leave every "
                              "layer dense)\nHINT: use the arch qwen3 for a dense model")
 
+    @classmethod
+    def presets(cls):
+        return QWEN3_MOE_PRESETS
+
     def sparse_layer(self, layer):
         """HF's Qwen3MoeDecoderLayer rule."""
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
@@ -65,4 +76,4 @@ class Qwen3Moe(MoECausalLM, Llama):
 SPEC = register(ModelSpec("qwen3_moe", Qwen3Moe, Qwen3MoeConfig, parallelize_moe, _head_counts,
                           moe_layout_problems))
 
-__all__ = ["Qwen3Moe", "Qwen3MoeConfig", "SPEC"]
+__all__ = ["Qwen3Moe", "Qwen3MoeConfig", "QWEN3_MOE_PRESETS", "SPEC"]

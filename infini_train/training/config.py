@@ -329,6 +329,10 @@ def _coerce(value, annotation, path, errors):
                 return float(value)
             except ValueError:
                 pass
+    elif annotation is list:  # (model.mlp_only_layers: a list of integers)
+        kind = "a list of integers" + (" or null" if optional else "")
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return value
     elif annotation is str:
         if isinstance(value, str):
             return value

@@ -6,8 +6,10 @@ import difflib
 import fnmatch
 import math
 import os
+import re
 
 from ..models.registry import ARCHS, model_spec
+from .config_model import MOE_ARCHS
 
 DTYPES = ("float32", "float64")
 TOKENIZERS = ("byte", "gpt2", "auto")
@@ -205,7 +207,7 @@ def _check_data(cfg, c, errors):
                           f"train_NNNNNN.bin) with data.source=stdlib, got {d.val!r}; use <dir>/val_*.bin")
 
 
-RUN_ARCHS = ("gpt2", "llama3")  # the archs config_model.py builds; qwen3, qwen3_moe, mixtral: in code for now
+RUN_ARCHS = ARCHS  # every registered model trains from a run config
 
 
 def _check_model(cfg, c, errors, gpt2_presets):
@@ -213,20 +215,21 @@ def _check_model(cfg, c, errors, gpt2_presets):
     c.need("model.arch", lambda v: v in ARCHS, f"one of {ARCHS}{_closest(m.arch, ARCHS)}")
     if not c.ok("model.arch"):
         return
-    if m.arch not in RUN_ARCHS:  # registered models the run config cannot build yet
-        errors.append(f"model.arch: {m.arch} cannot be trained from a run config yet (its model keys are not in the "
-                      f"model section); expected one of {RUN_ARCHS}\nHINT: build it in code "
-                      "(infini_train.models.from_pretrained or its class)")
-        return
-    llama = m.arch == "llama3"
-    if not llama:
-        for name in m.LLAMA_ONLY:
-            if getattr(m, name) is not None:
-                errors.append(f"model.{name}: only for model.arch=llama3, got {getattr(m, name)!r} with "
-                              "model.arch=gpt2; HINT: set model.arch=llama3, or drop the key")
+    llama = m.arch != "gpt2"  # LLaMA or a model on its blocks
+    for name, value, archs in m.foreign_keys():
+        errors.append(f"model.{name}: only for model.arch={' | '.join(archs)}, got {value!r} with model.arch="
+                      f"{m.arch}; HINT: set model.arch={archs[0]}, or drop the key")
+    if m.arch not in ("gpt2", "llama3") and c.ok("model.bias") and m.bias:
+        errors.append(f"model.bias: expected false or null for model.arch={m.arch} (its linear layers have no "
+                      "biases, as the released models), got True; HINT: drop the key")
+        c.bad.add("model.bias")
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "intermediate_size",
-                 "rope_original_context"):
+                 "rope_original_context", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                 "decoder_sparse_step"):
         c.need(f"model.{name}", lambda v: v >= 1, "an integer >= 1")
+    c.need("model.head_dim", lambda v: v >= 2 and v % 2 == 0, "an even integer >= 2 (rotary embeddings rotate pairs)")
+    c.need("model.mlp_only_layers", lambda v: all(i >= 0 for i in v), "a list of layer indices >= 0")
+    c.need("model.router_aux_loss_coef", lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no load-balancing loss)")
     for name in ("rope_theta", "rms_norm_eps", "rope_low_freq_factor", "rope_high_freq_factor"):
         c.need(f"model.{name}", lambda v: _finite(v) and v > 0, "a number > 0")
     c.need("model.rope_scaling_factor", lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no scaling)")
@@ -237,6 +240,8 @@ def _check_model(cfg, c, errors, gpt2_presets):
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         errors.append(f"model.preset: expected one of {sorted(presets)} (model.arch={m.arch}) or null, got "
                       f"{m.preset!r}{hint}")
+        return
+    if llama and m.foreign_keys():  # (GPT-2 ignores LLaMA's keys when it builds)
         return
     names = ["model.preset"] + [f"model.{f}" for f in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd",
                                                        "dropout", "bias") + m.LLAMA_ONLY]
@@ -253,7 +258,7 @@ def _check_model(cfg, c, errors, gpt2_presets):
     try:
         model = m.to_model_config()
     except (ValueError, TypeError) as exc:
-        errors.append(f"model: {' '.join(str(exc).split())}")
+        errors.append(_model_error(m, exc))
         return
     scaling = model.rope_scaling if llama else None
     if scaling and scaling["original_max_position_embeddings"] >= model.max_seq_len:
@@ -263,6 +268,8 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       "beyond the original context, and Hugging Face transformers rejects such a config), got both; "
                       "HINT: set model.rope_original_context below block_size, model.rope_scaling_factor=0 for no "
                       "scaling, or keep the preset's block_size and shorten train.sequence_length instead")
+    if m.arch in MOE_ARCHS:
+        _check_moe_run(cfg, c, errors, model)
     _check_model_parallel(cfg, c, errors, model)
     if c.ok("train.sequence_length") and t.sequence_length > model.context_length:
         errors.append(f"train.sequence_length: expected <= model block_size ({model.context_length}), "
@@ -273,6 +280,53 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       f"got {model.vocab_size}")
 
 
+def _model_error(m, exc):
+    """A model config class's ValueError as a config error on the key it is about: 'Qwen3MoeConfig.num_experts_per_tok:
+    ...' -> 'model.num_experts_per_tok: ...'."""
+    text = " ".join(str(exc).split())
+    match = re.match(r"\w+Config\.(\w+): (.*)", text)
+    if match:
+        ours = {v: k for k, v in m.LLAMA_NAMES.items() if isinstance(v, str)}.get(match[1], match[1])
+        return f"model.{ours}: {match[2]}"
+    if re.match(r"\w+MoeConfig: no layer is sparse", text):
+        return f"model.decoder_sparse_step: {text.partition(': ')[2]}"
+    return f"model: {text}"
+
+
+def _check_moe_run(cfg, c, errors, model):
+    """What a run of a mixture-of-experts model cannot do yet, refused before anything is built (tensor and pipeline
+    parallelism are the model spec's layout problems)."""
+    arch = cfg.model.arch
+    layers = cfg.model.mlp_only_layers or []
+    if c.ok("model.mlp_only_layers") and any(i >= model.n_layers for i in layers):
+        errors.append(f"model.mlp_only_layers: expected layer indices below n_layer ({model.n_layers}), got "
+                      f"{layers}")
+    if c.ok("train.recompute") and cfg.train.recompute != "none":
+        errors.append(f"train.recompute: expected 'none' for model.arch={arch} (the auxiliary loss reads every MoE "
+                      f"layer's router logits from the forward; recomputing blocks is not supported for MoE models "
+                      f"yet), got {cfg.train.recompute!r}; HINT: set train.recompute=none")
+    if c.ok("parallel.context") and cfg.parallel.context > 1:
+        errors.append(f"parallel.context: expected 1 for model.arch={arch} (each context rank would route only its "
+                      f"chunks of the sequence, so the load-balancing loss would not be the one-process run's; not "
+                      f"supported for MoE models yet), got {cfg.parallel.context}; HINT: use data parallelism")
+    if c.ok("parallel.zero_stage") and cfg.parallel.zero_stage:
+        errors.append(f"parallel.zero_stage: expected 0 for model.arch={arch} (ZeRO's flat gradient buffers give an "
+                      "expert that no token reached a zero gradient, so AdamW would still move it where the "
+                      f"one-process run leaves it; not supported for MoE models yet), got {cfg.parallel.zero_stage}; "
+                      "HINT: use parallel.zero_stage=0 (DistributedDataParallel)")
+    lora = cfg.lora
+    if c.ok("lora.rank", "lora.target_modules") and lora.rank > 0:
+        targets = lora.targets()
+        expert_names = ["model.layers.0.mlp.experts.0.gate_proj", "model.layers.0.mlp.experts.0.up_proj",
+                        "model.layers.0.mlp.experts.0.down_proj", "model.layers.0.mlp.gate"]
+        from ..nn.lora import matches_target
+
+        if targets == "all-linear" or any(matches_target(n, targets) for n in expert_names):
+            errors.append(f"lora.target_modules: expected modules outside the experts and routers for model.arch="
+                          f"{arch} (LoRA on experts is not supported yet), got {lora.target_modules!r}; HINT: set "
+                          "lora.target_modules=q_proj,k_proj,v_proj,o_proj (the attention layers)")
+
+
 def _check_model_parallel(cfg, c, errors, model):
     """The model's own shape-vs-layout checks (its ModelSpec's validate), on the settings that are valid."""
     p = cfg.parallel
@@ -280,3 +334,7 @@ def _check_model_parallel(cfg, c, errors, model):
     errors.extend(model_spec(cfg.model.arch).validate(model, p.tensor if tensor_ok else 1,
                                                       p.pipeline if pipeline_ok else 1,
                                                       p.virtual_pipeline if pipeline_ok else 1))
+    if cfg.model.arch == "qwen3" and tensor_ok and c.ok("parallel.sequence") and p.tensor > 1 and not p.sequence:
+        errors.append(f"parallel.sequence: expected true for model.arch=qwen3 with parallel.tensor={p.tensor} (the "
+                      "gradients of the per-head q_norm / k_norm weights are partial sums over the tensor group, which "
+                      "the sequence-parallel gradient sum completes), got false; HINT: add parallel.sequence=true")

@@ -38,6 +38,7 @@ from .evaluation import evaluate, sample_text
 from .parallel_dims import ParallelDims
 from .out_dir import check_writable
 from .memory import PhasePeaks, peak_rss_bytes
+from .moe_metrics import moe_metrics_for
 from .lora_run import (BaseWeights, apply_run_lora, base_source, check_same_lora, checked_base, checkpoint_reference,
                        load_base_pieces, prepare_base, restore_base)
 from .precision import autocast_for, scaler_for
@@ -155,16 +156,17 @@ def build_optimizer(model, train_cfg, zero_stage, group=None):
     return AdamW(groups, **options)
 
 
-def wrap_data_parallel(model, optimizer, dims, zero_stage):
+def wrap_data_parallel(model, optimizer, dims, zero_stage, find_unused=False):
     """The model a step runs: with data parallelism, DistributedDataParallel (ZeRO's reducer under ZeRO 1 and 2)
     around the whole model, or around each pipeline chunk, averaging gradients while backward runs. Pipeline runs
     under ZeRO-2 keep whole gradients through the schedule (the tied embedding's and sequence-parallel sums need
-    them) and reduce-scatter them after it (GradientSync)."""
+    them) and reduce-scatter them after it (GradientSync). ``find_unused``: some parameters may get no gradient in a
+    step (experts no token was routed to)."""
     if dims.grad_size == 1 or (dims.pipeline_parallel and zero_stage == 2) or zero_stage == 3:
         return model  # (ZeRO-3: fully_shard reduce-scatters the gradients itself)
 
     def wrap(module):
-        return DistributedDataParallel(module, process_group=dims.grad_group,
+        return DistributedDataParallel(module, process_group=dims.grad_group, find_unused_parameters=find_unused,
                                        zero_optimizer=optimizer if zero_stage else None, zero_stage=zero_stage or 2)
 
     if dims.pipeline_parallel:
@@ -207,8 +209,9 @@ class Run:
             cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
             zero_stage=cfg.parallel.zero_stage)
         self.zero_stage = cfg.parallel.zero_stage
+        self.moe = moe_metrics_for(self.raw_model, dims)  # router statistics of a mixture of experts, else None
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group)
-        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage)
+        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None)
         self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
                                                   dims.dp_size, config_key="data.train")
         self.val_loader = None
@@ -332,8 +335,11 @@ class Run:
                               skipped=not result.updated, skipped_steps=self.skipped_total)
                 if result.loss_scale is not None:
                     record["loss_scale"] = result.loss_scale
+                if self.moe is not None:
+                    record.update(self.moe.collect())
                 log.write(record)
-                self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar)
+                self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar,
+                               self.moe.describe(record) if self.moe is not None else "")
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.num_iterations:
                     self.save(step + 1)
         if bar is not None:
@@ -440,12 +446,12 @@ class Run:
         return tqdm(total=self.cfg.train.num_iterations, initial=self.start_step, desc="train", dynamic_ncols=True,
                     disable=not sys.stderr.isatty())
 
-    def _log_line(self, step, result, dt, tokens_per_s, mfu, bar):
+    def _log_line(self, step, result, dt, tokens_per_s, mfu, bar, extra=""):
         t = self.cfg.train
         if step % t.log_every == 0 or step == t.num_iterations - 1:
             line = (f"step {step + 1:5d}/{t.num_iterations} | loss {result.loss:.6f} | lr {result.lr:.2e} | norm "
                     f"{result.grad_norm:.4f} | {dt * 1000:.1f} ms | {tokens_per_s:.0f} tok/s"
-                    + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
+                    + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "") + extra)
             if bar is not None and not bar.disable:
                 bar.write(line)
             else:

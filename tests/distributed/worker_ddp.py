@@ -100,6 +100,25 @@ m.zero_grad()
 lenient = DDP(m, find_unused_parameters=True)
 lenient(it.ones(2, 3) * (rank + 1)).sum().backward()
 np.testing.assert_allclose(m.used.weight.grad.numpy(), 3.0)  # mean over ranks of 2 rows * (rank + 1)
-np.testing.assert_array_equal(m.unused.weight.grad.numpy(), 0.0)
+assert m.unused.weight.grad is None  # unused on every rank: left alone (None), as torch's reducer does
+
+
+class Routed(nn.Module):  # as a mixture of experts: which head runs depends on the rank's data
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleList([nn.Linear(3, 2) for _ in range(3)])
+
+    def forward(self, v, head):
+        return self.heads[head](v)
+
+
+routed = Routed()
+ddp = DDP(routed, find_unused_parameters=True)
+with ddp.no_sync():  # head 0 runs on both ranks in the first micro-batch, then head 1 on rank 0 only
+    ddp(it.ones(2, 3), 0).sum().backward()
+ddp(it.ones(2, 3), 1 if rank == 0 else 0).sum().backward()
+np.testing.assert_allclose(routed.heads[0].weight.grad.numpy(), 3.0)  # (2 + 4) / 2: kept through no_sync
+np.testing.assert_allclose(routed.heads[1].weight.grad.numpy(), 1.0)  # rank 0's 2, averaged with rank 1's zeros
+assert routed.heads[2].weight.grad is None
 dist.barrier()
 print(f"rank {rank} DDP OK", flush=True)

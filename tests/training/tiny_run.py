@@ -30,8 +30,8 @@ def tiny_args(data_dir, out_dir, *extra):
             "plot=false", "device=cpu", *extra]
 
 
-def command(args, ranks=1):
-    base = [sys.executable, TRAIN, "--config", CONFIG, *args]
+def command(args, ranks=1, config=CONFIG):
+    base = [sys.executable, TRAIN, "--config", config, *args]
     if ranks == 1:
         return base
     from tests.distributed.mpi_jobs import MPIEXEC
@@ -44,8 +44,8 @@ def job_env(**extra):
     return env
 
 
-def run(args, check=True, ranks=1, env=None):
-    proc = subprocess.run(command(args, ranks), capture_output=True, text=True, timeout=300, cwd=REPO,
+def run(args, check=True, ranks=1, env=None, config=CONFIG):
+    proc = subprocess.run(command(args, ranks, config), capture_output=True, text=True, timeout=300, cwd=REPO,
                           env=env or job_env())
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -112,20 +112,35 @@ class Reducer:
                 f"DistributedDataParallel: {len(missing)} parameter(s) received no gradient in this backward pass "
                 f"(parameter index in module.parameters(): {names}).\nHINT: construct DistributedDataParallel with "
                 "find_unused_parameters=True if some parameters are legitimately unused in forward")
-        for b, i in missing:
-            self.buckets[b].view(i)[...] = 0
+        for b, i in missing:  # (gradients accumulated under no_sync count: torch's rule)
+            grad = self.buckets[b].params[i].grad
+            self.buckets[b].view(i)[...] = 0 if grad is None else grad.array
             self.buckets[b].pending -= 1
         self._launch_ready()
+        unused = self._globally_unused(missing) if self.find_unused else set()
         with no_grad():
-            for bucket in self.buckets:
+            for b, bucket in enumerate(self.buckets):
                 bucket.work.wait()
                 for i, p in enumerate(bucket.params):
+                    if (b, i) in unused:  # no rank had a gradient: it stays None, as in one process
+                        continue
                     averaged = bucket.view(i)
                     if p.grad is None:
                         p.grad = Tensor._make(averaged.copy(), p.device)
                     else:
                         p.grad.array[...] = averaged
                         p.grad._version[0] += 1
+
+    def _globally_unused(self, missing):
+        """(bucket, index) of the parameters that got no gradient on any rank (one all-reduce of a usage map, only
+        with find_unused_parameters, as torch's reducer does)."""
+        import numpy as np
+
+        pairs = [(b, i) for b, bucket in enumerate(self.buckets) for i in range(len(bucket.params))]
+        local = set(m for m in missing if self.buckets[m[0]].params[m[1]].grad is None)
+        used = Tensor(np.array([0 if pair in local else 1 for pair in pairs], np.int64))
+        self.group.all_reduce(used, "sum")
+        return {pair for pair, count in zip(pairs, used.numpy()) if count == 0}
 
     def remove(self):
         for h in self.handles:
