@@ -128,6 +128,7 @@ def _check_parallel(cfg, c, errors):
         if p.sequence:
             errors.append("parallel.sequence: expected false with parallel.context > 1 (context parallelism already "
                           "splits the sequence; sequence parallelism would split it again over the tensor group)")
+    c.need("parallel.expert", lambda v: v >= 1, "an integer >= 1 (1: no expert parallelism)")
     c.need("parallel.virtual_pipeline", lambda v: v >= 1, "an integer >= 1")
     c.need("parallel.pipeline_schedule", lambda v: v in SCHEDULES,
            f"one of {SCHEDULES}{_closest(p.pipeline_schedule, SCHEDULES)}")
@@ -270,6 +271,11 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       "scaling, or keep the preset's block_size and shorten train.sequence_length instead")
     if m.arch in MOE_ARCHS:
         _check_moe_run(cfg, c, errors, model)
+        _check_expert_parallel(cfg, c, errors, model)
+    elif c.ok("parallel.expert") and cfg.parallel.expert > 1:
+        errors.append(f"parallel.expert: expected 1 for model.arch={m.arch} (expert parallelism splits the experts of "
+                      f"a mixture-of-experts model; this model has none), got {cfg.parallel.expert}; HINT: set "
+                      f"parallel.expert=1, or model.arch={' | '.join(MOE_ARCHS)}")
     _check_model_parallel(cfg, c, errors, model)
     if c.ok("train.sequence_length") and t.sequence_length > model.context_length:
         errors.append(f"train.sequence_length: expected <= model block_size ({model.context_length}), "
@@ -325,6 +331,27 @@ def _check_moe_run(cfg, c, errors, model):
             errors.append(f"lora.target_modules: expected modules outside the experts and routers for model.arch="
                           f"{arch} (LoRA on experts is not supported yet), got {lora.target_modules!r}; HINT: set "
                           "lora.target_modules=q_proj,k_proj,v_proj,o_proj (the attention layers)")
+
+
+def _check_expert_parallel(cfg, c, errors, model):
+    """``parallel.expert`` of a mixture-of-experts run: a divisor of num_experts (that it divides the data-parallel
+    size is checked when the run knows its world). Tensor, pipeline, context parallelism and ZeRO are refused for
+    MoE runs whatever the expert size (_check_moe_run, the model spec)."""
+    e = cfg.parallel.expert
+    if not c.ok("parallel.expert") or e == 1:
+        return
+    if model.num_experts % e:
+        divisors = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0]
+        errors.append(f"parallel.expert: expected a divisor of model.num_experts ({model.num_experts}: each rank of "
+                      f"an expert group keeps num_experts / expert of them), got {e}; HINT: choose parallel.expert "
+                      f"among {divisors}")
+    if c.ok("lora.rank") and cfg.lora.rank > 0:
+        errors.append(f"lora.rank: expected 0 with parallel.expert={e} (LoRA runs with expert parallelism are not "
+                      f"supported yet), got {cfg.lora.rank}; HINT: set parallel.expert=1 for a LoRA fine-tune")
+    if c.ok("train.checkpoint_format") and cfg.train.checkpoint_format == "sharded":
+        errors.append(f"train.checkpoint_format: expected 'whole' or 'auto' with parallel.expert={e} (expert-parallel "
+                      "runs write the one-process checkpoint, the experts gathered; sharded checkpoints of them are "
+                      "not supported yet), got 'sharded'; HINT: set train.checkpoint_format=auto")
 
 
 def _check_model_parallel(cfg, c, errors, model):

@@ -12,7 +12,10 @@ during backward (training/loop.py: wrap_data_parallel); then
   tensor group (under ZeRO, the pieces this rank owns);
 - ZeRO-3: fully_shard reduce-scattered the gradients during backward; the sums above run on this rank's shards
   (the tied embedding and its last-stage copy are units of their own, so their shards cover the same elements);
-- clipping: ZeRO's norm over every rank's shard, the model-parallel norm over a mesh, or the plain norm.
+- expert-parallel runs: the local experts' gradients (left out of DDP) summed over the expert-data group and divided
+  by the data-parallel size (training/expert_run.py);
+- clipping: ZeRO's norm over every rank's shard, the model-parallel norm over a mesh, the norm with every expert
+  counted once (expert parallelism), or the plain norm.
 """
 from __future__ import annotations
 
@@ -26,9 +29,13 @@ class GradientSync:
         self.dims, self.model, self.optimizer = dims, model, optimizer
         self.zero_stage = zero_stage
         self.params = list(model.parameters())
+        self.experts = None  # an ExpertParallelRun: the experts' gradients reduced and their norm counted once
 
     def finish(self):
         dims = self.dims
+        if self.experts is not None:  # (no other parallelism than data parallelism: nothing else to sum)
+            self.experts.finish()
+            return
         if dims.pipeline_parallel:
             if dims.embedding_group is not None:
                 shared = {id(p) for p in self.model.shared_embedding_params()}
@@ -51,6 +58,8 @@ class GradientSync:
     def clip(self, max_norm):
         """Clip by the whole model's gradient norm; returns it as a float."""
         dims = self.dims
+        if self.experts is not None:
+            return self.experts.clip(max_norm)
         if self.zero_stage:  # the norm over every data-parallel rank's shard
             return float(self.optimizer.clip_grad_norm_(max_norm, tensor_group=dims.tp_group,
                                                         pipeline_group=dims.pp_group).item())

@@ -46,11 +46,12 @@ from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
-from .sharded_state import ShardedState
+from .sharded_state import ShardedState, whole_state
 from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .full_sharding import gathered, shard_fully
 from .grad_sync import GradientSync
+from .expert_run import ExpertParallelRun, ExpertState
 from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
 
@@ -156,18 +157,20 @@ def build_optimizer(model, train_cfg, zero_stage, group=None):
     return AdamW(groups, **options)
 
 
-def wrap_data_parallel(model, optimizer, dims, zero_stage, find_unused=False):
+def wrap_data_parallel(model, optimizer, dims, zero_stage, find_unused=False, ignored=()):
     """The model a step runs: with data parallelism, DistributedDataParallel (ZeRO's reducer under ZeRO 1 and 2)
     around the whole model, or around each pipeline chunk, averaging gradients while backward runs. Pipeline runs
     under ZeRO-2 keep whole gradients through the schedule (the tied embedding's and sequence-parallel sums need
     them) and reduce-scatter them after it (GradientSync). ``find_unused``: some parameters may get no gradient in a
-    step (experts no token was routed to)."""
+    step (experts no token was routed to); ``ignored``: parameters DDP leaves alone (an expert-parallel run's local
+    experts, reduced over the expert-data group by GradientSync)."""
     if dims.grad_size == 1 or (dims.pipeline_parallel and zero_stage == 2) or zero_stage == 3:
         return model  # (ZeRO-3: fully_shard reduce-scatters the gradients itself)
 
     def wrap(module):
         return DistributedDataParallel(module, process_group=dims.grad_group, find_unused_parameters=find_unused,
-                                       zero_optimizer=optimizer if zero_stage else None, zero_stage=zero_stage or 2)
+                                       zero_optimizer=optimizer if zero_stage else None, zero_stage=zero_stage or 2,
+                                       ignored_parameters=ignored)
 
     if dims.pipeline_parallel:
         model.wrap_chunks(wrap)
@@ -186,7 +189,7 @@ class Run:
         t = cfg.train
         p = cfg.parallel
         self.dims = dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule,
-                                        p.context)
+                                        p.context, p.expert)
         self.grad_accum = cfg.grad_accum_steps(dims.dp_size)
         if dims.pipeline_parallel:
             try:  # the micro-batches are the gradient-accumulation steps
@@ -209,9 +212,18 @@ class Run:
             cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
             zero_stage=cfg.parallel.zero_stage)
         self.zero_stage = cfg.parallel.zero_stage
-        self.moe = moe_metrics_for(self.raw_model, dims)  # router statistics of a mixture of experts, else None
+        self.experts = None  # expert parallelism: the experts split over expert groups of the data-parallel ranks
+        if p.expert > 1:
+            if dims.grad_size % p.expert:
+                raise ConfigError(f"parallel.expert: expected a divisor of the data-parallel size ({dims.grad_size} "
+                                  f"ranks: expert groups of consecutive data-parallel ranks), got {p.expert}\nHINT: "
+                                  f"run on a multiple of {p.expert} ranks, or set parallel.expert to a divisor of "
+                                  f"{dims.grad_size}")
+            self.experts = ExpertParallelRun(self.raw_model, dims, p.expert, t.weight_decay)
+        self.moe = moe_metrics_for(self.raw_model, dims, p.expert)  # router statistics of a MoE, else None
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group)
-        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None)
+        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None,
+                                        self.experts.expert_params if self.experts is not None else ())
         self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
                                                   dims.dp_size, config_key="data.train")
         self.val_loader = None
@@ -224,11 +236,15 @@ class Run:
         self.plan = StepPlan(self.model, self.optimizer, dims,
                              GradientSync(dims, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
                              self.device, self.amp, self.scaler, self.model is not self.raw_model)
-        self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
+        self.plan.sync.experts = self.experts
+        if self.experts is None:
+            self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
+        else:
+            self.state_io = ExpertState(dims, self.raw_model, self.optimizer, 0, self.experts)
         self.sharded = ShardedState(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         self.checkpoint_format = cfg.train.checkpoint_format
-        if self.checkpoint_format == "auto":
-            self.checkpoint_format = "sharded" if self.world > 1 else "whole"
+        if self.checkpoint_format == "auto":  # (expert-parallel runs write the one-process checkpoint)
+            self.checkpoint_format = "sharded" if self.world > 1 and self.experts is None else "whole"
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -241,7 +257,9 @@ class Run:
 
     def _resume(self, path):
         state = ckpt.read_state(path)  # verified by rank 0
-        if is_sharded(state):  # each rank reads the parts it holds; a LoRA run's pinned base was restored at build
+        if is_sharded(state) and self.experts is not None:  # assembled whole, then each rank keeps its experts
+            self.state_io.scatter(*whole_state(path, state))
+        elif is_sharded(state):  # each rank reads the parts it holds; a LoRA run's pinned base was restored at build
             self.sharded.load(path, state["optimizer"]["param_groups"])
         else:
             model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)
@@ -394,12 +412,16 @@ class Run:
             record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device, self.amp)
             print0(f"step {step}: val loss {record['val_loss']:.4f}")
         if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
-            if self.dims.dp_rank == 0:  # rank 0's tensor group generates together (its layers are split)
+            if self.dims.dp_rank == 0 or self._in_first_expert_group():  # rank 0's tensor group (or expert
+                # group) generates together: its layers are split
                 with without_sequence_parallel(self.raw_model):
                     text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
                                        self.device, self.amp)
                 print0(f"--- sample at step {step} ---\n{text}\n---")
             wait_for_rank0()
+
+    def _in_first_expert_group(self):
+        return self.experts is not None and self.dims.dp_rank < self.experts.expert
 
     def _count_nonfinite(self, step, result):
         """Count a skipped update (``skipped_steps``) and stop the run after more non-finite steps in a row than

@@ -22,8 +22,8 @@ from ..tensor import Tensor
 
 
 class MoEMetrics:
-    def __init__(self, model, dims):
-        self.dims = dims
+    def __init__(self, model, dims, expert=1):
+        self.dims, self.expert = dims, expert
         self.num_layers = len(model.moe_layers())
         self.num_experts = model.config.num_experts
         self._reset()
@@ -39,7 +39,8 @@ class MoEMetrics:
         self.aux_sum += float(model.aux_loss.item())
         self.forwards += 1
         for i, layer in enumerate(model.moe_layers()):
-            self.counts[i] += layer.tokens_per_expert
+            # expert parallelism: every expert's count over the expert group (each of its E ranks holds it)
+            self.counts[i] += layer.tokens_per_expert if self.expert == 1 else layer.group_tokens_per_expert
 
     def collect(self):
         """The step's {aux_loss, expert_load_max, experts_idle}, the same on every rank; starts the next step's."""
@@ -48,7 +49,7 @@ class MoEMetrics:
             both = Tensor(np.concatenate([[aux], counts.ravel()]))
             dist.all_reduce(both, "sum", group=self.dims.grad_group)
             total = both.numpy()
-            aux, counts = float(total[0]) / self.dims.grad_size, total[1:].reshape(counts.shape)
+            aux, counts = float(total[0]) / self.dims.grad_size, total[1:].reshape(counts.shape) / self.expert
         self._reset()
         mean = counts.mean(axis=1)
         load = float(np.max(counts.max(axis=1) / np.where(mean > 0, mean, 1.0)))
@@ -61,11 +62,12 @@ class MoEMetrics:
                 f"{record['experts_idle']}")
 
 
-def moe_metrics_for(model, dims):
-    """MoEMetrics of a mixture-of-experts model, else None (one isinstance check)."""
+def moe_metrics_for(model, dims, expert=1):
+    """MoEMetrics of a mixture-of-experts model (``expert``: the expert-parallel size), else None (one isinstance
+    check)."""
     from ..models.moe_lm import MoECausalLM
 
-    return MoEMetrics(model, dims) if isinstance(model, MoECausalLM) else None
+    return MoEMetrics(model, dims, expert) if isinstance(model, MoECausalLM) else None
 
 
 __all__ = ["MoEMetrics", "moe_metrics_for"]

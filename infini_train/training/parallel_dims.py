@@ -23,13 +23,15 @@ def step_seed(seed, rank, step, *more):
 
 
 class ParallelDims:
-    """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1)``: the run's
-    parallel sizes and this rank's coordinates and groups in them (``tp_group`` / ``pp_group`` / ``cp_group`` None
-    without tensor / pipeline / context parallelism). Gradients are averaged over ``grad_group``: the data-parallel
-    group, times the context group under context parallelism."""
+    """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1)``: the
+    run's parallel sizes and this rank's coordinates and groups in them (``tp_group`` / ``pp_group`` / ``cp_group``
+    None without tensor / pipeline / context parallelism). Gradients are averaged over ``grad_group``: the
+    data-parallel group, times the context group under context parallelism. ``expert``: the expert-parallel size (its
+    groups are training/expert_run.py's)."""
 
-    def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1):
+    def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.expert_size = int(expert)  # the experts split over groups of this many data-parallel ranks (expert_run)
         self.tp_size, self.sequence_parallel = int(tensor), bool(sequence)
         self.pp_size, self.virtual, self.schedule = int(pipeline), int(virtual), schedule
         self.cp_size = int(context)
@@ -75,6 +77,8 @@ class ParallelDims:
             chunks = f", {self.virtual} chunks per stage" if self.virtual > 1 else ""
             parts.append(f"pipeline {self.pp_size} ({self.schedule}{chunks})")
         parts.append(f"data parallel {self.dp_size}")
+        if self.expert_size > 1:
+            parts.append(f"expert parallel {self.expert_size}")
         if self.context_parallel:
             parts.append(f"context parallel {self.cp_size}")
         if self.tensor_parallel:

@@ -159,7 +159,8 @@ class DistributedDataParallel(Module):
     """
 
     def __init__(self, module, process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
-                 broadcast_buffers=True, first_bucket_mb=1, zero_optimizer=None, zero_stage=2):
+                 broadcast_buffers=True, first_bucket_mb=1, zero_optimizer=None, zero_stage=2,
+                 ignored_parameters=()):
         super().__init__()
         from ...distributed import default_group
 
@@ -167,9 +168,12 @@ class DistributedDataParallel(Module):
         self.process_group = process_group or default_group()
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
-        params = [p for p in module.parameters() if p.requires_grad]
+        ignored = {id(p) for p in ignored_parameters}
+        if ignored and zero_optimizer is not None:
+            raise ValueError("DistributedDataParallel: ignored_parameters are not supported with a zero_optimizer")
+        params = [p for p in module.parameters() if p.requires_grad and id(p) not in ignored]
         with no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
+            for t in [p for p in module.parameters() if id(p) not in ignored] + list(module.buffers()):
                 self.process_group.broadcast(t, 0)
         if zero_optimizer is not None:
             if not {id(p) for p in params} <= {id(p) for p in zero_optimizer.params}:

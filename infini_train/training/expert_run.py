@@ -1,0 +1,167 @@
+"""Expert parallelism in a run (``parallel.expert: E``): the experts of every MoE layer split over groups of E
+consecutive data-parallel ranks (distributed/expert_groups.py), alone or with data parallelism over the rest.
+
+- build: every rank builds the whole model with the same seed (so the same weights), then ``expert_parallel`` keeps
+  this rank's experts of every MoE layer;
+- gradients: DDP averages the other parameters over the data-parallel group (the experts are its
+  ``ignored_parameters``); after backward ``all_reduce_expert_grads`` sums the experts' over the expert-data group
+  and divides by the data-parallel size (``finish``);
+- clipping: the norm counts every expert once: the squared norm of the local experts' gradients summed over the
+  expert group, plus the replicated parameters' (``clip``);
+- checkpoints: the one-process layout. ``gather`` gathers every expert (weights and AdamW moments) over rank 0's
+  expert group under its one-process names and index; ``scatter`` keeps this rank's experts of a whole state, so a
+  checkpoint written at any E resumes at any other E, one process included.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from .. import distributed as dist
+from ..distributed.expert_groups import expert_groups
+from ..nn.parallel.expert_parallel import (_expert_layers, _stem, all_reduce_expert_grads, expert_parallel,
+                                           expert_parameters, shard_expert_state_dict, whole_expert_state_dict)
+from ..nn.utils import clip_grads_with_norm_
+from ..tensor import Tensor
+from .state_io import StateIO
+
+
+class ExpertParallelRun:
+    """The expert groups of a run and what they change: see the module docstring. ``model``: the unwrapped model
+    whose weights every rank built with the same seed; ``dims``: the run's ParallelDims (data parallel only)."""
+
+    def __init__(self, model, dims, expert, weight_decay):
+        self.dims, self.expert = dims, expert
+        self.groups = expert_groups(list(range(dims.world)), expert)
+        self.whole_groups = _whole_param_names(model, weight_decay)  # before the split: the one-process groups
+        for moe in model.moe_layers():
+            expert_parallel(moe, self.groups.expert_group)
+        self.model, self.optimizer = model, None
+        self.expert_params = expert_parameters(model)
+        ids = {id(p) for p in self.expert_params}
+        self.other_params = [p for p in model.parameters() if id(p) not in ids]
+
+    # ------------------------------------------------------------------------------------------- gradients
+    def finish(self):
+        all_reduce_expert_grads(self.model, self.groups.expert_data_group, self.groups.data_size)
+
+    def clip(self, max_norm):
+        """Clip by the one-process model's gradient norm (each expert counted once); returns it as a float."""
+        def squares(params):
+            return sum(float((g.array.astype(np.float64) ** 2).sum()) for g in (p.grad for p in params)
+                       if g is not None)
+
+        experts = Tensor(np.array([squares(self.expert_params)], np.float64))
+        dist.all_reduce(experts, "sum", group=self.groups.expert_group)
+        total = float(np.sqrt(squares(self.other_params) + float(experts.numpy()[0])))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:  # in the gradients' dtype, as clip_grad_norm_ computes the coefficient
+            clip_grads_with_norm_(list(self.model.parameters()), max_norm,
+                                  Tensor._make(np.asarray(total, grads[0].array.dtype), backend.CPU))
+        return total
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def gather(self, optimizer):
+        """(model state, optimizer state) in the one-process layout on rank 0, (None, None) elsewhere (collective
+        over every expert group)."""
+        group = self.groups.expert_group
+        model_state = whole_expert_state_dict(self.model, group)
+        by_name = self._gather_optimizer_state(optimizer, group)
+        if self.dims.rank != 0:
+            return None, None
+        local = optimizer.state_dict()
+        index, groups = {}, []
+        for saved, names in zip(local["param_groups"], self.whole_groups):
+            groups.append({**{k: v for k, v in saved.items() if k != "params"},
+                           "params": [index.setdefault(n, len(index)) for n in names]})
+        state = {index[name]: st for name, st in by_name.items()}
+        return model_state, {"state": state, "param_groups": groups}
+
+    def _gather_optimizer_state(self, optimizer, group):
+        """{parameter name: its AdamW state} of every parameter of the one-process model that has state: the
+        replicated ones this rank's, the experts' gathered over the expert group."""
+        names = _names(self.model)
+        local = {names[id(p)]: optimizer.state.get(p) for g in optimizer.param_groups for p in g["params"]}
+        params = {names[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
+        out = {name: _copy(st, params[name].device) for name, st in local.items()
+               if st and not any(name.startswith(stem) for stem in self._stems())}
+        for prefix, moe in _expert_layers(self.model):
+            d, stem = moe.token_dispatcher, _stem(prefix)
+            for slot, e in enumerate(d.local_experts):
+                for key, p in moe.experts[str(e)].named_parameters():
+                    st = optimizer.state.get(p) or {}
+                    has = Tensor(np.array([1 if st else 0, st.get("step", 0) if st else 0], np.int64))
+                    flags = [Tensor(np.zeros(2, np.int64)) for _ in range(d.size)]
+                    group.all_gather(flags, has)
+                    flags = [f.numpy() for f in flags]
+                    gathered = {}
+                    for k in ("exp_avg", "exp_avg_sq"):
+                        if not any(f[0] for f in flags):
+                            break
+                        mine = st[k] if st else p.device.array_module().zeros_like(p.array)
+                        mine = Tensor._make(mine.copy(), p.device)
+                        parts = [Tensor._make(mine.array.copy(), p.device) for _ in range(d.size)]
+                        group.all_gather(parts, mine)
+                        gathered[k] = parts
+                    for j, f in enumerate(flags):
+                        if f[0]:
+                            out[f"{stem}{j * d.num_local + slot}.{key}"] = {
+                                "step": int(f[1]), **{k: v[j] for k, v in gathered.items()}}
+        return out
+
+    def _stems(self):
+        return [_stem(prefix) for prefix, _ in _expert_layers(self.model)]
+
+    def scatter(self, model_state, optimizer_state):
+        """Load a whole (one-process) state: each rank keeps its experts (and their optimizer state); the run's
+        optimizer (over this rank's parameters) is ``self.optimizer``, set when it is built."""
+        self.model.load_state_dict(shard_expert_state_dict(self.model, model_state))
+        whole_names = {}
+        for saved, names in zip(optimizer_state["param_groups"], self.whole_groups):
+            whole_names.update(zip(saved["params"], names))
+        by_name = {whole_names[i]: st for i, st in optimizer_state["state"].items()}
+        names = _names(self.model)
+        index, groups, state = {}, [], {}
+        for saved, g in zip(optimizer_state["param_groups"], self.optimizer.param_groups):
+            groups.append({**{k: v for k, v in saved.items() if k != "params"},
+                           "params": [index.setdefault(id(p), len(index)) for p in g["params"]]})
+            for p in g["params"]:
+                if names[id(p)] in by_name:
+                    state[index[id(p)]] = by_name[names[id(p)]]
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _names(model):
+    names = {}
+    for name, p in model.named_parameters():
+        names.setdefault(id(p), name)
+    return names
+
+
+def _copy(st, device):
+    return {k: (Tensor._make(v.copy(), device) if hasattr(v, "shape") else v)
+            for k, v in st.items() if not k.startswith("_")}
+
+
+def _whole_param_names(model, weight_decay):
+    """The parameter names of each of the one-process model's optimizer groups (``model`` still whole)."""
+    names = _names(model)
+    return [[names[id(p)] for p in g["params"]] for g in model.optimizer_groups(weight_decay)]
+
+
+class ExpertState(StateIO):
+    """Whole (one-process) state of an expert-parallel run: experts gathered on save, kept on load."""
+
+    def __init__(self, dims, model, optimizer, zero_stage, experts):
+        super().__init__(dims, model, optimizer, zero_stage)
+        self.experts = experts
+        experts.optimizer = optimizer
+
+    def gather(self):
+        return self.experts.gather(self.optimizer)
+
+    def scatter(self, model_state, optimizer_state):
+        self.experts.scatter(model_state, optimizer_state)
+
+
+__all__ = ["ExpertParallelRun", "ExpertState"]
