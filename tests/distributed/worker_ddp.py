@@ -120,5 +120,17 @@ ddp(it.ones(2, 3), 1 if rank == 0 else 0).sum().backward()
 np.testing.assert_allclose(routed.heads[0].weight.grad.numpy(), 3.0)  # (2 + 4) / 2: kept through no_sync
 np.testing.assert_allclose(routed.heads[1].weight.grad.numpy(), 1.0)  # rank 0's 2, averaged with rank 1's zeros
 assert routed.heads[2].weight.grad is None
+ddp.reducer.remove()
+
+# ignored_parameters (an expert-parallel layer's local experts): not broadcast from rank 0, not averaged
+it.manual_seed(7 + rank)  # different weights per rank
+own = Routed()
+mine = own.heads[2].weight.numpy().copy()
+ddp = DDP(own, find_unused_parameters=True, ignored_parameters=list(own.heads[2].parameters()))
+np.testing.assert_array_equal(own.heads[2].weight.numpy(), mine)  # kept; the others are rank 0's
+(ddp(it.ones(2, 3), 0).sum() + ddp(it.ones(2, 3) * (rank + 1), 2).sum()).backward()
+np.testing.assert_allclose(own.heads[0].weight.grad.numpy(), 2.0)
+np.testing.assert_allclose(own.heads[2].weight.grad.numpy(), 2.0 * (rank + 1))  # this rank's own gradient
+assert own.heads[1].weight.grad is None
 dist.barrier()
 print(f"rank {rank} DDP OK", flush=True)

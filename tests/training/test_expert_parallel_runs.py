@@ -1,6 +1,7 @@
 """Qwen3-MoE runs with expert parallelism (``parallel.expert``): EP2 on 2 ranks, EP2 x DP2 and EP4 on 4 ranks give the
 one process's losses, gradient norms, router statistics and final weights with the same global batch; checkpoints
-are the one-process layout, so an EP2 checkpoint resumes on one process and a one-process checkpoint at EP2; what
+are the one-process layout, so an EP2 checkpoint resumes on one process and a one-process checkpoint (or a
+data-parallel run's sharded one) at EP2; what
 expert parallelism cannot do is refused by the config, by message."""
 import os
 import shutil
@@ -88,6 +89,15 @@ def test_expert_parallel_checkpoints_resume_on_one_process_and_back(data_dir, on
     proc = _train(data_dir, back, "parallel.expert=2", "train.save_every=5", "resume=auto", ranks=2)
     assert "resumed from" in proc.stdout
     _same_as(back, one_process, rtol=1e-4)
+
+    dp2, sharded = tmp_path / "dp2", tmp_path / "sharded"  # a data-parallel run's sharded checkpoint at EP2
+    _train(data_dir, dp2, "train.save_every=5", ranks=2)
+    assert (dp2 / "checkpoints" / "step_000005" / "state.json").exists()
+    shutil.copytree(dp2, sharded)
+    shutil.rmtree(sharded / "checkpoints" / "step_000010")
+    proc = _train(data_dir, sharded, "parallel.expert=2", "train.save_every=5", "resume=auto", ranks=2)
+    assert "resumed from" in proc.stdout
+    _same_as(sharded, dp2, rtol=1e-4)
 
 
 def _errors(*overrides, config=CONFIG):
