@@ -1,5 +1,6 @@
 """Helpers for tests that start real multi-process jobs with the mpiexec next to the test's python."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,3 +42,11 @@ def python(*args, timeout=60, env=None):
 
 def output(proc):
     return f"--- rc {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def assert_every_rank_checked(proc, marker, ranks, at_least):
+    """A worker ends by printing "rank R <marker> <checks>": every rank printed it, after at least ``at_least`` checks
+    (so every check ran)."""
+    counts = {int(r): int(n) for r, n in re.findall(rf"rank (\d+) {marker} (\d+)", proc.stdout)}
+    assert set(counts) == set(range(ranks)), output(proc)
+    assert min(counts.values()) >= at_least, output(proc)

@@ -11,19 +11,13 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train.backend import CPU
 from infini_train.nn.parallel import all_to_all
+from tests.distributed.rank_checks import RankChecks
 
 world_group = dist.init_process_group("mpi", timeout=60)
 rank, world = dist.get_rank(), dist.get_world_size()
 assert world >= 2 and world_group.backend == "mpi", (world, world_group)
-checks = 0
+check = RankChecks(rank)
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(f"rank {rank}: {what}")
-    checks += 1
 
 
 def tensor(array):
@@ -218,4 +212,4 @@ else:
 
 dist.barrier()
 dist.destroy_process_group()
-print(f"rank {rank} A2A OK {checks}", flush=True)
+print(f"rank {rank} A2A OK {check.count}", flush=True)

@@ -9,21 +9,15 @@ from infini_train import distributed as dist
 from infini_train.backend import CPU
 
 from collective_inputs import inputs  # beside this script
+from tests.distributed.rank_checks import RankChecks
 
 world_group = dist.init_process_group("mpi", timeout=60)
 rank, world = dist.get_rank(), dist.get_world_size()
 assert world >= 2 and world_group.backend == "mpi" and dist.get_backend() == "mpi", (world, world_group)
 assert dist.default_group() is world_group and dist.is_initialized()
 assert dist.get_local_rank() == rank and dist.get_local_world_size() == world  # one node
-checks = 0
+check = RankChecks(rank)
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(f"rank {rank}: {what}")
-    checks += 1
 
 
 def reference(arrays, op):
@@ -61,7 +55,7 @@ for dtype in (np.float32, np.float64, np.int32, np.int64):
                 check(t._version[0] == version + 1, "all_reduce bumps the version counter")
                 check(t.dtype == dtype and t.shape == shape, "dtype and shape unchanged")
                 np.testing.assert_allclose(t.numpy(), ref, rtol=1e-6, err_msg=f"all_reduce {op} {dtype} {shape}")
-                checks += 1
+                check.count += 1
 
 # ---- float16 / bfloat16: reduced in float32, rounded once
 for dtype in (np.float16, BF16):
@@ -88,7 +82,7 @@ view = it.Tensor._make(base.T, CPU)  # not C-contiguous
 dist.all_reduce(view, "sum")
 np.testing.assert_allclose(base, reference([inputs(r, (4, 3), np.float32) for r in range(world)], "sum"),
                            rtol=1e-6)
-checks += 1
+check.count += 1
 # ---- a raw numpy array works too
 raw = np.full(5, rank + 1.0)
 dist.all_reduce(raw, dist.ReduceOp.MAX)
@@ -131,7 +125,7 @@ for dtype in (np.float32, np.float64):
                 work.wait()
             ref = reference([lists[r][rank] for r in range(world)], op)
             np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6, err_msg=f"reduce_scatter {op} {dtype}")
-            checks += 1
+            check.count += 1
 parts16 = [[inputs(10 * r + k, (4,), np.float32).astype(np.float16) for k in range(world)] for r in range(world)]
 out16 = tensor(np.zeros(4, np.float16))
 dist.reduce_scatter(out16, [tensor(a) for a in parts16[rank]], "sum")
@@ -150,7 +144,7 @@ for dst in range(world):
             if rank == dst:
                 np.testing.assert_allclose(t.numpy(), reference([inputs(r, (6,), np.float64, op)
                                                                  for r in range(world)], op), rtol=1e-12)
-                checks += 1
+                check.count += 1
             else:
                 check(np.array_equal(t.numpy(), mine), "reduce leaves non-dst ranks unchanged")
 
@@ -234,9 +228,9 @@ v = it.tensor([[1.0, 2.0]], requires_grad=True)
 v.register_post_accumulate_grad_hook(it.autograd.AllReducePostAccumulateHook(dist.ReduceOp.SUM, everyone))
 (v * v * (rank + 1)).sum().backward()  # d/dv = 2 v (rank + 1)
 np.testing.assert_allclose(v.grad.numpy(), np.array([[2.0, 4.0]]) * sum(r + 1 for r in range(world)))
-checks += 2
+check.count += 2
 
 dist.barrier()
 dist.destroy_process_group()
 check(not dist.is_initialized(), "destroyed")
-print(f"rank {rank} OK {checks}", flush=True)
+print(f"rank {rank} OK {check.count}", flush=True)

@@ -17,19 +17,13 @@ from infini_train import distributed as dist
 from infini_train.distributed.expert_groups import expert_groups
 from infini_train.nn.parallel import (all_reduce_expert_grads, expert_parallel, expert_parameters,
                                       shard_expert_state_dict, whole_expert_state_dict)
+from tests.distributed.rank_checks import RankChecks
 
 warnings.simplefilter("ignore", RuntimeWarning)  # a rank without tokens: its aux and z losses are means of nothing
 dist.init_process_group("mpi", timeout=60)
 rank, world = dist.get_rank(), dist.get_world_size()
 DIM, HIDDEN = 8, 5
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(f"rank {rank}: {what}")
-    checks += 1
+check = RankChecks(rank)
 
 
 def close(a, b, what):
@@ -185,4 +179,4 @@ for E in [int(a) for a in sys.argv[1:]]:
     ]:
         run_case(E, groups, n, k, case, **kw)
     expert_data_and_state(E, groups)
-print(f"rank {rank} EP OK {checks}", flush=True)
+print(f"rank {rank} EP OK {check.count}", flush=True)

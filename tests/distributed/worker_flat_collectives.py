@@ -13,22 +13,16 @@ from infini_train import distributed as dist
 from infini_train.backend import CPU, Device
 
 from collective_inputs import inputs  # beside this script
+from tests.distributed.rank_checks import RankChecks
 
 backend = sys.argv[1]
 world_group = dist.init_process_group(backend, timeout=60)
 rank, world = dist.get_rank(), dist.get_world_size()
 assert world_group.backend == backend, world_group
-checks = 0
+check = RankChecks(rank)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NARROW = (np.dtype(np.float16), BF16)
 OPS = ["sum", "avg", "max", "min", "product"]
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(f"rank {rank}: {what}")
-    checks += 1
 
 
 def tensor(array):
@@ -55,7 +49,6 @@ def reference(arrays, op):
 
 
 def assert_reduced(got, ref, label):
-    global checks
     dtype = got.dtype
     if dtype.kind in "iub":
         check(np.array_equal(got, ref), label)
@@ -64,7 +57,7 @@ def assert_reduced(got, ref, label):
             BF16: 2.0 ** -7}[dtype]
     np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=rtol, atol=rtol,
                                err_msg=f"rank {rank}: {label}")
-    checks += 1
+    check.count += 1
 
 
 def finish(work, group, async_op, label):
@@ -235,4 +228,4 @@ for call, needle in ERRORS:
 
 dist.barrier()
 dist.destroy_process_group()
-print(f"rank {rank} FLAT OK {checks}", flush=True)
+print(f"rank {rank} FLAT OK {check.count}", flush=True)

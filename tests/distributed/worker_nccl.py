@@ -14,20 +14,14 @@ from infini_train.backend import CPU, Device
 from infini_train.distributed.nccl_backend import BLOCKING_WAIT_ENV
 
 from collective_inputs import inputs  # beside this script
+from tests.distributed.rank_checks import RankChecks
 
 world_group = dist.init_process_group("nccl", timeout=120)
 rank, world = dist.get_rank(), dist.get_world_size()
 assert world_group.backend == "nccl", world_group
 dev = Device.parse(f"cuda:{dist.get_local_rank()}")
 assert cp.cuda.Device().id == dev.index
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(f"rank {rank}: {what}")
-    checks += 1
+check = RankChecks(rank)
 
 
 def reference(arrays, op):
@@ -92,14 +86,14 @@ for op in OPS:
     out = gpu(np.zeros((3, 2), np.float32))
     dist.reduce_scatter(out, [gpu(a) for a in lists[rank]], op)
     np.testing.assert_allclose(host(out), reference([lists[r][rank] for r in range(world)], op), rtol=1e-6)
-    checks += 1
+    check.count += 1
 for dst in range(world):
     mine = inputs(rank, (6,), np.float64)
     t = gpu(mine)
     dist.reduce(t, dst=dst, op="sum")
     expected = reference([inputs(r, (6,), np.float64) for r in range(world)], "sum") if rank == dst else mine
     np.testing.assert_allclose(host(t), expected, rtol=1e-12)
-    checks += 1
+    check.count += 1
 if world == 2:
     if rank == 0:
         dist.send(gpu(np.arange(4.0)), dst=1)
@@ -113,7 +107,6 @@ dist.barrier()
 def flat_checks(group, label):
     """all_gather_into_tensor and reduce_scatter_tensor on cupy arrays, in place (a chunk of the flat buffer) and
     not, sync and async, every ReduceOp."""
-    global checks
     me = group.rank
     for dtype in (np.float32, np.float16, np.int64, np.bool_):
         for in_place in (False, True):
@@ -150,7 +143,7 @@ def flat_checks(group, label):
                     np.testing.assert_allclose(cp.asnumpy(out), ref, rtol=tol, atol=tol,
                                                err_msg=f"{label} reduce_scatter_tensor {op} {np.dtype(dtype)} "
                                                        f"in_place={in_place} async={async_op}")
-                    checks += 1
+                    check.count += 1
 
 
 flat_checks(world_group, "nccl")
@@ -196,8 +189,8 @@ w = it.tensor([1.0, 2.0], device=str(dev), requires_grad=True)
 w.register_post_accumulate_grad_hook(it.autograd.AllReducePostAccumulateHook("avg"))
 (w * (rank + 1)).sum().backward()
 np.testing.assert_allclose(host(w.grad), np.full(2, (world + 1) / 2))
-checks += 1
+check.count += 1
 
 dist.barrier()
 dist.destroy_process_group()
-print(f"rank {rank} NCCL OK {checks}", flush=True)
+print(f"rank {rank} NCCL OK {check.count}", flush=True)

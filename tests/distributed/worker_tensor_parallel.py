@@ -30,22 +30,15 @@ from infini_train.nn.parallel import (
     shard_from_whole,
     vocab_parallel_cross_entropy,
 )
+from tests.distributed.rank_checks import RankChecks
 
 world_group = dist.init_process_group(timeout=60)
 RANK = world_group.rank
-checks = 0
+check = RankChecks(RANK)
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(f"rank {RANK}: {what}")
-    checks += 1
-
-
 def close(got, want, what):
-    global checks
     got = got.numpy() if hasattr(got, "numpy") else got
     want = want.numpy() if hasattr(want, "numpy") else want
     check(got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}")
@@ -414,5 +407,5 @@ if world_group.size == 4:  # two tensor-parallel groups of two, as a DP x TP lay
     mlp_checks(pair, 30 + RANK // 2)  # each pair its own data
     attention_checks(pair)
     cross_entropy_checks(pair)
-print(f"rank {RANK} TP OK {checks}", flush=True)
+print(f"rank {RANK} TP OK {check.count}", flush=True)
 dist.destroy_process_group()
