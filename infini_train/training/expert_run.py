@@ -19,8 +19,8 @@ import numpy as np
 from .. import backend
 from .. import distributed as dist
 from ..distributed.expert_groups import expert_groups
-from ..nn.parallel.expert_parallel import (_expert_layers, _stem, all_reduce_expert_grads, expert_parallel,
-                                           expert_parameters, shard_expert_state_dict, whole_expert_state_dict)
+from ..nn.parallel.expert_parallel import (all_reduce_expert_grads, expert_layers, expert_parallel, expert_parameters,
+                                           expert_stem, shard_expert_state_dict, whole_expert_state_dict)
 from ..nn.utils import clip_grads_with_norm_
 from ..tensor import Tensor
 from .state_io import StateIO
@@ -85,8 +85,8 @@ class ExpertParallelRun:
         params = {names[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
         out = {name: _copy(st, params[name].device) for name, st in local.items()
                if st and not any(name.startswith(stem) for stem in self._stems())}
-        for prefix, moe in _expert_layers(self.model):
-            d, stem = moe.token_dispatcher, _stem(prefix)
+        for prefix, moe in expert_layers(self.model):
+            d, stem = moe.token_dispatcher, expert_stem(prefix)
             for slot, e in enumerate(d.local_experts):
                 for key, p in moe.experts[str(e)].named_parameters():
                     st = optimizer.state.get(p) or {}
@@ -110,7 +110,7 @@ class ExpertParallelRun:
         return out
 
     def _stems(self):
-        return [_stem(prefix) for prefix, _ in _expert_layers(self.model)]
+        return [expert_stem(prefix) for prefix, _ in expert_layers(self.model)]
 
     def scatter(self, model_state, optimizer_state):
         """Load a whole (one-process) state: each rank keeps its experts (and their optimizer state); the run's

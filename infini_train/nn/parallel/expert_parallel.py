@@ -135,7 +135,8 @@ def expert_parallel(moe, group):
     return moe
 
 
-def _expert_layers(model):
+def expert_layers(model):
+    """(name, MoE) of every expert-parallel MoE layer of ``model``."""
     return [(name, m) for name, m in model.named_modules()
             if isinstance(getattr(m, "token_dispatcher", None), ExpertParallelDispatch)]
 
@@ -143,7 +144,7 @@ def _expert_layers(model):
 def expert_parameters(model):
     """The parameters of the local experts of ``model``'s expert-parallel layers (reduced over the expert-data group,
     not by DDP), in ``model.parameters()`` order."""
-    ids = {id(p) for _, moe in _expert_layers(model) for p in moe.experts.parameters()}
+    ids = {id(p) for _, moe in expert_layers(model) for p in moe.experts.parameters()}
     return [p for p in model.parameters() if id(p) in ids]
 
 
@@ -172,8 +173,8 @@ def whole_expert_state_dict(model, group):
     group; every rank calls it), each layer's experts in index order: the one-process state dict."""
     own = model.state_dict()
     gathered = {}  # the layer's stem ("mlp.experts.") -> [(name, tensor)] for every expert of the group
-    for prefix, moe in _expert_layers(model):
-        d, stem = moe.token_dispatcher, _stem(prefix)
+    for prefix, moe in expert_layers(model):
+        d, stem = moe.token_dispatcher, expert_stem(prefix)
         entries = {}  # global expert index -> [(name, tensor)] in the expert's state dict order
         for slot, e in enumerate(d.local_experts):
             for key, t in moe.experts[str(e)].state_dict().items():
@@ -194,19 +195,20 @@ def whole_expert_state_dict(model, group):
     return out
 
 
-def _stem(prefix):
+def expert_stem(prefix):
+    """The state-dict prefix of the experts of the MoE layer named ``prefix`` ("layers.3.mlp.experts.")."""
     return f"{prefix}.experts." if prefix else "experts."
 
 
 def shard_expert_state_dict(model, whole_state):
     """This rank's part of a whole (one-process) state dict: the entries of other ranks' experts dropped."""
     drop = set()
-    for prefix, moe in _expert_layers(model):
-        stem = _stem(prefix)
+    for prefix, moe in expert_layers(model):
+        stem = expert_stem(prefix)
         mine = {str(e) for e in moe.token_dispatcher.local_experts}
         drop.update(k for k in whole_state if k.startswith(stem) and k[len(stem):].split(".", 1)[0] not in mine)
     return type(whole_state)((k, v) for k, v in whole_state.items() if k not in drop)
 
 
 __all__ = ["expert_parallel", "ExpertParallelDispatch", "expert_parameters", "all_reduce_expert_grads",
-           "whole_expert_state_dict", "shard_expert_state_dict"]
+           "whole_expert_state_dict", "shard_expert_state_dict", "expert_layers", "expert_stem"]
