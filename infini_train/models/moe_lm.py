@@ -8,14 +8,11 @@ Tensor parallelism of the experts, pipeline stages (the loss spans every layer's
 are refused with a clear error for now."""
 from __future__ import annotations
 
-import numpy as np
 
 from .. import nn
-from ..autograd.grad_mode import is_grad_enabled, no_grad
+from ..autograd.grad_mode import is_grad_enabled
 from ..autograd.misc import cat
-from ..nn import functional as F
 from ..nn.moe import load_balancing_loss
-from ..promotion import promote_types
 
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")
 
@@ -34,17 +31,12 @@ def check_moe_config(cfg):
         raise ValueError(f"{name}.router_aux_loss_coef: expected a number >= 0, got {cfg.router_aux_loss_coef!r}")
 
 
-def load_balancing_loss_over_layers(router_logits, num_experts, top_k):
-    """HF's load_balancing_loss_func (no attention mask) over the router logits (N, E) of every sparse layer: the
-    softmax of each row (float32, float64 kept), its top-k experts counted over all layers' rows together, and
-    num_experts * sum_e (assignments to e / rows) * (mean probability of e over the rows)."""
-    logits = cat(list(router_logits), 0)
-    probs = F.softmax(logits.to(promote_types(np.dtype("float32"), logits.dtype)), dim=-1)
-    with no_grad():
-        _, indices = probs.topk(top_k, dim=-1)
-    xp = probs.device.array_module()
-    counts = xp.bincount(indices.array.reshape(-1), minlength=num_experts)
-    return load_balancing_loss(probs, counts)
+def load_balancing_loss_over_layers(router_probs, routed_counts):
+    """HF's load_balancing_loss_func (no attention mask) over every sparse layer at once: the layers' router
+    probabilities (N, E) concatenated and their top-k assignment counts summed, one loss as if one router had routed
+    every layer's rows (not the mean of per-layer losses). The layers computed both in their forward
+    (``MoE.router_probs``, ``MoE.routed_counts``)."""
+    return load_balancing_loss(cat(list(router_probs), 0), sum(routed_counts))
 
 
 class MoECausalLM:
@@ -69,8 +61,8 @@ class MoECausalLM:
         layers = self.moe_layers() if loss is not None else []
         if layers:
             cfg = self.config
-            self.aux_loss = load_balancing_loss_over_layers([m.router_logits for m in layers], cfg.num_experts,
-                                                            cfg.num_experts_per_tok)
+            self.aux_loss = load_balancing_loss_over_layers([m.router_probs for m in layers],
+                                                            [m.routed_counts for m in layers])
             if cfg.router_aux_loss_coef:
                 loss = loss + self.aux_loss.to(loss.dtype) * cfg.router_aux_loss_coef
         return logits, loss

@@ -70,7 +70,9 @@ def test_aux_loss_is_hf_load_balancing_loss_over_concatenated_layers():
 
     rng = np.random.default_rng(3)
     logits = [rng.normal(size=(10, 5)).astype(np.float32) for _ in range(3)]
-    ours = load_balancing_loss_over_layers([it.tensor(a) for a in logits], 5, 2)
+    probs = [nn.functional.softmax(it.tensor(a), dim=-1) for a in logits]  # what each layer's router computed
+    counts = [np.bincount(p.topk(2, dim=-1)[1].numpy().reshape(-1), minlength=5) for p in probs]
+    ours = load_balancing_loss_over_layers(probs, counts)
     expected = load_balancing_loss_func(tuple(torch.tensor(a) for a in logits), 5, 2)
     np.testing.assert_allclose(ours.item(), expected.item(), rtol=1e-6)
 
