@@ -208,9 +208,6 @@ def _check_data(cfg, c, errors):
                           f"train_NNNNNN.bin) with data.source=stdlib, got {d.val!r}; use <dir>/val_*.bin")
 
 
-RUN_ARCHS = ARCHS  # every registered model trains from a run config
-
-
 def _check_model(cfg, c, errors, gpt2_presets):
     m, t = cfg.model, cfg.train
     c.need("model.arch", lambda v: v in ARCHS, f"one of {ARCHS}{_closest(m.arch, ARCHS)}")
