@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from infini_train.data.corpus import prepare_shards, stdlib_documents
 from tests.cluster.slurm_jobs import (assert_bitwise_equal, checkpoint_steps, final_weights, job, log_path, log_text,
                                       rank_pid, slurm, submit, train_args, wait_for)
 
@@ -22,12 +21,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 1200
 SAVE_EVERY = 100
 FINISHED, RUNNING, PENDING = "COMPLETED", "RUNNING", "PENDING"
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    prepare_shards(stdlib_documents(300_000), str(tmp_path / "data"), "byte")
-    return tmp_path / "data"
 
 
 def ended(cluster_env, job_id):

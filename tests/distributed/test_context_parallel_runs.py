@@ -11,18 +11,13 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints
 from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
-from tests.training.tiny_run import grad_norms, losses_by_step, make_data, run, tiny_args
+from tests.training.tiny_run import grad_norms, losses_by_step, run, tiny_args
 
 pytestmark = needs_mpiexec
 
 SHAPE = ["model.n_head=4", "train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.total_batch_size=256", "train.batch_size=2", "train.num_iterations=10"]
 MODELS = {"gpt2": [], "llama3": ["model.arch=llama3", "model.n_kv_head=2", "model.rope_scaling_factor=0"]}
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def _train(data_dir, out, ranks, *extra, check=True):

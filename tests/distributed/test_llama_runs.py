@@ -11,18 +11,13 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
-from tests.training.tiny_run import make_data, metrics, run, same_run, tiny_args
+from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
 pytestmark = needs_mpiexec
 
 LLAMA = ["model.arch=llama3", "model.n_layer=4", "model.n_head=4", "model.n_kv_head=2", "model.intermediate_size=128",
          "model.rope_scaling_factor=8", "model.rope_original_context=16", "train.total_batch_size=512",
          "train.grad_clip=0.5", "train.learning_rate=3e-3", "train.val_loss_every=5", "train.sample_every=0"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def _train(data_dir, out, ranks, *extra, steps=10):

@@ -4,11 +4,9 @@ start-up address space plus 300 MB (RLIMIT_AS), the run trains, saves a sharded 
 plain data parallelism under the same cap cannot hold the model and fails."""
 import sys
 
-import pytest
-
 from infini_train.training.checkpoints import list_checkpoints
 from tests.distributed.mpi_jobs import MPIEXEC, needs_mpiexec, output
-from tests.training.tiny_run import REPO, job_env, make_data, metrics
+from tests.training.tiny_run import REPO, job_env, metrics
 
 pytestmark = needs_mpiexec
 
@@ -26,11 +24,6 @@ def _capped(data_dir, out, *extra):
             "train.sample_every=0", "train.batch_size=2", "train.sequence_length=32", "train.total_batch_size=256",
             "plot=false", "device=cpu", *MODEL, *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO, env=job_env())
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def test_zero3_trains_saves_and_resumes_a_model_no_rank_could_hold(data_dir, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import make_data, metrics, run, tiny_args
+from tests.training.tiny_run import metrics, run, tiny_args
 
 pytestmark = needs_mpiexec
 
@@ -41,11 +41,6 @@ LAYOUTS = {
     "llama3-pp2-1f1b": ("llama3", 2, _pp("1f1b")),
     "llama3-pp2xdp2-gpipe-zero1": ("llama3", 4, _pp("gpipe") + ["parallel.zero_stage=1"]),
 }
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.llama import Llama, LlamaConfig
 from infini_train.models.recompute import set_recompute
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import make_data, run, same_run, tiny_args
+from tests.training.tiny_run import run, same_run, tiny_args
 
 MODELS = {
     "gpt2": lambda: GPT2(GPT2Config(block_size=32, vocab_size=97, n_layer=3, n_head=2, n_embd=32, dropout=0.1)),
@@ -56,11 +56,6 @@ def test_recompute_is_off_under_no_grad_and_in_eval():
 def test_an_unknown_mode_is_refused():
     with pytest.raises(ValueError, match=r"train.recompute: expected one of \('none', 'block'\), got 'layer'"):
         set_recompute(MODELS["gpt2"](), "layer")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 LLAMA = ["model.arch=llama3", "model.n_layer=4", "model.n_head=4", "model.n_kv_head=2", "model.intermediate_size=128",

@@ -10,7 +10,7 @@ import pytest
 
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint, load_model_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec, output
-from tests.training.tiny_run import losses_by_step, make_data, run, tiny_args
+from tests.training.tiny_run import losses_by_step, run, tiny_args
 
 pytestmark = needs_mpiexec
 
@@ -18,11 +18,6 @@ SHAPE = ["model.n_head=4", "train.val_loss_every=0", "train.grad_clip=0.5", "tra
          "train.total_batch_size=256", "train.save_every=3", "train.num_iterations=6"]
 SHARDED = "train.checkpoint_format=sharded"
 WHOLE = "train.checkpoint_format=whole"
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def _train(data_dir, out, ranks, *extra, check=True):

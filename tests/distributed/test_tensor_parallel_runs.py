@@ -14,7 +14,7 @@ import pytest
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import MPIEXEC, REPO, job_env, mpirun, needs_mpiexec, output
-from tests.training.tiny_run import CONFIG, make_data, metrics, run, same_run, tiny_args
+from tests.training.tiny_run import CONFIG, metrics, run, same_run, tiny_args
 
 pytestmark = needs_mpiexec
 
@@ -22,11 +22,6 @@ GENERATE = os.path.join(REPO, "examples", "gpt2", "generate.py")
 # 4 heads so that tensor sizes 1, 2 and 4 all divide; clipping on (the global norm must count every shard once)
 SHAPE = ["model.n_head=4", "train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.total_batch_size=256"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def _train(data_dir, out, ranks, *extra, steps=10, check=True):

@@ -10,18 +10,11 @@ import numpy as np
 import pytest
 
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
-from tests.training.tiny_run import make_data, metrics, run, tiny_args
+from tests.training.tiny_run import metrics, run, tiny_args
 
 pytestmark = needs_mpiexec
 
 CLIPPED = ["train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
-
-
 BATCH = {1: 4, 2: 2, 3: 2, 4: 2}  # sequences per rank: 256 or 384 tokens per step in 1-3 accumulation steps
 
 

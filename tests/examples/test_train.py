@@ -4,14 +4,9 @@ import re
 import shutil
 
 import numpy as np
-import pytest
 
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
-from tests.training.tiny_run import make_data, metrics, run, tiny_args
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
+from tests.training.tiny_run import metrics, run, tiny_args
 
 
 def test_tiny_run_writes_metrics_checkpoints_and_config(data_dir, tmp_path):

@@ -17,14 +17,9 @@ from infini_train.profiler import (FunctionEventAvg, ProfilerActivity, merge_chr
                                    record_function)
 from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import CONFIG, make_data, run, tiny_args
+from tests.training.tiny_run import CONFIG, run, tiny_args
 
 GPT_TINY = GPT2Config(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def gpt2_step(model, opt, rng, batch=4):

@@ -18,7 +18,7 @@ from infini_train.training.config import ConfigError, load_config
 from infini_train.training.numerics import NumericsChecker
 from infini_train.training.tensor_stats import tensor_stats
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import CONFIG, REPO, make_data, run, tiny_args
+from tests.training.tiny_run import CONFIG, REPO, run, tiny_args
 
 REFERENCE = os.path.join(REPO, "benchmarks", "numerics_reference_torch.py")
 
@@ -215,11 +215,6 @@ def test_compare_reports_missing_entries_and_bad_input(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ runs and torch
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
-
-
 def test_run_file_agrees_with_the_torch_reference(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     args = tiny_args(data_dir, out, "numerics.level=1", "train.num_iterations=2",

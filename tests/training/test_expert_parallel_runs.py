@@ -12,7 +12,7 @@ import pytest
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import REPO, make_data, metrics, run, tiny_args
+from tests.training.tiny_run import REPO, metrics, run, tiny_args
 
 CONFIG = os.path.join(REPO, "configs", "qwen3_moe_tiny.yaml")
 MOE_KEYS = ("aux_loss", "expert_load_max", "experts_idle")
@@ -21,11 +21,6 @@ MOE_KEYS = ("aux_loss", "expert_load_max", "experts_idle")
 COMMON = ["train.total_batch_size=256", "train.batch_size=2", "train.val_loss_every=0", "train.learning_rate=3e-3",
           "model.num_experts=16", "model.num_experts_per_tok=1", "model.moe_intermediate_size=32",
           "model.intermediate_size=128"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")

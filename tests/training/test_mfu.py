@@ -10,7 +10,7 @@ from infini_train.models.llama_config import LlamaConfig
 from infini_train.models.pipeline_lm import PipelinedLM
 from infini_train.nn.lora import apply_lora
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import make_data, metrics, run, tiny_args
+from tests.training.tiny_run import metrics, run, tiny_args
 
 T = 32
 
@@ -56,11 +56,6 @@ def test_pipeline_stages_count_the_whole_model():
     staged = PipelinedLM(model, dist.default_group())
     assert staged.flops_per_token(T) == expected
     assert staged.num_params(trainable=True) == model.num_params(trainable=True) > 0
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def _mfu_rows(out):

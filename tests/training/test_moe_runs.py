@@ -14,18 +14,13 @@ import pytest
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import REPO, job_env, make_data, metrics, run, same_run, tiny_args
+from tests.training.tiny_run import REPO, job_env, metrics, run, same_run, tiny_args
 
 CONFIGS = {arch: os.path.join(REPO, "configs", f"{arch}_tiny.yaml") for arch in ("qwen3", "qwen3_moe", "mixtral")}
 SMALL = {"qwen3": ["model.head_dim=32", "model.intermediate_size=128"],
          "qwen3_moe": ["model.num_experts=4", "model.moe_intermediate_size=64", "model.intermediate_size=128"],
          "mixtral": ["model.num_experts=4", "model.intermediate_size=64"]}
 MOE_KEYS = ("aux_loss", "expert_load_max", "experts_idle")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 def _train(data_dir, out, arch, *extra, steps=6, ranks=1):

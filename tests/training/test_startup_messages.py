@@ -5,14 +5,9 @@ import os
 import pytest
 
 from tests.distributed.mpi_jobs import needs_mpiexec, output
-from tests.training.tiny_run import make_data, run, tiny_args
+from tests.training.tiny_run import run, tiny_args
 
 pytestmark = needs_mpiexec
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
 
 
 @pytest.mark.parametrize("extra,message", [
