@@ -84,6 +84,18 @@ def _address(arr):
     return arr.__array_interface__["data"][0] if isinstance(arr, np.ndarray) else arr.data.ptr
 
 
+def _check_alike(what, first, second):
+    """Two operands (name, array, tensor) of one collective: one dtype, on one device."""
+    (a_name, a, a_tensor), (b_name, b, b_tensor) = first, second
+    if a.dtype != b.dtype:
+        raise ValueError(f"{what}: expected {a_name} and {b_name} of one dtype, got {a_name} {a.dtype} and {b_name} "
+                         f"{b.dtype}\nHINT: cast one of them with t.to(dtype)")
+    where_a, where_b = _place(a_tensor, a), _place(b_tensor, b)
+    if where_a != where_b:
+        raise ValueError(f"{what}: expected {a_name} and {b_name} on one device, got {a_name} on {where_a} and "
+                         f"{b_name} on {where_b}\nHINT: move one with t.to(device)")
+
+
 def _span(arr):
     """The byte range [start, end) that ``arr``'s elements occupy, whatever its strides (empty: nothing)."""
     if arr.size == 0:
@@ -319,13 +331,7 @@ class ProcessGroup:
                 raise ValueError(f"{what}: expected a contiguous {name}, got a strided view of shape "
                                  f"{tuple(a.shape)} (strides {tuple(a.strides)})\nHINT: the flat collectives use "
                                  "memory as one block; pass a contiguous tensor (t.contiguous()) or a slice of one")
-        if part.dtype != whole.dtype:
-            raise ValueError(f"{what}: expected {part_name} and {whole_name} of one dtype, got {part_name} "
-                             f"{part.dtype} and {whole_name} {whole.dtype}\nHINT: cast one of them with t.to(dtype)")
-        where_whole, where_part = _place(whole_tensor, whole), _place(part_tensor, part)
-        if where_whole != where_part:
-            raise ValueError(f"{what}: expected {part_name} and {whole_name} on one device, got {part_name} on "
-                             f"{where_part} and {whole_name} on {where_whole}\nHINT: move one with t.to(device)")
+        _check_alike(what, (part_name, part, part_tensor), (whole_name, whole, whole_tensor))
         n = part.size
         if whole.size != self.size * n:
             raise ValueError(f"{what}: expected {whole_name} to hold group size x {part_name}.numel() = {self.size} "
@@ -352,18 +358,12 @@ class ProcessGroup:
             if a.ndim == 0:
                 raise ValueError(f"{what}: expected {name} with a dim 0 to split into rows, got a 0-d {name}\n"
                                  f"HINT: reshape a scalar to shape (1,)")
-        if out.dtype != arr.dtype:
-            raise ValueError(f"{what}: expected input and output of one dtype, got input {arr.dtype} and output "
-                             f"{out.dtype}\nHINT: cast one of them with t.to(dtype)")
+        _check_alike(what, ("input", arr, input), ("output", out, output))
         if out.shape[1:] != arr.shape[1:]:
             raise ValueError(f"{what}: expected output rows of input's row shape input.shape[1:] = "
                              f"{tuple(arr.shape[1:])}, got output of shape {tuple(out.shape)} for input of shape "
                              f"{tuple(arr.shape)}\nHINT: allocate output as it.empty((sum(output_split_sizes),) + "
                              f"input.shape[1:]); only dim 0 differs between the two")
-        where_out, where_in = _place(output, out), _place(input, arr)
-        if where_out != where_in:
-            raise ValueError(f"{what}: expected input and output on one device, got input on {where_in} and output "
-                             f"on {where_out}\nHINT: move one with t.to(device)")
         in_splits = self._split_sizes(what, "input", input_split_sizes, arr.shape[0])
         out_splits = self._split_sizes(what, "output", output_split_sizes, out.shape[0])
         me = self.rank
