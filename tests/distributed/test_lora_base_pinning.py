@@ -20,7 +20,7 @@ import torch
 
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import MPIEXEC, REPO, job_env, needs_mpiexec, output
-from tests.distributed.test_lora_runs import LORA, base, data_dir, tune_dir  # noqa: F401 (fixtures)
+from tests.distributed.test_lora_runs import LORA, base, tune_dir  # noqa: F401 (fixtures)
 from tests.distributed.test_llama_runs import LLAMA
 from tests.training.tiny_run import run, tiny_args
 
