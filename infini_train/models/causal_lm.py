@@ -50,6 +50,10 @@ class CausalLM(nn.Module):
             kv_cache.advance(length)
         return self.head(x, targets, last_only)
 
+    def pipeline_extras(self, dtype):
+        """[(shape, dtype)] of what a pipeline chunk passes the next besides its hidden states (nothing here)."""
+        return []
+
     def run_blocks(self, x, kv_cache=None):
         extra = self.block_args(x, kv_cache)
         for layer, block in self.numbered_blocks():

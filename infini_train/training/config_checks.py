@@ -332,8 +332,8 @@ def _check_moe_run(cfg, c, errors, model):
 
 def _check_expert_parallel(cfg, c, errors, model):
     """``parallel.expert`` of a mixture-of-experts run: a divisor of num_experts (that it divides the data-parallel
-    size is checked when the run knows its world). Tensor, pipeline, context parallelism and ZeRO are refused for
-    MoE runs whatever the expert size (_check_moe_run, the model spec)."""
+    size is checked when the run knows its world). What MoE runs refuse whatever the expert size is _check_moe_run's
+    and the model spec's."""
     e = cfg.parallel.expert
     if not c.ok("parallel.expert") or e == 1:
         return
@@ -345,10 +345,12 @@ def _check_expert_parallel(cfg, c, errors, model):
     if c.ok("lora.rank") and cfg.lora.rank > 0:
         errors.append(f"lora.rank: expected 0 with parallel.expert={e} (LoRA runs with expert parallelism are not "
                       f"supported yet), got {cfg.lora.rank}; HINT: set parallel.expert=1 for a LoRA fine-tune")
-    if c.ok("train.checkpoint_format") and cfg.train.checkpoint_format == "sharded":
-        errors.append(f"train.checkpoint_format: expected 'whole' or 'auto' with parallel.expert={e} (expert-parallel "
-                      "runs write the one-process checkpoint, the experts gathered; sharded checkpoints of them are "
-                      "not supported yet), got 'sharded'; HINT: set train.checkpoint_format=auto")
+    if (c.ok("train.checkpoint_format", "parallel.pipeline") and cfg.train.checkpoint_format == "whole"
+            and cfg.parallel.pipeline > 1):
+        errors.append(f"train.checkpoint_format: expected 'sharded' or 'auto' with parallel.expert={e} and "
+                      f"parallel.pipeline={cfg.parallel.pipeline} (each rank writes its stage's experts; the whole "
+                      "format would gather them over both), got 'whole'; HINT: set train.checkpoint_format=auto -- a "
+                      "sharded checkpoint resumes under any layout, one process included")
 
 
 def _check_model_parallel(cfg, c, errors, model):

@@ -33,9 +33,8 @@ class GradientSync:
 
     def finish(self):
         dims = self.dims
-        if self.experts is not None:  # (no other parallelism than data parallelism: nothing else to sum)
+        if self.experts is not None:
             self.experts.finish()
-            return
         if dims.pipeline_parallel:
             if dims.embedding_group is not None:
                 shared = {id(p) for p in self.model.shared_embedding_params()}

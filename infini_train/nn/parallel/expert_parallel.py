@@ -129,6 +129,8 @@ def expert_parallel(moe, group):
     local = ModuleDict()
     for e in dispatch.local_experts:
         local[str(e)] = moe.experts[e]
+        for p in local[str(e)].parameters():
+            p.expert_parallel = True  # a different expert on each rank of the group (gradient norms count each)
     moe.experts = local  # the other experts are no longer referenced: freed
     moe.token_dispatcher = dispatch
     moe.group_tokens_per_expert, moe.all_to_all_bytes = None, 0

@@ -1,0 +1,101 @@
+"""Qwen3-MoE runs split into pipeline stages, alone (PP2) and with expert parallelism (EP2 x PP2 on 4 ranks: each
+stage's experts split over an expert group of its two data-parallel ranks): over 10 steps they give the one process's
+losses, gradient norms and router statistics with the same global batch -- the auxiliary loss pools every stage's
+sparse layers, its gradient reaching the first stage's routers through the pipeline -- and their checkpoints hold the
+one process's weights and AdamW state and resume on one process."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.training.config import ConfigError, load_config
+from tests.distributed.mpi_jobs import needs_mpiexec
+from tests.training.tiny_run import REPO, metrics, run, tiny_args
+
+CONFIG = os.path.join(REPO, "configs", "qwen3_moe_tiny.yaml")
+# every layer sparse (two per stage), top-1 of 16 experts: some experts get no token in some steps
+COMMON = ["model.n_layer=4", "model.mlp_only_layers=[]", "train.total_batch_size=256", "train.batch_size=2",
+          "train.val_loss_every=0", "train.learning_rate=3e-3", "model.num_experts=16", "model.num_experts_per_tok=1",
+          "model.moe_intermediate_size=32", "model.intermediate_size=128", "train.save_every=5"]
+KEYS = ("loss", "grad_norm", "aux_loss", "expert_load_max", "experts_idle")
+
+
+def _train(data_dir, out, *extra, ranks=1):
+    return run(tiny_args(data_dir, out, "train.num_iterations=10", *COMMON, *extra), ranks=ranks, config=CONFIG)
+
+
+def _values(out, key):
+    return np.array([r[key] for r in metrics(out) if key in r and "loss" in r])
+
+
+def _same_as(out, ref, rtol):
+    for key in KEYS:
+        np.testing.assert_allclose(_values(out, key), _values(ref, key), rtol=rtol, err_msg=key)
+
+
+def _same_checkpoint(path, ref_path):
+    """The same names, weights and AdamW state (experts no token reached have none in both). Weights within 2e-4:
+    AdamW's steps are about the learning rate whatever the gradient's size, so a near-zero gradient summed in
+    another order moves its element by up to ~lr x steps differently."""
+    mine, opt, _ = load_checkpoint(path)
+    ref, ref_opt, _ = load_checkpoint(ref_path)
+    assert sorted(mine) == sorted(ref)
+    for name in ref:
+        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-4, atol=2e-4, err_msg=name)
+    assert [g["params"] for g in opt["param_groups"]] == [g["params"] for g in ref_opt["param_groups"]]
+    assert sorted(opt["state"]) == sorted(ref_opt["state"])
+    for i, st in ref_opt["state"].items():
+        assert opt["state"][i]["step"] == st["step"]
+        for key in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(np.asarray(opt["state"][i][key]), np.asarray(st[key]), rtol=1e-3, atol=1e-7,
+                                       err_msg=f"{i} {key}")
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    _train(data_dir, out)
+    return out
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("ranks,extra", [(2, ["parallel.pipeline=2"]),
+                                         (4, ["parallel.pipeline=2", "parallel.expert=2"])], ids=["pp2", "ep2xpp2"])
+def test_pipelined_moe_equals_one_process_and_resumes_there(data_dir, one_process, tmp_path, ranks, extra):
+    out = tmp_path / "run"
+    proc = _train(data_dir, out, *extra, "train.sample_every=5", "train.sample_length=8", ranks=ranks)
+    assert "pipeline 2 (1f1b)" in proc.stdout and "--- sample at step 5 ---" in proc.stdout
+    assert ("expert parallel 2" in proc.stdout) == (ranks == 4)
+    assert len(_values(out, "loss")) == 10 and _values(one_process, "experts_idle").max() > 0
+    _same_as(out, one_process, rtol=1e-4)
+    _same_checkpoint(list_checkpoints(out)[-1], list_checkpoints(one_process)[-1])
+
+    resumed = tmp_path / "resumed"  # its step-5 checkpoint continued by one process
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000010")
+    proc = _train(data_dir, resumed, "resume=auto")
+    assert "resumed from" in proc.stdout
+    _same_as(resumed, out, rtol=1e-4)
+
+
+@needs_mpiexec
+def test_one_process_checkpoint_resumes_at_ep2_x_pp2(data_dir, one_process, tmp_path):
+    back = tmp_path / "back"
+    shutil.copytree(one_process, back)
+    shutil.rmtree(back / "checkpoints" / "step_000010")
+    proc = _train(data_dir, back, "parallel.pipeline=2", "parallel.expert=2", "resume=auto", ranks=4)
+    assert "resumed from" in proc.stdout
+    _same_as(back, one_process, rtol=1e-4)
+    _same_checkpoint(list_checkpoints(back)[-1], list_checkpoints(one_process)[-1])
+
+
+def test_whole_checkpoints_of_expert_and_pipeline_parallel_runs_are_refused():
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIG, ["parallel.expert=2", "parallel.pipeline=2", "train.checkpoint_format=whole"])
+    assert info.value.errors == [
+        "train.checkpoint_format: expected 'sharded' or 'auto' with parallel.expert=2 and parallel.pipeline=2 (each "
+        "rank writes its stage's experts; the whole format would gather them over both), got 'whole'; HINT: set "
+        "train.checkpoint_format=auto -- a sharded checkpoint resumes under any layout, one process included"]
+    assert load_config(CONFIG, ["parallel.expert=2", "parallel.pipeline=2"]).parallel.pipeline == 2
