@@ -91,18 +91,22 @@ class ExpertParallelDispatch:
         got = all_to_all(rows, recv, send, self.group)
         regroup = _by_expert(from_rank)
         per_expert = from_rank.sum(0)
-        y = got  # no row for any local expert: nothing to run, nothing to send back
-        if per_expert.sum():
+        if not per_expert.sum():  # no row for any local expert: nothing to run or send back, but in the dtype the
+            # experts give on the other ranks (autocast's), as every rank's buffers of the exchange must agree
+            with no_grad():
+                dtype = moe.experts[str(self.first)](got).dtype
+            y = got.to(dtype)
+        else:
             idx = Tensor._make(backend.to_device_array(regroup, device), device)
             y = run_experts([moe.experts[str(e)] for e in self.local_experts], got.index_select(0, idx), per_expert)
             y = y.index_select(0, Tensor._make(backend.to_device_array(np.argsort(regroup), device), device))
         back = all_to_all(y, send, recv, self.group)
-        item = x.array.dtype.itemsize
         moe.tokens_per_expert = per_expert.astype(np.int64)
         moe.group_tokens_per_expert = kept.sum(0).astype(np.int64)
         moe.dropped_tokens = int(n * k - kept[self.rank].sum())
         moe.all_to_all_bytes = int((self.size - 1) * counts.shape[1] * 8
-                                   + (send.sum() - send[self.rank] + recv.sum() - recv[self.rank]) * dim * item)
+                                   + (send.sum() - send[self.rank]) * dim * x.array.dtype.itemsize
+                                   + (recv.sum() - recv[self.rank]) * dim * y.array.dtype.itemsize)
         # ``back`` is used even when it has no row, so that every rank's backward joins both exchanges
         return combine(x, back, weights, order, k), routed
 
