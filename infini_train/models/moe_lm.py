@@ -4,8 +4,9 @@ auxiliary load-balancing loss: ``loss = cross_entropy + router_aux_loss_coef * a
 ``load_balancing_loss_func`` over the router logits of all sparse layers at once (concatenated: one loss over every
 layer's tokens, not the mean of per-layer losses), as ``*ForCausalLM`` computes with ``output_router_logits``.
 
-Pipeline stages pass the router statistics on (MoECausalLM). Tensor parallelism of the experts and block
-recomputation are refused with a clear error for now."""
+Pipeline stages pass the router statistics on (MoECausalLM); under tensor parallelism the attention is split and
+the experts stay whole on every rank (llama_parallel.py), and with sequence parallelism the loss pools the router
+statistics of the group's slices. Block recomputation is refused with a clear error for now."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +15,7 @@ from .. import nn
 from ..autograd.grad_mode import is_grad_enabled
 from ..autograd.misc import cat
 from ..creation import zeros
+from ..nn.parallel.mappings import reduce_from_tensor_parallel_region
 from ..promotion import promote_types
 from ..tensor import Tensor
 
@@ -116,7 +118,10 @@ class MoECausalLM:
         logits, loss = super().head(x, targets, last_only)
         if loss is not None:
             cfg = self.config
-            self.aux_loss = load_balancing_loss_from_statistics(self.router_statistics(), cfg.num_experts)
+            stats = self.router_statistics()
+            if self.tp is not None and self.tp.sequence_parallel:  # each rank routed its slice of the sequence
+                stats = reduce_from_tensor_parallel_region(stats, self.tp.group)
+            self.aux_loss = load_balancing_loss_from_statistics(stats, cfg.num_experts)
             if cfg.router_aux_loss_coef:
                 loss = loss + self.aux_loss.to(loss.dtype) * cfg.router_aux_loss_coef
         return logits, loss
@@ -129,21 +134,5 @@ def moe_chunks(model):
     return [c for c in chunks if isinstance(c, MoECausalLM)]
 
 
-def parallelize_moe(model, group, sequence_parallel=False):
-    """Tensor parallelism is not supported for the MoE models yet (a one-rank group is a no-op)."""
-    if group.size > 1:
-        raise ValueError(f"parallel.tensor: tensor parallelism of {type(model).__name__}'s experts is not supported "
-                         f"yet, got a tensor group of {group.size}\nHINT: use parallel.tensor=1")
-    return model
-
-
-def moe_layout_problems(config, tensor=1, pipeline=1, virtual=1):
-    problems = []
-    if tensor > 1:
-        problems.append(f"parallel.tensor: expected 1 for a mixture-of-experts model (expert tensor parallelism is "
-                        f"not supported yet), got {tensor}")
-    return problems
-
-
 __all__ = ["MoECausalLM", "load_balancing_loss_over_layers", "router_statistics", "load_balancing_loss_from_statistics",
-           "check_moe_config", "moe_chunks", "parallelize_moe", "moe_layout_problems", "MOE_FIELDS"]
+           "check_moe_config", "moe_chunks", "MOE_FIELDS"]

@@ -345,12 +345,14 @@ def _check_expert_parallel(cfg, c, errors, model):
     if c.ok("lora.rank") and cfg.lora.rank > 0:
         errors.append(f"lora.rank: expected 0 with parallel.expert={e} (LoRA runs with expert parallelism are not "
                       f"supported yet), got {cfg.lora.rank}; HINT: set parallel.expert=1 for a LoRA fine-tune")
-    if (c.ok("train.checkpoint_format", "parallel.pipeline") and cfg.train.checkpoint_format == "whole"
-            and cfg.parallel.pipeline > 1):
+    split = [f"parallel.{key}={getattr(cfg.parallel, key)}" for key in ("pipeline", "tensor")
+             if c.ok(f"parallel.{key}") and getattr(cfg.parallel, key) > 1]
+    if c.ok("train.checkpoint_format") and cfg.train.checkpoint_format == "whole" and split:
         errors.append(f"train.checkpoint_format: expected 'sharded' or 'auto' with parallel.expert={e} and "
-                      f"parallel.pipeline={cfg.parallel.pipeline} (each rank writes its stage's experts; the whole "
-                      "format would gather them over both), got 'whole'; HINT: set train.checkpoint_format=auto -- a "
-                      "sharded checkpoint resumes under any layout, one process included")
+                      f"{' and '.join(split)} (each rank writes its experts and its part of the rest; the whole format "
+                      "gathers experts over data-parallel ranks only), got 'whole'; HINT: set "
+                      "train.checkpoint_format=auto -- a sharded checkpoint resumes under any layout, one process "
+                      "included")
 
 
 def _check_model_parallel(cfg, c, errors, model):
@@ -360,7 +362,8 @@ def _check_model_parallel(cfg, c, errors, model):
     errors.extend(model_spec(cfg.model.arch).validate(model, p.tensor if tensor_ok else 1,
                                                       p.pipeline if pipeline_ok else 1,
                                                       p.virtual_pipeline if pipeline_ok else 1))
-    if cfg.model.arch == "qwen3" and tensor_ok and c.ok("parallel.sequence") and p.tensor > 1 and not p.sequence:
-        errors.append(f"parallel.sequence: expected true for model.arch=qwen3 with parallel.tensor={p.tensor} (the "
+    arch = cfg.model.arch
+    if arch in ("qwen3", "qwen3_moe") and tensor_ok and c.ok("parallel.sequence") and p.tensor > 1 and not p.sequence:
+        errors.append(f"parallel.sequence: expected true for model.arch={arch} with parallel.tensor={p.tensor} (the "
                       "gradients of the per-head q_norm / k_norm weights are partial sums over the tensor group, which "
                       "the sequence-parallel gradient sum completes), got false; HINT: add parallel.sequence=true")

@@ -9,9 +9,11 @@ consecutive data-parallel ranks (distributed/expert_groups.py), alone or with da
   and divides by the data-parallel size (``finish``);
 - clipping: the norm counts every expert once: the squared norm of the local experts' gradients summed over the
   expert group, plus the replicated parameters', summed over the pipeline stages (``clip``);
-- checkpoints: the one-process layout. ``gather`` gathers every expert (weights and AdamW moments) over rank 0's
-  expert group under its one-process names and index; ``scatter`` keeps this rank's experts of a whole state, so a
-  checkpoint written at any E resumes at any other E, one process included.
+- checkpoints: sharded by default (each rank writes its experts under their one-process names:
+  training/sharded_state.py), or whole: ``gather`` gathers every expert (weights and AdamW moments) over rank 0's
+  expert group under its one-process names and index (expert and data parallelism only); ``scatter`` keeps this
+  rank's experts of a whole state (and its tensor-parallel shards of them), so a checkpoint written at any E resumes
+  at any other E, one process included.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from ..distributed.expert_groups import expert_groups
 from ..nn.parallel.expert_parallel import (all_reduce_expert_grads, expert_layers, expert_parallel, expert_parameters,
                                            expert_stem, shard_expert_state_dict, whole_expert_state_dict)
 from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
+from ..nn.parallel.whole_state import load_whole_state_dict, shard_optimizer_state
 from ..tensor import Tensor
 from .state_io import StateIO
 
@@ -111,8 +114,14 @@ class ExpertParallelRun:
 
     def scatter(self, model_state, optimizer_state):
         """Load a whole (one-process) state: each rank keeps its experts (and their optimizer state); the run's
-        optimizer (over this rank's parameters) is ``self.optimizer``, set when it is built."""
-        self.model.load_state_dict(shard_expert_state_dict(self.model, model_state))
+        optimizer (over this rank's parameters) is ``self.optimizer``, set when it is built. Under tensor parallelism
+        each rank then slices its shards of the split tensors (and of their AdamW moments)."""
+        tp_group = self.dims.tp_group
+        model_state = shard_expert_state_dict(self.model, model_state)
+        if tp_group is not None:
+            load_whole_state_dict(self.model, model_state, tp_group)
+        else:
+            self.model.load_state_dict(model_state)
         whole_names = {}
         for saved, names in zip(optimizer_state["param_groups"], self.whole_groups):
             whole_names.update(zip(saved["params"], names))
@@ -125,7 +134,10 @@ class ExpertParallelRun:
             for p in g["params"]:
                 if names[id(p)] in by_name:
                     state[index[id(p)]] = by_name[names[id(p)]]
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        local = {"state": state, "param_groups": groups}
+        if tp_group is not None:
+            local = shard_optimizer_state(local, self.optimizer, tp_group)
+        self.optimizer.load_state_dict(local)
 
 
 def _names(model):

@@ -58,7 +58,9 @@ class MoEMetrics:
             both = Tensor(np.concatenate([[self.aux_sum, self.forwards], counts.ravel()]))
             dist.all_reduce(both, "sum")
             total = both.numpy()
-            aux, counts = float(total[0]) / max(float(total[1]), 1.0), total[2:].reshape(counts.shape) / self.expert
+            dims = self.dims  # tensor ranks without sequence parallelism route the same tokens
+            copies = self.expert * (dims.tp_size if dims.tensor_parallel and not dims.sequence_parallel else 1)
+            aux, counts = float(total[0]) / max(float(total[1]), 1.0), total[2:].reshape(counts.shape) / copies
         self._reset()
         mean = counts.mean(axis=1)
         load = float(np.max(counts.max(axis=1) / np.where(mean > 0, mean, 1.0)))

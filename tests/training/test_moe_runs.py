@@ -132,11 +132,9 @@ def test_moe_model_keys_presets_and_refusals_are_config_errors():
                                                                "model.arch=mixtral")
 
     refused = _errors("mixtral", "train.recompute=block", "parallel.context=2", "lora.rank=4", "parallel.tensor=2")
-    assert [e.split(":")[0] for e in refused] == ["train.recompute", "parallel.context", "lora.target_modules",
-                                                  "parallel.tensor"]
+    assert [e.split(":")[0] for e in refused] == ["train.recompute", "parallel.context", "lora.target_modules"]
     assert "recomputing blocks is not supported for MoE models yet" in refused[0] and "HINT" in refused[0]
     assert "LoRA on experts is not supported yet" in refused[2]
-    assert "expert tensor parallelism is not supported yet" in refused[3]
     assert _errors("qwen3_moe", "parallel.zero_stage=2")[0].startswith("parallel.zero_stage: expected 0 for "
                                                                        "model.arch=qwen3_moe (ZeRO's flat gradient")
     assert _errors("qwen3_moe", "parallel.pipeline=3") == [  # stages are fine (test_moe_pipeline_runs.py) if equal

@@ -47,7 +47,7 @@ from ...tensor import Tensor
 from ..containers import ModuleDict
 from ..moe import combine, keep_within_capacity, run_experts, sort_by_expert
 from .all_to_all import all_to_all
-from .tensor_parallel import all_reduce_grads
+from .tensor_parallel import all_reduce_grads_where_any
 
 
 class ExpertParallelDispatch:
@@ -159,15 +159,9 @@ def all_reduce_expert_grads(model, expert_data_group, data_size):
     size, E x the expert-data size): DDP's average over every data rank for weights that already sum the expert
     group's tokens."""
     params = expert_parameters(model)
-    if expert_data_group.size > 1:  # an expert no token of this expert group reached may have got some elsewhere
-        used = Tensor(np.array([p.grad is not None for p in params], np.int64))
-        expert_data_group.all_reduce(used, "sum")
-        with no_grad():  # used elsewhere: this group contributes zeros; used nowhere: stays None (one process's)
-            for p, count in zip(params, used.numpy()):
-                if p.grad is None and count:
-                    p.grad = Tensor._make(p.device.array_module().zeros_like(p.array), p.device)
+    # an expert no token of this expert group reached may have got some elsewhere
+    all_reduce_grads_where_any(params, expert_data_group)
     grads = [p.grad for p in params if p.grad is not None]
-    all_reduce_grads(grads, expert_data_group)
     with no_grad():
         for g in grads:
             g.array[...] /= data_size

@@ -1,8 +1,10 @@
-"""Qwen3-MoE runs split into pipeline stages, alone (PP2) and with expert parallelism (EP2 x PP2 on 4 ranks: each
-stage's experts split over an expert group of its two data-parallel ranks): over 10 steps they give the one process's
-losses, gradient norms and router statistics with the same global batch -- the auxiliary loss pools every stage's
-sparse layers, its gradient reaching the first stage's routers through the pipeline -- and their checkpoints hold the
-one process's weights and AdamW state and resume on one process."""
+"""Qwen3-MoE and Mixtral runs in every model-parallel layout with and without expert parallelism: pipeline stages
+(PP2), EP2 x PP2 (each stage's experts split over an expert group of its two data-parallel ranks), tensor parallelism
+of the attention (the experts whole on every tensor rank; Qwen3-MoE with sequence parallelism, each rank routing its
+slice of the sequence) and TP2 x EP2. Over 10 steps each gives the one process's losses, gradient norms and router
+statistics with the same global batch -- the auxiliary loss pools every stage's and every slice's sparse layers, its
+gradient reaching the first stage's routers through the pipeline -- and its checkpoint holds the one process's weights
+and AdamW state and resumes on one process; a one-process checkpoint resumes in the split layouts."""
 import os
 import shutil
 
@@ -60,14 +62,22 @@ def one_process(data_dir, tmp_path_factory):
     return out
 
 
+LAYOUTS = {"pp2": (2, ["parallel.pipeline=2"], "pipeline 2 (1f1b) x data parallel 1"),
+           "ep2xpp2": (4, ["parallel.pipeline=2", "parallel.expert=2"],
+                       "pipeline 2 (1f1b) x data parallel 2 x expert parallel 2"),
+           "tp2": (2, ["parallel.tensor=2", "parallel.sequence=true"],
+                   "data parallel 1 x tensor parallel 2 with sequence parallel"),
+           "tp2xep2": (4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.expert=2"],
+                       "data parallel 2 x expert parallel 2 x tensor parallel 2 with sequence parallel")}
+
+
 @needs_mpiexec
-@pytest.mark.parametrize("ranks,extra", [(2, ["parallel.pipeline=2"]),
-                                         (4, ["parallel.pipeline=2", "parallel.expert=2"])], ids=["pp2", "ep2xpp2"])
-def test_pipelined_moe_equals_one_process_and_resumes_there(data_dir, one_process, tmp_path, ranks, extra):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_split_moe_equals_one_process_and_resumes_there(data_dir, one_process, tmp_path, layout):
+    ranks, extra, described = LAYOUTS[layout]
     out = tmp_path / "run"
     proc = _train(data_dir, out, *extra, "train.sample_every=5", "train.sample_length=8", ranks=ranks)
-    assert "pipeline 2 (1f1b)" in proc.stdout and "--- sample at step 5 ---" in proc.stdout
-    assert ("expert parallel 2" in proc.stdout) == (ranks == 4)
+    assert described in proc.stdout and "--- sample at step 5 ---" in proc.stdout
     assert len(_values(out, "loss")) == 10 and _values(one_process, "experts_idle").max() > 0
     _same_as(out, one_process, rtol=1e-4)
     _same_checkpoint(list_checkpoints(out)[-1], list_checkpoints(one_process)[-1])
@@ -81,24 +91,41 @@ def test_pipelined_moe_equals_one_process_and_resumes_there(data_dir, one_proces
 
 
 @needs_mpiexec
-def test_one_process_checkpoint_resumes_at_ep2_x_pp2(data_dir, one_process, tmp_path):
+@pytest.mark.parametrize("layout", ["ep2xpp2", "tp2xep2"])
+def test_one_process_checkpoint_resumes_split(data_dir, one_process, tmp_path, layout):
+    ranks, extra, _ = LAYOUTS[layout]
     back = tmp_path / "back"
     shutil.copytree(one_process, back)
     shutil.rmtree(back / "checkpoints" / "step_000010")
-    proc = _train(data_dir, back, "parallel.pipeline=2", "parallel.expert=2", "resume=auto", ranks=4)
+    proc = _train(data_dir, back, *extra, "resume=auto", ranks=ranks)
     assert "resumed from" in proc.stdout
     _same_as(back, one_process, rtol=1e-4)
     _same_checkpoint(list_checkpoints(back)[-1], list_checkpoints(one_process)[-1])
 
 
-def test_whole_checkpoints_of_expert_and_pipeline_parallel_runs_are_refused():
+def test_whole_checkpoints_of_expert_and_model_parallel_runs_are_refused():
     with pytest.raises(ConfigError) as info:
         load_config(CONFIG, ["parallel.expert=2", "parallel.pipeline=2", "train.checkpoint_format=whole"])
     assert info.value.errors == [
         "train.checkpoint_format: expected 'sharded' or 'auto' with parallel.expert=2 and parallel.pipeline=2 (each "
-        "rank writes its stage's experts; the whole format would gather them over both), got 'whole'; HINT: set "
-        "train.checkpoint_format=auto -- a sharded checkpoint resumes under any layout, one process included"]
+        "rank writes its experts and its part of the rest; the whole format gathers experts over data-parallel ranks "
+        "only), got 'whole'; HINT: set train.checkpoint_format=auto -- a sharded checkpoint resumes under any "
+        "layout, one process included"]
     assert load_config(CONFIG, ["parallel.expert=2", "parallel.pipeline=2"]).parallel.pipeline == 2
+    refused = load_config_errors(["parallel.expert=2", "parallel.tensor=2", "parallel.sequence=true",
+                                  "train.checkpoint_format=whole"])
+    assert refused[0].startswith("train.checkpoint_format: expected 'sharded' or 'auto' with parallel.expert=2 and "
+                                 "parallel.tensor=2 (")
+    assert load_config_errors(["parallel.tensor=2"]) == [  # Qwen3's per-head norms need the sequence-parallel sum
+        "parallel.sequence: expected true for model.arch=qwen3_moe with parallel.tensor=2 (the gradients of the "
+        "per-head q_norm / k_norm weights are partial sums over the tensor group, which the sequence-parallel gradient "
+        "sum completes), got false; HINT: add parallel.sequence=true"]
+
+
+def load_config_errors(overrides, config=CONFIG):
+    with pytest.raises(ConfigError) as info:
+        load_config(config, overrides)
+    return info.value.errors
 
 
 @needs_mpiexec
@@ -116,3 +143,24 @@ def test_mixed_precision_ep2_x_pp2_follows_one_process(data_dir, tmp_path, preci
     np.testing.assert_allclose(_values(split, "loss"), _values(one, "loss"), rtol=2e-3)
     for key in ("grad_norm", "aux_loss"):
         np.testing.assert_allclose(_values(split, key), _values(one, key), rtol=1e-2, err_msg=key)
+
+
+MIXTRAL = os.path.join(REPO, "configs", "mixtral_tiny.yaml")
+MIXTRAL_SHAPE = ["model.n_layer=2", "model.n_kv_head=2", "train.total_batch_size=256", "train.batch_size=2",
+                 "train.val_loss_every=0", "train.learning_rate=3e-3", "model.num_experts=8",
+                 "model.intermediate_size=32", "train.save_every=0", "train.num_iterations=8"]
+
+
+@needs_mpiexec
+def test_mixtral_tensor_and_expert_parallel_equal_one_process(data_dir, tmp_path):
+    """Mixtral (no per-head norms) splits its attention without sequence parallelism: every tensor rank runs the
+    experts on the same tokens."""
+    def train(out, *extra, ranks=1):
+        return run(tiny_args(data_dir, out, *MIXTRAL_SHAPE, *extra), ranks=ranks, config=MIXTRAL)
+
+    train(tmp_path / "one")
+    for name, ranks, extra in (("tp2", 2, ["parallel.tensor=2"]),
+                               ("tp2xep2", 4, ["parallel.tensor=2", "parallel.expert=2"])):
+        proc = train(tmp_path / name, *extra, ranks=ranks)
+        assert "tensor parallel 2" in proc.stdout and "sequence" not in proc.stdout.split("tensor parallel 2")[1][:20]
+        _same_as(tmp_path / name, tmp_path / "one", rtol=1e-4)
