@@ -138,7 +138,12 @@ class CausalLM(nn.Module):
 
         cfg = self.config
         return training_flops_per_token(self, cfg.num_layers, cfg.num_heads, cfg.head_dim,
-                                        seq_len or cfg.context_length)
+                                        seq_len or cfg.context_length, self.idle_params)
+
+    def idle_params(self, trainable):
+        """Of the parameters ``num_params`` counts (``trainable`` or frozen), those a token does not pass through:
+        none in a dense model."""
+        return 0
 
     # ---------------------------------------------------------------------------------- generation
     def new_kv_cache(self, batch_size, device, dtype=backend.float32):

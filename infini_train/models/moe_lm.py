@@ -84,6 +84,26 @@ class MoECausalLM:
         """The MoE layers of the blocks this module runs, in layer order."""
         return [block.mlp for _, block in self.numbered_blocks() if isinstance(block.mlp, nn.MoE)]
 
+    def num_params(self, non_embedding=False, trainable=None):
+        """The whole model's parameters: under expert parallelism the local experts of a layer count for all of its
+        experts (every rank of the expert group holds as many)."""
+        count = super().num_params(non_embedding, trainable)
+        for moe in self.moe_layers():
+            local = [p for p in moe.experts.parameters() if trainable is None or p.requires_grad == trainable]
+            count += sum(p.numel() for p in local) * (moe.num_experts - len(moe.experts)) // len(moe.experts)
+        return count
+
+    def idle_params(self, trainable):
+        """The experts a token is not routed to: (num_experts - num_experts_per_tok) SwiGLUs of every sparse layer
+        (from the config, so a pipeline chunk gives the whole model's), counted where the experts are ``trainable``
+        (LoRA freezes them)."""
+        cfg = self.config
+        experts = [p for m in self.moe_layers() for p in m.experts.parameters()]
+        if experts and experts[0].requires_grad != trainable or not experts and not trainable:
+            return 0
+        sparse = sum(1 for layer in range(cfg.n_layers) if cfg.sparse_layer(layer))
+        return sparse * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.dim * cfg.moe_intermediate_size
+
     def pipeline_extras(self, dtype):
         return [((2 * self.config.num_experts + 1,), promote_types(np.dtype("float32"), dtype))]
 

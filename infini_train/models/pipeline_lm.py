@@ -84,7 +84,7 @@ class PipelinedLM(nn.Module):
     def flops_per_token(self, seq_len=None):
         cfg = self.config
         return training_flops_per_token(self, cfg.num_layers, cfg.num_heads, cfg.head_dim,
-                                        seq_len or cfg.context_length)
+                                        seq_len or cfg.context_length, self.chunks[0].idle_params)
 
     def optimizer_groups(self, weight_decay):
         params = [p for p in self.parameters() if p.requires_grad]

@@ -6,6 +6,7 @@ statistics with the same global batch -- the auxiliary loss pools every stage's 
 gradient reaching the first stage's routers through the pipeline -- and its checkpoint holds the one process's weights
 and AdamW state and resumes on one process; a one-process checkpoint resumes in the split layouts."""
 import os
+import re
 import shutil
 
 import numpy as np
@@ -58,8 +59,13 @@ def _same_checkpoint(path, ref_path):
 @pytest.fixture(scope="module")
 def one_process(data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    _train(data_dir, out)
+    (out / "stdout.txt").write_text(_train(data_dir, out).stdout)
     return out
+
+
+def _parameters(stdout):
+    """The parameter count of the run's first line."""
+    return re.search(r"([\d,]+) parameters", stdout).group(1)
 
 
 LAYOUTS = {"pp2": (2, ["parallel.pipeline=2"], "pipeline 2 (1f1b) x data parallel 1"),
@@ -78,6 +84,7 @@ def test_split_moe_equals_one_process_and_resumes_there(data_dir, one_process, t
     out = tmp_path / "run"
     proc = _train(data_dir, out, *extra, "train.sample_every=5", "train.sample_length=8", ranks=ranks)
     assert described in proc.stdout and "--- sample at step 5 ---" in proc.stdout
+    assert _parameters(proc.stdout) == _parameters((one_process / "stdout.txt").read_text())  # the whole model's
     assert len(_values(out, "loss")) == 10 and _values(one_process, "experts_idle").max() > 0
     _same_as(out, one_process, rtol=1e-4)
     _same_checkpoint(list_checkpoints(out)[-1], list_checkpoints(one_process)[-1])
