@@ -190,6 +190,26 @@ class SampleTable:
         """Every record of the JSONL file, tokenized (``fmt``: text | chat | instruction)."""
         return cls.from_records(read_records(path, check_format(fmt)), tokenizer, path)
 
+    def select(self, indices):
+        """A table in memory of the samples ``indices``, in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        lengths = self.lengths[indices]
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        if not len(indices):
+            return SampleTable(np.zeros(0, np.uint32), np.zeros(0, np.uint8), offsets, self.source)
+        starts = self.offsets[indices]
+        at = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])  # token indices in self
+        return SampleTable(np.asarray(self.ids[at]), np.asarray(self.mask[at]), offsets, self.source)
+
+    @classmethod
+    def concatenate(cls, tables, source):
+        """One table in memory of the samples of ``tables``, in order."""
+        bases = np.cumsum([0] + [t.num_tokens for t in tables])
+        offsets = [np.zeros(1, np.int64)] + [t.offsets[1:] + bases[k] for k, t in enumerate(tables)]
+        return cls(np.concatenate([np.asarray(t.ids, np.uint32) for t in tables] or [np.zeros(0, np.uint32)]),
+                   np.concatenate([np.asarray(t.mask, np.uint8) for t in tables] or [np.zeros(0, np.uint8)]),
+                   np.concatenate(offsets), source)
+
     def __len__(self):
         return len(self.offsets) - 1
 

@@ -56,13 +56,18 @@ class ConfigError(ValueError):
 class DataConfig:
     """Token shards (llm.c format). With ``source: stdlib`` the default corpus (Python's standard library
     sources) is built into data.train's directory on first use (infini_train.data.corpus.ensure_default_data);
-    with ``source: null`` the shards must exist."""
+    with ``source: null`` the shards must exist. ``format`` text | chat | instruction reads supervised fine-tuning
+    samples instead: .jsonl files, or the .sft shards of prepare_data.py (infini_train.data.sft_loader)."""
 
-    train: str = _key("data/stdlib_byte/train_*.bin", "glob of training shards")
+    train: str = _key("data/stdlib_byte/train_*.bin", "glob of training shards (.bin; SFT formats: .jsonl or .sft)")
     val: Optional[str] = _key("data/stdlib_byte/val_*.bin", "glob of validation shards (null: no validation)")
     tokenizer: str = _key("byte", "byte | gpt2 | auto (gpt2 when available offline, else byte)")
     source: Optional[str] = _key("stdlib", "build the default corpus when data.train matches nothing (null: never)")
     max_corpus_bytes: int = _key(4_000_000, "size cap of the default corpus")
+    format: str = _key("tokens", "tokens (llm.c token shards) | text | chat | instruction (JSONL samples or their "
+                                 ".sft shards, for fine-tuning)")
+    packing: bool = _key(True, "SFT formats: pack whole samples into each row (false: one sample per row, padded)")
+    train_on_prompt: bool = _key(False, "SFT formats: train on every token, not only the assistant turns")
 
 
 @dataclass

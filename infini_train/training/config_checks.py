@@ -17,6 +17,8 @@ TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # smallest model vocab_size each
 BACKENDS = ("auto", "mpi", "nccl")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
+DATA_FORMATS = ("tokens", "text", "chat", "instruction")
+SFT_SUFFIXES = (".jsonl", ".sft")  # SFT data: JSONL files, or the shards of prepare_data.py --format chat ...
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "block")
 
@@ -184,12 +186,43 @@ def _valid_device(dev):
     return dev == "auto" or (kind in ("cpu", "cuda") and (not sep or idx.isdigit()))
 
 
+def _check_data_format(cfg, c, errors):
+    """data.format against the files data.train / data.val name: token shards for tokens, .jsonl files or .sft
+    shards for the SFT formats; False when the format is not tokens (the default corpus's checks then do not apply)."""
+    d = cfg.data
+    c.need("data.format", lambda v: v in DATA_FORMATS, f"one of {DATA_FORMATS}{_closest(d.format, DATA_FORMATS)}")
+    if not c.ok("data.format"):
+        return False
+    for key in ("data.train", "data.val"):
+        pattern = c.value(key)
+        if not c.ok(key) or not pattern or not pattern.strip():
+            continue
+        sft_files = pattern.rstrip().endswith(SFT_SUFFIXES)
+        if d.format == "tokens" and (sft_files or pattern.rstrip().endswith(".json")):
+            errors.append(f"{key}: expected llm.c token shards (.bin) with data.format=tokens, got {pattern!r}; HINT: "
+                          "for JSONL samples set data.format=chat | instruction | text (their fields decide which)")
+            c.bad.add(key)
+        elif d.format != "tokens" and not sft_files:
+            errors.append(f"{key}: expected .jsonl file(s) or .sft shards (examples/gpt2/prepare_data.py --format "
+                          f"{d.format}) with data.format={d.format}, got {pattern!r}; HINT: token shards (.bin) are "
+                          "data.format=tokens")
+            c.bad.add(key)
+    if d.format == "tokens":
+        return True
+    if c.ok("data.source") and d.source is not None:
+        errors.append(f"data.source: expected null with data.format={d.format} (the default corpus is token shards, "
+                      f"built only for data.format=tokens), got {d.source!r}; HINT: add data.source=null")
+    return False
+
+
 def _check_data(cfg, c, errors):
     d = cfg.data
     c.need("data.tokenizer", lambda v: v in TOKENIZERS, f"one of {TOKENIZERS}")
     c.need("data.source", lambda v: v in SOURCES, f"one of {SOURCES} or null")
     c.need("data.max_corpus_bytes", lambda v: v >= 1, "an integer >= 1")
     c.need("data.train", lambda v: v.strip() != "", "a glob of token shards")
+    if not _check_data_format(cfg, c, errors):
+        return
     if not c.ok("data.source", "data.train", "data.val") or d.source != "stdlib":
         return
     # the default corpus is written as <dir>/train_000000.bin ... and <dir>/val_000000.bin
