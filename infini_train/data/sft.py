@@ -91,47 +91,49 @@ def _name(tokenizer):
     return getattr(tokenizer, "name", None) or type(tokenizer).__name__
 
 
-def _render(tokenizer, messages, generation, where):
+def _render(tokenizer, messages, generation, path, line):
     try:
         return render_chat(tokenizer, messages, generation)
     except Exception as exc:  # a template's own error (jinja raise_exception, a missing variable, ...)
         what = f"the first {len(messages)} message(s)" + (" with the generation prompt" if generation else "")
-        raise SFTDataError(f"{where}: the chat template of tokenizer {_name(tokenizer)!r} failed to render {what}: "
-                           f"{type(exc).__name__}: {exc}\nHINT: masking renders the conversation up to each assistant "
-                           "message; the template must accept such prefixes (e.g. a conversation may not need to "
-                           "start with a user message)", *where.rsplit(":", 1)) from None
+        raise SFTDataError(
+            f"{path}:{line}: the chat template of tokenizer {_name(tokenizer)!r} failed to render {what}: "
+            f"{type(exc).__name__}: {exc}\nHINT: masking renders the conversation up to each assistant message, so "
+            "the template must render such prefixes (one that wants a user message first cannot mask a conversation "
+            "that opens with the assistant)", path, line) from None
 
 
-def _prefix_error(tokenizer, where, i, prefix, text, what):
+def _prefix_error(tokenizer, path, line, i, prefix, text, what):
     cut = next((k for k, (a, b) in enumerate(zip(prefix, text)) if a != b), min(len(prefix), len(text)))
+    near = slice(max(0, cut - 30), cut + 30)
     raise SFTDataError(
-        f"{where}: the chat template of tokenizer {_name(tokenizer)!r} breaks the prefix rule at message {i}: {what}; "
-        f"they differ at character {cut}: {prefix[max(0, cut - 30):cut + 30]!r} vs {text[max(0, cut - 30):cut + 30]!r}"
+        f"{path}:{line}: the chat template of tokenizer {_name(tokenizer)!r} breaks the prefix rule at message {i}: "
+        f"{what}; they differ at character {cut}: {prefix[near]!r} vs {text[near]!r}"
         "\nHINT: masking needs render(messages[:i], add_generation_prompt=True) to be a prefix of "
         "render(messages[:i+1]); templates that rewrite earlier turns (e.g. drop their reasoning) cannot be masked "
-        "turn by turn: use a template that renders earlier turns unchanged", *where.rsplit(":", 1))
+        "turn by turn: use a template that renders earlier turns unchanged", path, line)
 
 
-def chat_segments(tokenizer, messages, where="conversation"):
+def chat_segments(tokenizer, messages, path="<conversation>", line=1):
     """[(text, trained), ...] whose texts join to the rendered conversation; trained marks each assistant turn
-    (see the module's docstring). ``where`` ("file:line") is named in errors."""
+    (see the module's docstring). Errors name ``path`` and ``line``, where the conversation came from."""
     segments, done = [], ""
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt = _render(tokenizer, messages[:i], True, where)
-        full = _render(tokenizer, messages[:i + 1], False, where)
+        prompt = _render(tokenizer, messages[:i], True, path, line)
+        full = _render(tokenizer, messages[:i + 1], False, path, line)
         if not prompt.startswith(done):
-            _prefix_error(tokenizer, where, i, done, prompt, f"the conversation up to message {i} with the "
+            _prefix_error(tokenizer, path, line, i, done, prompt, f"the conversation up to message {i} with the "
                                                              "generation prompt does not extend the text before it")
         if not full.startswith(prompt):
-            _prefix_error(tokenizer, where, i, prompt, full, f"the prompt before assistant message {i} is not a "
+            _prefix_error(tokenizer, path, line, i, prompt, full, f"the prompt before assistant message {i} is not a "
                                                              "prefix of the conversation including it")
         segments += [(prompt[len(done):], False), (full[len(prompt):], True)]
         done = full
-    whole = _render(tokenizer, messages, False, where)
+    whole = _render(tokenizer, messages, False, path, line)
     if not whole.startswith(done):
-        _prefix_error(tokenizer, where, len(messages), done, whole, "the whole conversation does not extend the "
+        _prefix_error(tokenizer, path, line, len(messages), done, whole, "the whole conversation does not extend the "
                                                                     "text up to its last assistant message")
     segments.append((whole[len(done):], False))
     return [(text, trained) for text, trained in segments if text]
@@ -144,7 +146,7 @@ def tokenize_record(tokenizer, record, encode=None):
         ids = list(encode(record.text)) + [eos_id(tokenizer)]
         return np.asarray(ids, dtype=np.uint32), np.ones(len(ids), dtype=np.uint8)
     ids, mask = [], []
-    for text, trained in chat_segments(tokenizer, record.messages, f"{record.path}:{record.line}"):
+    for text, trained in chat_segments(tokenizer, record.messages, record.path, record.line):
         part = encode(text)
         ids += part
         mask += [trained] * len(part)

@@ -99,7 +99,7 @@ def iter_jsonl(path):
             if not raw.strip():
                 continue
             try:
-                text = raw.decode("utf-8")
+                text = raw.decode("utf-8").rstrip("\r\n")  # a column of an error then stays on this line
             except UnicodeDecodeError as exc:
                 _fail(path, number, f"expected UTF-8 text, got the bytes {raw[exc.start:exc.start + 4]!r} at column "
                                     f"{exc.start + 1} ({exc.reason})", "JSONL is UTF-8: re-encode the file "
