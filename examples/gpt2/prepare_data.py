@@ -1,5 +1,4 @@
-"""Text files -> llm.c token shards (val_NNNNNN.bin, train_NNNNNN.bin) plus meta.json, for train.py; or, with
---format chat|instruction|text, JSONL samples -> SFT shards (val_NNNNNN.sft, train_NNNNNN.sft) plus meta.json.
+"""Text files -> llm.c token shards (val/train_NNNNNN.bin), or JSONL samples -> SFT shards (.sft), plus meta.json.
 
     python examples/gpt2/prepare_data.py                                # the default corpus (Python's stdlib)
     python examples/gpt2/prepare_data.py book.txt "notes/**/*.md" --out-dir data/mine --tokenizer gpt2

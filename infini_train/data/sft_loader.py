@@ -91,8 +91,8 @@ def find_sft_files(pattern, config_key=None):
     shards = [p.endswith(SFT_SUFFIX) for p in paths]
     tokens = [p for p in paths if p.endswith(".bin") or _is_token_shard(p)]
     if tokens:
-        raise SFTDataError(f"{where}{tokens[0]} is an llm.c token shard, expected JSONL or SFT shards (.sft) for "
-                           f"SFT data\nHINT: token shards are read with data.format=tokens")
+        raise SFTDataError(f"{where}{tokens[0]} is an llm.c token shard (.bin), expected JSONL or SFT shards (.sft) "
+                           f"for SFT data\nHINT: token shards are read with data.format=tokens")
     if any(shards) and not all(shards):
         raise SFTDataError(f"{where}{pattern!r} matches both SFT shards ({paths[shards.index(True)]}) and other files "
                            f"({paths[shards.index(False)]})\nHINT: name either the .jsonl files or the .sft shards")

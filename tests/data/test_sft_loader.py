@@ -225,7 +225,8 @@ def test_argument_and_file_errors(tmp_path):
     from infini_train.data.shards import write_shard
 
     write_shard(str(tmp_path / "train_000000.bin"), [1, 2, 3])
-    with pytest.raises(SFTDataError, match=r"train_000000.bin is an llm.c token shard, expected JSONL or SFT shards"):
+    with pytest.raises(SFTDataError, match=r"train_000000.bin is an llm.c token shard \(.bin\), expected JSONL or "
+                                           r"SFT shards"):
         SFTDataLoader(str(tmp_path / "train_*"), tok, 1, 8, format="text")
 
 
