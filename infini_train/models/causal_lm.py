@@ -18,6 +18,7 @@ from .. import nn
 from ..autograd import grad_mode
 from ..nn import functional as F
 from .attention import KVCache, whole_numel
+from .documents import check_layout
 from .lm_config import LMConfig
 from .recompute import run_block
 
@@ -42,6 +43,8 @@ class CausalLM(nn.Module):
         (generation). A pipeline chunk takes the previous chunk's activation unless it is the first, and returns
         its activation unless it is the last."""
         length = idx.shape[1]
+        if self.first:
+            check_layout(idx.shape, f"{type(self).__name__}.forward")
         x = self.embed(idx, kv_cache) if self.first else idx
         x = self.run_blocks(x, kv_cache)
         if not self.last:
