@@ -461,7 +461,25 @@ def load_config(path=None, overrides=()):
     overrides = [_renamed_override(text, renamed) for text in overrides]
     apply_overrides(raw, overrides, errors, RunConfig)
     _preset_replaces_file_shape(raw, overrides)
-    return _validated(raw, path or "defaults", errors, renamed)
+    _arch_of_pretrained(raw)
+    cfg = _validated(raw, path or "defaults", errors, renamed)
+    if cfg.lora.rank and cfg.lora.init_from is None and cfg.model.pretrained:
+        cfg.lora.init_from = cfg.model.pretrained  # the adapters' base is the pretrained model
+    return cfg
+
+
+def _arch_of_pretrained(raw):
+    """With ``model.pretrained`` and no ``model.arch``, the arch is the pretrained model's (a path that cannot be
+    read is left to the checks, which say why)."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("pretrained"), str) or "arch" in model:
+        return
+    from ..models.pretrained import pretrained_config
+
+    try:
+        model["arch"] = pretrained_config(model["pretrained"])[0]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
 
 
 def _rename_sections(raw):

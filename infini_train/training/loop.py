@@ -40,7 +40,7 @@ from .out_dir import check_writable
 from .memory import PhasePeaks, peak_rss_bytes
 from .moe_metrics import moe_metrics_for
 from .lora_run import (BaseWeights, apply_run_lora, base_source, check_same_lora, checked_base, checkpoint_reference,
-                       load_base_pieces, prepare_base, restore_base)
+                       load_base_pieces, load_pretrained_pieces, prepare_base, restore_base)
 from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
@@ -133,7 +133,9 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
     if on_meta:
         model.to_empty(device=device).to(dtype=cfg.dtype)
         tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims is not None and dims.tensor_parallel else (0, 1)
-        if not resuming:
+        if not resuming and cfg.model.pretrained and not lora:  # full fine-tuning: this rank's boxes of the weights
+            load_pretrained_pieces(model, cfg.model.pretrained, like, shapes, tp_rank, tp_size)
+        elif not resuming:
             replay_inits(init_calls, model, tp_rank, tp_size)
         else:  # the checkpoint fills every element but a split vocabulary's padding, which stays zero
             for p in model.parameters():
