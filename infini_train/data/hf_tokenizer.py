@@ -20,8 +20,8 @@ model-specific classes AutoTokenizer may pick from ``tokenizer_class`` (they can
 transformers' repair of some Mistral tokenizers' pre-tokenizer regex.
 
 ``eot_token`` (what separates documents in token shards and starts a sample) is the EOS id; a tokenizer that names
-no EOS uses the first of END_OF_TEXT_TOKENS it has. ``encode_array`` gives uint16 ids when the vocabulary fits
-(llm.c shards hold uint16), else uint32. The ``tokenizers`` package (and Jinja2, for chat templates) are imported
+no EOS uses the first of END_OF_TEXT_TOKENS it has. ``encode_array`` gives uint16 ids when they fit (llm.c shards
+hold uint16), else uint32. The ``tokenizers`` package (and Jinja2, for chat templates) are imported
 on first use: without them this module imports, and loading says what to install.
 """
 from __future__ import annotations
@@ -266,8 +266,8 @@ class HFTokenizer:
 
     def encode_array(self, text, add_special_tokens=True):
         """encode() as a numpy array: uint16 when every id fits (llm.c shards), else uint32."""
-        dtype = np.uint16 if self.vocab_size <= 2 ** 16 else np.uint32
-        return np.asarray(self.encode(text, add_special_tokens), dtype=dtype)
+        ids = self.encode(text, add_special_tokens)
+        return np.asarray(ids, dtype=np.uint32 if ids and max(ids) >= 2 ** 16 else np.uint16)
 
     def decode(self, ids, skip_special_tokens=False):
         """Token ids (a list or numpy array) -> str; ``skip_special_tokens`` leaves out the special tokens."""
