@@ -26,6 +26,7 @@ on first use: without them this module imports, and loading says what to install
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -43,7 +44,12 @@ INSTALL_HINT = "HINT: pip install -e '.[tokenizers]' (tokenizers==0.23.3 and Jin
 
 
 class HFTokenizerError(ValueError):
-    """A PATH that is not a Hugging Face tokenizer, or one whose files cannot be read."""
+    """A PATH that is not a Hugging Face tokenizer, or one whose files cannot be read; ``problem`` and ``hint`` are
+    the message's parts (what was expected and received; what to do), for callers that report it their way."""
+
+    def __init__(self, subject, problem, hint=None):
+        super().__init__(f"{subject}: {problem}" + (f"\nHINT: {hint}" if hint else ""))
+        self.problem, self.hint = problem, hint
 
 
 def _tokenizers():
@@ -60,15 +66,15 @@ def tokenizer_files(path):
     HFTokenizerError when there is no such tokenizer."""
     shown = f"tokenizer 'hf:{path}'"
     if not path:
-        raise HFTokenizerError(f"{shown}: expected a path after 'hf:', got nothing\nHINT: data.tokenizer=hf:PATH, "
-                               "PATH a Hugging Face model directory or its tokenizer.json")
+        raise HFTokenizerError(shown, "expected a path after 'hf:', got nothing", "data.tokenizer=hf:PATH, PATH a "
+                               "Hugging Face model directory or its tokenizer.json")
     full = os.path.abspath(os.path.expanduser(path))
     if os.path.isfile(full):
         return full, os.path.dirname(full)
     if not os.path.isdir(full):
-        raise HFTokenizerError(f"{shown}: expected a Hugging Face model directory or a tokenizer.json file, got a "
-                               f"path that does not exist ({full})\nHINT: download the model first (e.g. "
-                               "huggingface-cli download ORG/NAME --local-dir DIR) and name DIR")
+        raise HFTokenizerError(shown, f"expected a Hugging Face model directory or a tokenizer.json file, got a path "
+                               f"that does not exist ({full})", "download the model first (e.g. huggingface-cli "
+                               "download ORG/NAME --local-dir DIR) and name DIR")
     json_file = os.path.join(full, "tokenizer.json")
     if not os.path.isfile(json_file):
         present = sorted(os.listdir(full))
@@ -77,10 +83,29 @@ def tokenizer_files(path):
         hint = (f"it has {', '.join(slow)}: write tokenizer.json once with transformers: "
                 "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)" if slow else
                 "name the directory that holds the model's tokenizer files")
-        raise HFTokenizerError(f"{shown}: expected tokenizer.json in {full}, got a directory without it (it holds "
-                               f"{', '.join(present[:12]) or 'nothing'}{', ...' if len(present) > 12 else ''})\n"
-                               f"HINT: {hint}")
+        raise HFTokenizerError(shown, f"expected tokenizer.json in {full}, got a directory without it (it holds "
+                               f"{', '.join(present[:12]) or 'nothing'}{', ...' if len(present) > 12 else ''})", hint)
     return json_file, full
+
+
+def _installed(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # a module set to None in sys.modules: imports of it fail
+        return False
+
+
+def config_problem(path):
+    """Why ``hf:path`` cannot be a run's tokenizer, as (problem, hint), or None; reads no tokenizer file (a config
+    check, before any work starts)."""
+    if not (_installed("tokenizers") and _installed("jinja2")):
+        return ("hf:PATH needs the tokenizers and Jinja2 packages, which are not installed",
+                "pip install -e '.[tokenizers]'")
+    try:
+        tokenizer_files(path)
+    except HFTokenizerError as exc:
+        return exc.problem, exc.hint
+    return None
 
 
 def _read_json(path):
@@ -91,10 +116,10 @@ def _read_json(path):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
-        raise HFTokenizerError(f"{path}: expected a readable JSON file, got {type(exc).__name__}: {exc}\n"
-                               "HINT: download the file again") from None
+        raise HFTokenizerError(path, f"expected a readable JSON file, got {type(exc).__name__}: {exc}",
+                               "download the file again") from None
     if not isinstance(data, dict):
-        raise HFTokenizerError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise HFTokenizerError(path, f"expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -208,9 +233,9 @@ class HFTokenizer:
         try:
             backend = tokenizers.Tokenizer.from_file(json_file)
         except Exception as exc:  # the Rust side raises its own exception type
-            raise HFTokenizerError(f"{json_file}: expected a tokenizers JSON file, got one it cannot read: {exc}\n"
-                                   "HINT: download it again; a tokenizer.json newer than tokenizers 0.23.3 may need "
-                                   "a newer release") from None
+            raise HFTokenizerError(json_file, f"expected a tokenizers JSON file, got one it cannot read: {exc}",
+                                   "download it again; a tokenizer.json newer than tokenizers 0.23.3 may need a "
+                                   "newer release") from None
         config = _settings(directory)
         if backend.padding and "pad_token" not in config:  # transformers takes tokenizer.json's padding token
             config["pad_token"] = backend.padding["pad_token"]

@@ -19,8 +19,9 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "Blue.", "reasoning_content": "pick one"}, {"role": "user", "content": "More"}],
     [{"role": "system", "content": "S"}, {"role": "user", "content": "q", "name": None}],  # None values dropped
 ]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather <now> & 'here'",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather <now> & 'here'",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +159,8 @@ def test_messages_without_role_or_content_are_refused(pairs):
         ([{"content": "x"}], r"chat messages\[0\]: expected keys 'role' and 'content', got a message without 'role' "
                              r"\(keys \['content'\]\)\nHINT: every message needs a role"),
         ([{"role": "user", "content": "x"}, {"role": "assistant"}],
-         r"chat messages\[1\]: expected keys 'role' and 'content', got a message without 'content' \(keys \['role'\]\)"),
+         r"chat messages\[1\]: expected keys 'role' and 'content', got a message without 'content' "
+         r"\(keys \['role'\]\)"),
         ([{"role": "user", "content": None}], r"chat messages\[0\]: .* without 'content'"),
         ([{"role": 1, "content": "x"}], r"chat messages\[0\]: expected the role as a str, got int 1"),
         ([], r"chat messages: expected at least one message, got an empty list"),

@@ -172,3 +172,46 @@ def test_shards_record_the_hf_name(hf_dirs, tmp_path):
     eot = tok.eot_token
     assert read_shard(str(tmp_path / "train_000000.bin")).tolist() == \
         [eot] + tok.encode("first document") + [eot] + tok.encode("second, héllo")
+
+
+def test_a_run_config_with_an_hf_tokenizer_loads(hf_dirs, tmp_path, monkeypatch):
+    from infini_train.training.config import ConfigError, load_config
+    from infini_train.training.loop import _tokenizer_name
+
+    monkeypatch.chdir(os.path.dirname(hf_dirs["qwen"]))
+    (tmp_path / "run.yaml").write_text("data:\n  tokenizer: hf:qwen\n  train: shards/train_*.bin\n  source: null\n")
+    cfg = load_config(str(tmp_path / "run.yaml"))
+    assert cfg.data.tokenizer == "hf:" + hf_dirs["qwen"]  # absolute: the saved config works from anywhere
+    assert load_config(str(tmp_path / "run.yaml"), ["data.tokenizer=hf:llama3/tokenizer.json"]).data.tokenizer == \
+        "hf:" + os.path.join(hf_dirs["llama3"], "tokenizer.json")
+    cfg.save_resolved(str(tmp_path / "out"))
+    assert load_config(str(tmp_path / "out" / "config.yaml")).data.tokenizer == "hf:" + hf_dirs["qwen"]
+    # shards made with the tokenizer (their meta.json names it absolutely) agree with the config's relative name
+    from infini_train.data.corpus import prepare_shards
+
+    prepare_shards(["a document", "another"], "shards", "hf:qwen", val_tokens=0)
+    assert _tokenizer_name(cfg) == ("hf:" + hf_dirs["qwen"], 600)
+    with pytest.raises(ConfigError, match=r"data.tokenizer: the shards under shards were made with 'hf:.*qwen', but "
+                                          r"the config says 'byte'"):
+        _tokenizer_name(load_config(str(tmp_path / "run.yaml"), ["data.tokenizer=byte"]))
+    for value, line in [
+        ("hf:missing", f"data.tokenizer: expected a Hugging Face model directory or a tokenizer.json file, got a path "
+                       f"that does not exist ({os.path.join(os.getcwd(), 'missing')}); HINT: download the model"),
+        ("hf:", "data.tokenizer: expected a path after 'hf:', got nothing; HINT: data.tokenizer=hf:PATH"),
+        ("hf:shards", "data.tokenizer: expected tokenizer.json in"),
+        ("qwen", "data.tokenizer: expected one of ('byte', 'gpt2', 'auto') or hf:PATH (a Hugging Face model directory "
+                 "or its tokenizer.json), got 'qwen' (did you mean 'hf:qwen'?)"),
+        ("gtp2", "got 'gtp2' (did you mean 'gpt2'?)"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            load_config(None, [f"data.tokenizer={value}"])
+        assert len(info.value.errors) == 1 and line in info.value.errors[0], info.value.errors
+
+
+def test_a_run_config_says_what_to_install(hf_dirs, monkeypatch):
+    from infini_train.training.config import ConfigError, load_config
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ConfigError, match=r"data.tokenizer: hf:PATH needs the tokenizers and Jinja2 packages, which "
+                                          r"are not installed; HINT: pip install -e '.\[tokenizers\]'"):
+        load_config(None, ["data.tokenizer=hf:" + hf_dirs["qwen"]])
