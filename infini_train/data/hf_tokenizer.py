@@ -296,7 +296,11 @@ class HFTokenizer:
 
     def decode(self, ids, skip_special_tokens=False):
         """Token ids (a list or numpy array) -> str; ``skip_special_tokens`` leaves out the special tokens."""
-        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+        array = np.asarray(ids)
+        if array.ndim > 1:
+            raise ValueError(f"{self.name}: decode expected one sequence of ids, got an array of shape {array.shape}"
+                             "\nHINT: decode each row: [tok.decode(row) for row in ids]")
+        ids = [int(i) for i in array.reshape(-1)]
         bad = [i for i in ids if not 0 <= i < 2 ** 32]
         if bad:
             raise ValueError(f"{self.name}: decode expected token ids >= 0, got {bad[0]}")

@@ -136,6 +136,8 @@ def test_errors_name_the_path_and_what_to_do(hf_dirs, tmp_path):
         tok.encode(b"bytes")
     with pytest.raises(ValueError, match=r"decode expected token ids >= 0, got -1"):
         tok.decode([5, -1])
+    with pytest.raises(ValueError, match=r"decode expected one sequence of ids, got an array of shape \(1, 2\)"):
+        tok.decode([[5, 6]])
 
 
 def test_the_package_imports_without_tokenizers_and_says_what_to_install(hf_dirs):
