@@ -35,6 +35,7 @@ from typing import Optional
 
 import yaml
 
+from ..data.tokenizer import HF_PREFIX, hf_name
 from .config_checks import (BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB,  # noqa: F401 (re-exported)
                             TOKENIZERS, check_ranges)
 from .config_model import ModelConfig, _key
@@ -60,9 +61,16 @@ class DataConfig:
 
     train: str = _key("data/stdlib_byte/train_*.bin", "glob of training shards")
     val: Optional[str] = _key("data/stdlib_byte/val_*.bin", "glob of validation shards (null: no validation)")
-    tokenizer: str = _key("byte", "byte | gpt2 | auto (gpt2 when available offline, else byte)")
+    tokenizer: str = _key("byte", "byte | gpt2 | auto (gpt2 when available offline, else byte) | hf:PATH (a Hugging "
+                               "Face model directory or its tokenizer.json)")
     source: Optional[str] = _key("stdlib", "build the default corpus when data.train matches nothing (null: never)")
     max_corpus_bytes: int = _key(4_000_000, "size cap of the default corpus")
+
+    def __post_init__(self):
+        # hf:PATH made absolute: the shards' meta.json, checkpoints and the saved config name one tokenizer wherever
+        # a run, a resume or generate.py starts
+        if isinstance(self.tokenizer, str) and self.tokenizer.startswith(HF_PREFIX):
+            self.tokenizer = hf_name(self.tokenizer[len(HF_PREFIX):])
 
 
 @dataclass

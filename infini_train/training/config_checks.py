@@ -8,6 +8,8 @@ import math
 import os
 import re
 
+from ..data.hf_tokenizer import config_problem as hf_config_problem
+from ..data.tokenizer import HF_PREFIX
 from ..models.registry import ARCHS, model_spec
 from .config_model import MOE_ARCHS
 
@@ -184,9 +186,27 @@ def _valid_device(dev):
     return dev == "auto" or (kind in ("cpu", "cuda") and (not sep or idx.isdigit()))
 
 
+def _check_tokenizer(name, c, errors):
+    """byte | gpt2 | auto, or hf:PATH naming a Hugging Face tokenizer that is there (its files are read later)."""
+    if not c.ok("data.tokenizer"):
+        return
+    if name.startswith(HF_PREFIX):
+        problem = hf_config_problem(name[len(HF_PREFIX):])
+        if problem:
+            errors.append(f"data.tokenizer: {problem[0]}; HINT: {problem[1]}")
+            c.bad.add("data.tokenizer")
+        return
+    if name not in TOKENIZERS:
+        near = (f" (did you mean 'hf:{name}'?)" if name and os.path.exists(os.path.expanduser(name))
+                else _closest(name, TOKENIZERS))
+        errors.append(f"data.tokenizer: expected one of {TOKENIZERS} or hf:PATH (a Hugging Face model directory or its "
+                      f"tokenizer.json), got {name!r}{near}")
+        c.bad.add("data.tokenizer")
+
+
 def _check_data(cfg, c, errors):
     d = cfg.data
-    c.need("data.tokenizer", lambda v: v in TOKENIZERS, f"one of {TOKENIZERS}")
+    _check_tokenizer(d.tokenizer, c, errors)
     c.need("data.source", lambda v: v in SOURCES, f"one of {SOURCES} or null")
     c.need("data.max_corpus_bytes", lambda v: v >= 1, "an integer >= 1")
     c.need("data.train", lambda v: v.strip() != "", "a glob of token shards")
