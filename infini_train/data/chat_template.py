@@ -251,3 +251,12 @@ def render_chat_template(template, messages, add_generation_prompt=False, tools=
     if generation_spans is not None:
         generation_spans.extend(spans)
     return "".join(blocks)
+
+
+def render_chat(tokenizer, messages, add_generation_prompt=False):
+    """A conversation as ``tokenizer`` expects it: its own template (an HFTokenizer's apply_chat_template), else
+    CHATML_TEMPLATE (the byte and GPT-2 tokenizers, which ship none) -> str."""
+    if hasattr(tokenizer, "apply_chat_template"):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return render_chat_template(CHATML_TEMPLATE, messages, add_generation_prompt=add_generation_prompt,
+                                source=CHATML_SOURCE)

@@ -20,7 +20,7 @@ from .. import distributed as dist
 from ..data.corpus import ensure_default_data, read_meta
 from ..distributed.launch_utils import mpi_library
 from ..data.loader import DistributedDataLoader
-from ..data.tokenizer import get_tokenizer
+from ..data.tokenizer import get_tokenizer, hf_name
 from ..models import registry
 from ..models.recompute import set_recompute
 from ..models.tensor_parallel_lm import without_sequence_parallel
@@ -89,7 +89,12 @@ def _tokenizer_name(cfg):
         raise ConfigError(f"data.tokenizer: the shards under {os.path.dirname(cfg.data.train)} were made with "
                           f"{meta['tokenizer']!r}, but the config says {cfg.data.tokenizer!r}\nHINT: set "
                           f"data.tokenizer={meta['tokenizer']} or re-run prepare_data.py")
-    return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
+    if meta:
+        return meta["tokenizer"], meta["vocab_size"]
+    pretrained = cfg.model.pretrained
+    if cfg.data.tokenizer == "auto" and pretrained and os.path.isfile(os.path.join(pretrained, "tokenizer.json")):
+        return hf_name(pretrained), 0  # the pretrained model's own tokenizer
+    return cfg.data.tokenizer, 0
 
 
 def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zero_stage=0, experts=None):
