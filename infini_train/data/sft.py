@@ -6,11 +6,13 @@ the tokens the loss is trained on.
     sample = make_sample(tokenizer, messages)           # Sample(input_ids, labels): labels -1 where masked
 
 Rendering. Chat and instruction samples go through the tokenizer's chat template,
-``tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)``. A tokenizer without one (the byte
-and GPT-2 tokenizers) gets a built-in ChatML rendering, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message
-and ``<|im_start|>assistant\\n`` as the generation prompt, encoded as ordinary text. The template decides how a turn
-ends (LLaMA-3's ``<|eot_id|>``, ChatML's ``<|im_end|>``); nothing is appended to a conversation. A text sample is
-its text followed by the end-of-sequence token (``eos_token_id``, else ``eot_token``).
+``tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)``
+(infini_train.data.chat_template.render_chat). A tokenizer without one (the byte and GPT-2 tokenizers, a Hugging Face
+directory that ships none) gets the built-in ChatML template, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
+message and ``<|im_start|>assistant\\n`` as the generation prompt, encoded as ordinary text by a tokenizer that has no
+such special tokens. The template decides how a turn ends (LLaMA-3's ``<|eot_id|>``, ChatML's ``<|im_end|>``);
+nothing is appended to a conversation. A text sample is its text followed by the end-of-sequence token
+(``eos_token_id``, else ``eot_token``).
 
 Masking. The assistant turns' tokens are found by rendering prefixes of the conversation: for each assistant
 message i, the prompt ``render(messages[:i], add_generation_prompt=True)`` must be a prefix of
@@ -37,10 +39,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .chat_template import render_chat
 from .sft_records import Record, SFTDataError, check_format, read_records
-
-CHATML_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
-CHATML_GENERATION_PROMPT = "<|im_start|>assistant\n"
 
 
 class Sample(NamedTuple):
@@ -49,18 +49,11 @@ class Sample(NamedTuple):
 
 
 def uses_builtin_template(tokenizer):
-    """True for a tokenizer without a chat template of its own (it gets the built-in ChatML rendering)."""
-    if not callable(getattr(tokenizer, "apply_chat_template", None)):
+    """True for a tokenizer rendered with the built-in ChatML template: one without apply_chat_template, or a Hugging
+    Face tokenizer whose files carry no template (recorded in the SFT shards' meta.json)."""
+    if not hasattr(tokenizer, "apply_chat_template"):
         return True
-    return getattr(tokenizer, "chat_template", "") is None  # a Hugging Face tokenizer whose files carry none
-
-
-def render_chat(tokenizer, messages, add_generation_prompt=False):
-    """The conversation as text: the tokenizer's chat template, or the built-in ChatML rendering."""
-    if uses_builtin_template(tokenizer):
-        text = "".join(CHATML_TURN.format(role=m["role"], content=m["content"]) for m in messages)
-        return text + (CHATML_GENERATION_PROMPT if add_generation_prompt else "")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return getattr(tokenizer, "chat_template", "") is None
 
 
 def _encoder(tokenizer):

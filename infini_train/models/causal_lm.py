@@ -18,6 +18,7 @@ from .. import nn
 from ..autograd import grad_mode
 from ..nn import functional as F
 from .attention import KVCache, whole_numel
+from .documents import check_layout
 from .lm_config import LMConfig
 from .recompute import run_block
 
@@ -42,6 +43,8 @@ class CausalLM(nn.Module):
         (generation). A pipeline chunk takes the previous chunk's activation unless it is the first, and returns
         its activation unless it is the last."""
         length = idx.shape[1]
+        if self.first:
+            check_layout(idx.shape, f"{type(self).__name__}.forward")
         x = self.embed(idx, kv_cache) if self.first else idx
         x = self.run_blocks(x, kv_cache)
         if not self.last:
@@ -153,12 +156,13 @@ class CausalLM(nn.Module):
 
     @grad_mode.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, use_cache=True,
-                 stream=None):
-        """Sample ``max_new_tokens`` after the prompts ``idx`` (B, T); see generation.py."""
+                 stream=None, stop_tokens=None):
+        """Sample ``max_new_tokens`` after the prompts ``idx`` (B, T), stopping a row at ``stop_tokens``; see
+        generation.py."""
         from .generation import generate
 
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                        use_cache=use_cache, stream=stream)
+                        use_cache=use_cache, stream=stream, stop_tokens=stop_tokens)
 
 
 __all__ = ["CausalLM", "LMConfig"]

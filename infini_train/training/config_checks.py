@@ -8,6 +8,8 @@ import math
 import os
 import re
 
+from ..data.hf_tokenizer import config_problem as hf_config_problem
+from ..data.tokenizer import HF_PREFIX
 from ..models.registry import ARCHS, model_spec
 from .config_model import MOE_ARCHS
 
@@ -215,9 +217,27 @@ def _check_data_format(cfg, c, errors):
     return False
 
 
+def _check_tokenizer(name, c, errors):
+    """byte | gpt2 | auto, or hf:PATH naming a Hugging Face tokenizer that is there (its files are read later)."""
+    if not c.ok("data.tokenizer"):
+        return
+    if name.startswith(HF_PREFIX):
+        problem = hf_config_problem(name[len(HF_PREFIX):])
+        if problem:
+            errors.append(f"data.tokenizer: {problem[0]}; HINT: {problem[1]}")
+            c.bad.add("data.tokenizer")
+        return
+    if name not in TOKENIZERS:
+        near = (f" (did you mean 'hf:{name}'?)" if name and os.path.exists(os.path.expanduser(name))
+                else _closest(name, TOKENIZERS))
+        errors.append(f"data.tokenizer: expected one of {TOKENIZERS} or hf:PATH (a Hugging Face model directory or its "
+                      f"tokenizer.json), got {name!r}{near}")
+        c.bad.add("data.tokenizer")
+
+
 def _check_data(cfg, c, errors):
     d = cfg.data
-    c.need("data.tokenizer", lambda v: v in TOKENIZERS, f"one of {TOKENIZERS}")
+    _check_tokenizer(d.tokenizer, c, errors)
     c.need("data.source", lambda v: v in SOURCES, f"one of {SOURCES} or null")
     c.need("data.max_corpus_bytes", lambda v: v >= 1, "an integer >= 1")
     c.need("data.train", lambda v: v.strip() != "", "a glob of token shards")
@@ -242,9 +262,15 @@ def _check_data(cfg, c, errors):
 
 
 def _check_model(cfg, c, errors, gpt2_presets):
-    m, t = cfg.model, cfg.train
+    m = cfg.model
     c.need("model.arch", lambda v: v in ARCHS, f"one of {ARCHS}{_closest(m.arch, ARCHS)}")
     if not c.ok("model.arch"):
+        return
+    if m.pretrained is not None:
+        model = _pretrained_model(m, c, errors)
+        if model is None:
+            return
+        _check_model_run(cfg, c, errors, model)
         return
     llama = m.arch != "gpt2"  # LLaMA or a model on its blocks
     for name, value, archs in m.foreign_keys():
@@ -299,6 +325,39 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       "beyond the original context, and Hugging Face transformers rejects such a config), got both; "
                       "HINT: set model.rope_original_context below block_size, model.rope_scaling_factor=0 for no "
                       "scaling, or keep the preset's block_size and shorten train.sequence_length instead")
+    _check_model_run(cfg, c, errors, model)
+
+
+def _pretrained_model(m, c, errors):
+    """The config of ``model.pretrained`` (None after an error): it exists and is readable, its arch is model.arch,
+    and no other model key but dropout is given (its own config decides them)."""
+    from ..models.pretrained import pretrained_config
+
+    try:
+        arch, _ = pretrained_config(m.pretrained)
+        model = m.to_model_config()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        reason = " ".join(str(exc).split("\nHINT: ", 1)[0].split())
+        errors.append(f"model.pretrained: expected an HF model directory or an llm.c .bin file, got "
+                      f"{m.pretrained!r} ({reason})")
+        c.bad.add("model.pretrained")
+        return None
+    if m.arch != arch:
+        errors.append(f"model.arch: expected {arch!r} (the arch of model.pretrained {m.pretrained!r}), got "
+                      f"{m.arch!r}; HINT: drop model.arch, it comes from the pretrained model")
+        return None
+    given = m.shape_keys_given()
+    if given:
+        errors.append(f"model.{given[0]}: expected no value with model.pretrained (the pretrained model's config "
+                      f"decides {', '.join(given)}), got {getattr(m, given[0])!r}; HINT: drop the key, or drop "
+                      "model.pretrained to build a model of your own shape")
+        return None
+    return model
+
+
+def _check_model_run(cfg, c, errors, model):
+    """What the run's layout and settings ask of the resolved model config ``model``."""
+    m, t = cfg.model, cfg.train
     if m.arch in MOE_ARCHS:
         _check_moe_run(cfg, c, errors, model)
         _check_expert_parallel(cfg, c, errors, model)

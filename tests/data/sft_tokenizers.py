@@ -43,8 +43,9 @@ def train_tiny_llama3(directory, vocab_size=400):
 
 
 class HFStandIn:
-    """The tokenizer interface of infini_train's SFT data (apply_chat_template, encode, eos_token_id, pad_token_id,
-    eot_token, vocab_size) over a transformers tokenizer, until the project's own Hugging Face tokenizer lands."""
+    """Only the tokenizer interface infini_train's SFT data relies on (apply_chat_template, encode, eos_token_id,
+    pad_token_id, eot_token, vocab_size), over a transformers tokenizer: the SFT tests run with it and with the
+    project's HFTokenizer, so neither's extras are needed."""
 
     def __init__(self, hf, name="tiny-llama3"):
         self.hf, self.name = hf, name

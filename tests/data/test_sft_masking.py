@@ -126,10 +126,13 @@ def test_segments_join_to_the_rendered_conversation(llama_tok):
             x["content"].strip() + "<|eot_id|>" for x in messages if x["role"] == "assistant"]
 
 
-def test_a_tokenizer_whose_files_carry_no_template_gets_chatml(hf_tokenizer):
-    class NoTemplate(HFStandIn):
-        chat_template = None
+def test_a_hf_tokenizer_whose_files_carry_no_template_gets_chatml(hf_dirs):
+    from infini_train.data.tokenizer import get_tokenizer
 
-    tok = NoTemplate(hf_tokenizer)
-    assert uses_builtin_template(tok)
-    assert render_chat(tok, CONVERSATIONS[0]).startswith("<|im_start|>user\nWhat is")
+    tok = get_tokenizer("hf:" + hf_dirs["plain"])  # a directory without a chat template
+    assert uses_builtin_template(tok) and not uses_builtin_template(get_tokenizer("hf:" + hf_dirs["llama3"]))
+    text = render_chat(tok, CONVERSATIONS[0])
+    assert text == "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nParis is the " \
+                   "capital of France.<|im_end|>\n"
+    sample = make_sample(tok, CONVERSATIONS[0])
+    assert tok.decode(sample.input_ids[sample.labels >= 0]) == "Paris is the capital of France.<|im_end|>\n"

@@ -183,3 +183,17 @@ def test_prepare_data_cli_writes_sft_shards_and_meta(tmp_path, capsys):
         prepare_data.main(["--format", "chat", str(src), "--out-dir", out])
     with pytest.raises(SystemExit, match="--val-samples is for the SFT formats"):
         prepare_data.main([str(src), "--val-samples", "2", "--out-dir", str(tmp_path / "tok")])
+
+
+def test_prepare_data_cli_with_a_hf_tokenizer_matches_the_jsonl(tmp_path, tiny_llama3, capsys):
+    from infini_train.data.tokenizer import get_tokenizer
+
+    src, out = chat_file(tmp_path), str(tmp_path / "out")
+    assert load_prepare_data().main(["--format", "chat", src, "--tokenizer", "hf:" + tiny_llama3, "--out-dir", out,
+                                     "--val-fraction", "0"]) == 0
+    assert "data.tokenizer=hf:" + tiny_llama3 in capsys.readouterr().out
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    assert (meta["tokenizer"], meta["chat_template"], meta["vocab_size"]) == ("hf:" + tiny_llama3, "tokenizer", 400)
+    tok = get_tokenizer(meta["tokenizer"])
+    assert_same_batches(SFTDataLoader(src, tok, 3, 64, format="chat"),
+                        SFTDataLoader(os.path.join(out, "train_*.sft"), tok, 3, 64, format="chat"), 6)
