@@ -112,6 +112,8 @@ class SFTDataLoader:
     train on every token, not only the assistant turns. ``config_key`` names the setting the pattern came from in
     errors. See the module's docstring for the layout, the batch fields and the attention rule."""
 
+    global_position = True  # state_dict() is the same on every rank (a checkpoint keeps one)
+
     def __init__(self, path_or_pattern, tokenizer, B, T, rank=0, world_size=1, *, format, packing=True,
                  train_on_prompt=False, seed=0, shuffle=True, config_key=None):
         self.pattern = path_or_pattern

@@ -20,6 +20,7 @@ from .. import distributed as dist
 from ..data.corpus import ensure_default_data, read_meta
 from ..distributed.launch_utils import mpi_library
 from ..data.loader import DistributedDataLoader
+from ..data.sft_loader import SFTDataError, SFTDataLoader
 from ..data.tokenizer import get_tokenizer, hf_name
 from ..models import registry
 from ..models.recompute import set_recompute
@@ -188,6 +189,24 @@ def wrap_data_parallel(model, optimizer, dims, zero_stage, find_unused=False, ig
     return wrap(model)
 
 
+def make_loader(cfg, split, tokenizer, dims):
+    """The loader of ``data.train`` or ``data.val`` (``split``): llm.c token windows, or for the SFT formats
+    (data.format text | chat | instruction) packed or padded samples (the validation ones in file order)."""
+    d, t = cfg.data, cfg.train
+    pattern, key = getattr(d, split), f"data.{split}"
+    if d.format == "tokens":
+        return DistributedDataLoader(pattern, t.batch_size, t.sequence_length, dims.dp_rank, dims.dp_size,
+                                     config_key=key)
+    try:
+        loader = SFTDataLoader(pattern, tokenizer, t.batch_size, t.sequence_length, dims.dp_rank, dims.dp_size,
+                               format=d.format, packing=d.packing, train_on_prompt=d.train_on_prompt, seed=cfg.seed,
+                               shuffle=split == "train", config_key=key)
+    except SFTDataError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    print0(loader.summary())
+    return loader
+
+
 class Run:
     """One run: ``Run(cfg).train()`` returns the process exit status (0, or EXIT_STOPPED after a stop signal)."""
 
@@ -234,13 +253,9 @@ class Run:
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None,
                                         self.experts.expert_params if self.experts is not None else ())
-        self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
-                                                  dims.dp_size, config_key="data.train")
-        self.val_loader = None
-        if cfg.data.val and t.val_loss_every:
-            self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, dims.dp_rank,
-                                                    dims.dp_size, config_key="data.val")
         self.tokenizer = get_tokenizer(self.tok_name)
+        self.train_loader = make_loader(cfg, "train", self.tokenizer, dims)
+        self.val_loader = make_loader(cfg, "val", self.tokenizer, dims) if cfg.data.val and t.val_loss_every else None
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
         self.plan = StepPlan(self.model, self.optimizer, dims,
