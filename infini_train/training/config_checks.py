@@ -214,6 +214,10 @@ def _check_data_format(cfg, c, errors):
     if c.ok("data.source") and d.source is not None:
         errors.append(f"data.source: expected null with data.format={d.format} (the default corpus is token shards, "
                       f"built only for data.format=tokens), got {d.source!r}; HINT: add data.source=null")
+    if c.ok("parallel.context") and cfg.parallel.context > 1:
+        errors.append(f"parallel.context: expected 1 with data.format={d.format} (a row of samples attends within "
+                      "each sample; ring attention splits whole causal sequences only), got "
+                      f"{cfg.parallel.context}; HINT: use data, tensor or pipeline parallelism for fine-tuning")
     return False
 
 

@@ -42,6 +42,14 @@ def test_sft_formats_refuse_token_shards_and_the_default_corpus():
         "data.format=text, got 'v.bin'; HINT: token shards (.bin) are data.format=tokens"]
 
 
+def test_sft_formats_refuse_context_parallelism():
+    assert errors_of(["data.format=chat", "data.train=a.jsonl", "data.val=null", "data.source=null",
+                      "parallel.context=2"]) == [
+        "parallel.context: expected 1 with data.format=chat (a row of samples attends within each sample; ring "
+        "attention splits whole causal sequences only), got 2; HINT: use data, tensor or pipeline parallelism for "
+        "fine-tuning"]
+
+
 def test_tokens_refuses_jsonl_and_sft_shards():
     for pattern in ("data/chat.jsonl", "d/train_*.sft", "data/x.json"):
         errors = errors_of(["data.train=" + pattern, "data.source=null", "data.val=null"])

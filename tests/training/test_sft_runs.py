@@ -100,3 +100,15 @@ def test_full_fine_tuning_layouts_equal_one_process(setup, tmp_path, layout):
         val = [r["val_loss"] for r in metrics(tmp_path / "two") if "val_loss" in r]
         np.testing.assert_allclose(val, [r["val_loss"] for r in metrics(tmp_path / "one") if "val_loss" in r],
                                    rtol=2e-5)
+
+
+def test_resume_mid_epoch_continues_the_uninterrupted_run(setup, tmp_path):
+    import shutil
+
+    _train(setup, tmp_path / "run", "lora.rank=0", "train.save_every=3", "train.val_loss_every=0")
+    shutil.copytree(tmp_path / "run", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_000006")
+    proc = _train(setup, tmp_path / "resumed", "lora.rank=0", "train.save_every=3", "train.val_loss_every=0",
+                  "resume=auto")
+    assert "resumed from" in proc.stdout
+    assert losses_by_step(tmp_path / "resumed") == losses_by_step(tmp_path / "run")  # bitwise
