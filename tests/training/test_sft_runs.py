@@ -13,6 +13,7 @@ import torch
 from peft import PeftModel
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+import infini_train as it
 from infini_train.data.sft_loader import SFTDataLoader
 from infini_train.data.tokenizer import get_tokenizer
 from tests.distributed.mpi_jobs import needs_mpiexec
@@ -87,9 +88,18 @@ def test_lora_adapter_loads_in_peft_and_chat_replies_as_hf_generate(setup, tmp_p
     assert chat.stdout.splitlines()[0] == expected
     assert len(generated) > 1
 
+    sys.path.insert(0, os.path.join(REPO, "examples", "gpt2"))
+    from common import load_model  # the checkpoint as generate.py loads it: base + adapters
+
+    ours, _ = load_model(checkpoint=str(out))
+    ids = prompt + generated
+    np.testing.assert_allclose(ours(it.tensor([ids]))[0].numpy(), hf(torch.tensor([ids])).logits.detach().numpy(),
+                               rtol=1e-4, atol=1e-5)
+
 
 @needs_mpiexec
-@pytest.mark.parametrize("layout", ["parallel.tensor=2", "parallel.pipeline=2", "parallel.zero_stage=1"])
+@pytest.mark.parametrize("layout", ["parallel.zero_stage=0", "parallel.tensor=2", "parallel.pipeline=2",
+                                    "parallel.zero_stage=1"])
 def test_full_fine_tuning_layouts_equal_one_process(setup, tmp_path, layout):
     _train(setup, tmp_path / "one", "lora.rank=0")
     proc = _train(setup, tmp_path / "two", "lora.rank=0", layout, ranks=2)
