@@ -202,15 +202,28 @@ def test_all_four_shipped_configs_exist():
                                                        "gpt2_124m_ddp.yaml"}
 
 
+@pytest.fixture(scope="module")
+def hf_llama_dir(tmp_path_factory):
+    """A tiny HF LLaMA directory standing for the model a fine-tuning config names (model.pretrained)."""
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("pretrained")
+    LlamaForCausalLM(HFLlamaConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, max_position_embeddings=2048)).save_pretrained(out)
+    return out
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
-def test_shipped_configs_validate(path):
-    cfg = load_config(path)
-    assert isinstance(cfg, RunConfig)
+def test_shipped_configs_validate(path, hf_llama_dir):
     with open(path) as f:
         raw = yaml.safe_load(f)
+    pretrained = raw["model"].get("pretrained")  # a model the user brings: here a tiny one in its place
+    cfg = load_config(path, [f"model.pretrained={hf_llama_dir}"] if pretrained else [])
+    assert isinstance(cfg, RunConfig)
     assert raw["out_dir"] == f"runs/{os.path.basename(path)[:-5]}"
-    gpt = cfg.model.to_gpt2_config()
-    assert cfg.train.sequence_length <= gpt.block_size
+    model = cfg.model.to_model_config() if pretrained else cfg.model.to_gpt2_config()
+    assert cfg.train.sequence_length <= model.context_length
 
 
 def test_shipped_configs_have_the_intended_batch_arithmetic():
