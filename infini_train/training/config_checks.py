@@ -312,11 +312,6 @@ def _check_moe_run(cfg, c, errors, model):
         errors.append(f"parallel.context: expected 1 for model.arch={arch} (each context rank would route only its "
                       f"chunks of the sequence, so the load-balancing loss would not be the one-process run's; not "
                       f"supported for MoE models yet), got {cfg.parallel.context}; HINT: use data parallelism")
-    if c.ok("parallel.zero_stage") and cfg.parallel.zero_stage:
-        errors.append(f"parallel.zero_stage: expected 0 for model.arch={arch} (ZeRO's flat gradient buffers give an "
-                      "expert that no token reached a zero gradient, so AdamW would still move it where the "
-                      f"one-process run leaves it; not supported for MoE models yet), got {cfg.parallel.zero_stage}; "
-                      "HINT: use parallel.zero_stage=0 (DistributedDataParallel)")
     lora = cfg.lora
     if c.ok("lora.rank", "lora.target_modules") and lora.rank > 0:
         targets = lora.targets()
