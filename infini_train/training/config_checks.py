@@ -312,6 +312,16 @@ def _check_moe_run(cfg, c, errors, model):
         errors.append(f"parallel.context: expected 1 for model.arch={arch} (each context rank would route only its "
                       f"chunks of the sequence, so the load-balancing loss would not be the one-process run's; not "
                       f"supported for MoE models yet), got {cfg.parallel.context}; HINT: use data parallelism")
+    p = cfg.parallel
+    if c.ok("parallel.zero_stage", "parallel.expert") and p.zero_stage == 3 and p.expert > 1:
+        errors.append(f"parallel.zero_stage: expected 0, 1 or 2 with parallel.expert={p.expert} (ZeRO-3 shards each "
+                      "block's parameters over the data-parallel group, whose ranks hold different experts; sharding "
+                      "the experts over their expert-data group instead is not supported yet), got 3; HINT: use "
+                      "parallel.zero_stage=2 (the experts' optimizer state is sharded over the expert-data group)")
+    if c.ok("parallel.zero_stage", "parallel.pipeline") and p.zero_stage and p.pipeline > 1:
+        errors.append(f"parallel.zero_stage: expected 0 with parallel.pipeline={p.pipeline} for model.arch={arch} "
+                      "(ZeRO with pipeline stages is not proved equal to the one-process run for MoE models yet), got "
+                      f"{p.zero_stage}; HINT: use parallel.zero_stage=0, or parallel.pipeline=1")
     lora = cfg.lora
     if c.ok("lora.rank", "lora.target_modules") and lora.rank > 0:
         targets = lora.targets()
@@ -327,8 +337,8 @@ def _check_moe_run(cfg, c, errors, model):
 
 def _check_expert_parallel(cfg, c, errors, model):
     """``parallel.expert`` of a mixture-of-experts run: a divisor of num_experts (that it divides the data-parallel
-    size is checked when the run knows its world). Tensor, pipeline, context parallelism and ZeRO are refused for
-    MoE runs whatever the expert size (_check_moe_run, the model spec)."""
+    size is checked when the run knows its world). Tensor, pipeline, context parallelism (and ZeRO-3 with experts
+    split) are refused for MoE runs whatever the expert size (_check_moe_run, the model spec)."""
     e = cfg.parallel.expert
     if not c.ok("parallel.expert") or e == 1:
         return
