@@ -79,7 +79,10 @@ class ExpertParallelRun:
         first)."""
         group = self.groups.expert_group
         model_state = whole_expert_state_dict(self.model, group)
-        states = optimizer.whole_states() if zero else {id(p): st for p, st in optimizer.state.items()}
+        if zero:  # (only rank 0's expert group's states are kept)
+            states = optimizer.whole_states(build=self.dims.dp_rank < self.expert)
+        else:
+            states = {id(p): st for p, st in optimizer.state.items()}
         by_name = self._gather_optimizer_state(optimizer, states, group)
         if self.dims.rank != 0:
             return None, None

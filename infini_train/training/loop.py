@@ -153,11 +153,10 @@ def build_optimizer(model, train_cfg, zero_stage, group=None, find_unused=False,
     groups = model.optimizer_groups(train_cfg.weight_decay)
     options = dict(lr=train_cfg.learning_rate, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
     if zero_stage:
+        if experts is not None:
+            options.update(expert_params=experts.expert_params, expert_data_group=experts.groups.expert_data_group)
         return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, process_group=group,
-                                       flat_order=model.parameters(), find_unused_parameters=find_unused,
-                                       expert_params=experts.expert_params if experts is not None else (),
-                                       expert_data_group=experts.groups.expert_data_group if experts is not None
-                                       else None, **options)
+                                       flat_order=model.parameters(), find_unused_parameters=find_unused, **options)
     return AdamW(groups, **options)
 
 

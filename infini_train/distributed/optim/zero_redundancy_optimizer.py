@@ -249,9 +249,6 @@ class ZeroRedundancyOptimizer:
             space.sharded = bool(shard)
         self._point_grads()
 
-    def flat_grad_dropped(self):
-        return any(space.flat_grad is None for space in self.spaces if space.resident)
-
     def _mark_used(self, param):
         self._used.add(id(param))
 
@@ -298,10 +295,12 @@ class ZeroRedundancyOptimizer:
         all-gather every rank's updated shard into the flat parameters."""
         loss = self.optim._evaluate_closure(closure)
         self._point_grads()
-        for view in self._unused_pieces():
+        unused = self._unused_pieces()
+        for view in unused:
             view.grad = None  # skipped by the inner optimizer, as one process skips a parameter whose .grad is None
         self.optim.step()
-        self._point_grads()
+        if unused:
+            self._point_grads()
         self.all_gather_parameters()
         return loss
 
