@@ -26,11 +26,12 @@ and state stay as one process leaves them, and a parameter never reached gets no
 
 Expert parallelism (``expert_params``, ``expert_data_group``): a rank's local experts are replicated over the
 expert-data group, not over ``process_group``, so they get flat spaces of their own sharded over that group, as
-Megatron-Core's distributed optimizer shards expert parameters over the expert-data-parallel group (rather than
-kept whole per rank: the same code as the dense spaces, with 1/(expert-data size) of the experts' state).
-Their gradients are not DDP's: the caller reduces them over the expert-data group (``reduce_gradients`` with
-``spaces=expert_spaces``). The expert groups and expert-data groups tile ``process_group``, so each element of
-every expert is owned by one rank of it and ``clip_grad_norm_``'s sum over it counts each expert once.
+Megatron-Core's distributed optimizer shards expert parameters over the expert-data-parallel group (rather than kept
+whole per rank: the same code as the dense spaces, with 1/(expert-data size) of the experts' state). Their gradients
+are not DDP's: the caller reduces them over the expert-data group after backward (``reduce_gradients`` with
+``spaces=expert_spaces``; under ZeRO-2 their whole gradients live until then). The expert groups and expert-data
+groups tile ``process_group``, so each element of every expert is owned by one rank of it and ``clip_grad_norm_``'s
+sum over it counts each expert once.
 """
 from __future__ import annotations
 
