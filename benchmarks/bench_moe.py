@@ -3,6 +3,7 @@
     python benchmarks/bench_moe.py layer --repeats 5      # it.nn.MoE's grouped dispatch vs a per-expert loop vs torch
     python benchmarks/bench_moe.py runs --repeats 3       # tiny Qwen3-MoE at EP1 / EP2 / EP4, same global batch
     python benchmarks/bench_moe.py balance --steps 50     # router_aux_loss_coef 0 vs 0.01 vs 0.1
+    python benchmarks/bench_moe.py memory                 # per-rank peak memory by phase, 6 layouts
 
 layer: forward + backward of one MoE layer (float32, one thread each) on (tokens, dim) inputs, median of the
 repeats: ``it.nn.MoE`` (dropless: the assignments sorted by expert, one matmul per projection per expert over its
@@ -17,6 +18,10 @@ this script under mpiexec (``a2a`` mode: the model built as the run builds it, o
 
 balance: short runs of the tiny MoE with different ``model.router_aux_loss_coef``; ``expert_load_max`` and
 ``experts_idle`` from metrics.jsonl at the first and last steps.
+
+memory: a 26M-parameter Qwen3-MoE (MEMORY_MODEL) in one process and at EP2, EP4, PP2, EP2 x PP2 and TP2 x EP2: every
+rank's peak resident memory of each phase (build, first and steady steps, save, and load when resumed), from the
+runs' memory records in metrics.jsonl.
 """
 from __future__ import annotations
 
@@ -230,6 +235,47 @@ def runs(args):
                   flush=True)
 
 
+# --------------------------------------------------------------------------------------------------------- memory
+MEMORY_MODEL = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "model.n_kv_head=2", "model.head_dim=64",
+                "model.num_experts=32", "model.num_experts_per_tok=2", "model.moe_intermediate_size=256",
+                "model.intermediate_size=512", "model.mlp_only_layers=[]", "train.batch_size=4",
+                "train.sequence_length=64", "train.total_batch_size=1024", "train.save_every=0"]
+MEMORY_LAYOUTS = [("one process", 1, []), ("EP2", 2, ["parallel.expert=2"]), ("EP4", 4, ["parallel.expert=4"]),
+                  ("PP2", 2, ["parallel.pipeline=2"]), ("EP2 x PP2", 4, ["parallel.expert=2", "parallel.pipeline=2"]),
+                  ("TP2 (sp) x EP2", 4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.expert=2"])]
+
+
+def memory_record(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if "memory" in r][-1]["memory"]["peak_rss_mb"]
+
+
+def memory(args):
+    """Each layout of a 26M-parameter Qwen3-MoE (4 sparse layers of 32 experts): 2 steps and a save, then a resume
+    for one more step; every rank's peak resident memory per phase, from the runs' own records."""
+    from tests.training.tiny_run import make_data
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = make_data(os.path.join(tmp, "data"))
+        print("| layout | ranks | build | step (first / steady) | save | load (resumed) | largest rank / one process |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        one = None
+        for name, ranks, extra in MEMORY_LAYOUTS:
+            out = os.path.join(tmp, name.replace(" ", ""))
+            train(data_dir, out, ranks, *MEMORY_MODEL, *extra, "train.num_iterations=2")
+            first = memory_record(out)
+            train(data_dir, out, ranks, *MEMORY_MODEL, *extra, "train.num_iterations=3", "resume=auto")
+            load = memory_record(out)["load"]
+            largest = max(max(v) for v in first.values())
+            one = one or largest
+
+            def mb(values):
+                return "/".join(f"{v:.0f}" for v in values)
+
+            print(f"| {name} | {ranks} | {mb(first['build'])} | {mb(first['first_step'])} / {mb(first['steady'])} | "
+                  f"{mb(first['save'])} | {mb(load)} | {largest / one:.2f} |", flush=True)
+
+
 # -------------------------------------------------------------------------------------------------------- balance
 def balance(args):
     from tests.training.tiny_run import make_data
@@ -253,7 +299,7 @@ def balance(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["layer", "runs", "balance", "a2a"])
+    parser.add_argument("what", choices=["layer", "runs", "balance", "memory", "a2a"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--coefs", type=float, nargs="+", default=[0.0, 0.01, 0.1])
@@ -266,6 +312,8 @@ def main():
     elif args.what == "balance":
         args.steps = args.steps or 50
         balance(args)
+    elif args.what == "memory":
+        memory(args)
     else:
         a2a()
 

@@ -1,5 +1,6 @@
 """What GPT-2 and LLaMA share around attention: the KV cache of incremental decoding, causal attention over
-the cache, where dropout draws its masks under tensor parallelism, and counting a sharded model's parameters."""
+the cache (or within each packed document: documents.py), where dropout draws its masks under tensor parallelism, and
+counting a sharded model's parameters."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +11,7 @@ from ..creation import arange
 from ..nn.parallel.context_parallel import active_group, local_positions
 from ..nn.parallel.ring_attention import ring_attention
 from ..nn.parallel.tensor_parallel import TP_RANDOM
+from .documents import active_layout
 
 
 class KVCache:
@@ -59,6 +61,13 @@ def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
     to ``layer``'s cache first and the queries (the last T positions) attend over everything cached."""
     mask, causal = None, True
     group = active_group()
+    layout = active_layout()
+    if layout is not None:  # packed documents: each attends to itself only
+        if kv_cache is not None or group is not None:
+            raise ValueError("attention: packed documents run whole sequences without a KV cache or context "
+                             "parallelism\nHINT: generate and run context-parallel forwards outside packed_documents")
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=layout.attention_mask(q.device), dropout_p=dropout_p,
+                                              enable_gqa=enable_gqa)
     if group is not None and kv_cache is None:  # a sequence split over context-parallel ranks
         return ring_attention(q, k, v, group, dropout_p=dropout_p, enable_gqa=enable_gqa)
     if kv_cache is not None:
@@ -74,10 +83,13 @@ def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
 
 
 def token_positions(start, length, device):
-    """The positions of a forward's ``length`` tokens: start .. start+length-1, or under context parallelism the
-    global positions of this rank's chunks (an int64 Tensor)."""
+    """The positions of a forward's ``length`` tokens: start .. start+length-1, under context parallelism the
+    global positions of this rank's chunks (an int64 Tensor), or for packed documents each row's (B, T) positions."""
     from ..tensor import Tensor
 
+    layout = active_layout()
+    if layout is not None:
+        return layout.position_ids(device)
     group = active_group()
     if group is None:
         return arange(start, start + length, device=device)

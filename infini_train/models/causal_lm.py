@@ -18,6 +18,7 @@ from .. import nn
 from ..autograd import grad_mode
 from ..nn import functional as F
 from .attention import KVCache, whole_numel
+from .documents import check_layout
 from .lm_config import LMConfig
 from .recompute import run_block
 
@@ -42,6 +43,8 @@ class CausalLM(nn.Module):
         (generation). A pipeline chunk takes the previous chunk's activation unless it is the first, and returns
         its activation unless it is the last."""
         length = idx.shape[1]
+        if self.first:
+            check_layout(idx.shape, f"{type(self).__name__}.forward")
         x = self.embed(idx, kv_cache) if self.first else idx
         x = self.run_blocks(x, kv_cache)
         if not self.last:
@@ -49,6 +52,10 @@ class CausalLM(nn.Module):
         if kv_cache is not None and self.first:  # (a pipeline advances the cache once, after all its stages)
             kv_cache.advance(length)
         return self.head(x, targets, last_only)
+
+    def pipeline_extras(self, dtype):
+        """[(shape, dtype)] of what a pipeline chunk passes the next besides its hidden states (nothing here)."""
+        return []
 
     def run_blocks(self, x, kv_cache=None):
         extra = self.block_args(x, kv_cache)
@@ -134,7 +141,12 @@ class CausalLM(nn.Module):
 
         cfg = self.config
         return training_flops_per_token(self, cfg.num_layers, cfg.num_heads, cfg.head_dim,
-                                        seq_len or cfg.context_length)
+                                        seq_len or cfg.context_length, self.idle_params)
+
+    def idle_params(self, trainable):
+        """Of the parameters ``num_params`` counts (``trainable`` or frozen), those a token does not pass through:
+        none in a dense model."""
+        return 0
 
     # ---------------------------------------------------------------------------------- generation
     def new_kv_cache(self, batch_size, device, dtype=backend.float32):

@@ -13,6 +13,7 @@ from ..nn import functional as F
 from ..tensor import Tensor
 from ..nn.parallel.context_parallel import active_group, local_positions
 from .attention import cached_attention, sharded_random
+from .documents import active_layout
 from .causal_lm import CausalLM
 from .llama_config import LlamaConfig
 from .registry import ModelSpec, register
@@ -124,6 +125,13 @@ class Llama(CausalLM):
         """The rotary tables of the positions ``x`` holds (under sequence parallelism x is this rank's slice of the
         whole sequence, whose positions the rotation needs)."""
         length = x.shape[1] * (self.tp.size if self.tp is not None and self.tp.sequence_parallel else 1)
+        layout = active_layout()
+        if layout is not None:  # packed documents: each row's positions, (B, 1, T, head_dim) tables
+            positions = layout.positions
+            cos, sin = self.rope(0, int(positions.max()) + 1, x.device)
+            index = backend.to_device_array(positions, x.device)
+            tables = tuple(Tensor._make(t.array[index][:, None], x.device) for t in (cos, sin))
+            return (tables,)
         group = active_group()
         if group is not None and kv_cache is None:  # context parallel: the global positions of this rank's chunks
             positions = local_positions(length, group)

@@ -6,11 +6,15 @@ and n_kv_heads / N key/value heads, so grouped-query attention stays within a ra
 and up_proj column-parallel, down_proj row-parallel; the token embedding vocab-parallel, and the output layer over
 the same vocabulary rows (tied: the embedding's Parameter; untied: its own shards). The loss is the vocab-parallel
 cross-entropy. With ``sequence_parallel`` the RMSNorms run on slices of the sequence (their weights marked
-``sequence_parallel``). See gpt2_parallel.py for the GPT-2 counterpart and the dropout streams.
+``sequence_parallel``). A mixture of experts (Qwen3-MoE, Mixtral) stays whole on every rank, as the norms do:
+without sequence parallelism each rank runs it on the same tokens (its gradients are the same everywhere), with it on
+its slice of the sequence (its weights marked ``sequence_parallel``: their gradients are summed over the group). See
+gpt2_parallel.py for the GPT-2 counterpart and the dropout streams.
 """
 from __future__ import annotations
 
 from ..autograd.grad_mode import no_grad
+from ..nn.moe import MoE
 from ..nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, VocabParallelEmbedding,
                            mark_sequence_parallel)
 from ..nn.parallel.tensor_parallel import shard_parameter
@@ -36,9 +40,13 @@ def parallelize_llama(model, group, sequence_parallel=False):
             attn.o_proj = RowParallelLinear.from_linear(attn.o_proj, group, sequence_parallel=sp)
             attn.n_heads, attn.n_kv_heads = cfg.n_heads // size, cfg.n_kv_heads // size
             attn.tp = tp
-            mlp.gate_proj = ColumnParallelLinear.from_linear(mlp.gate_proj, group, sequence_parallel=sp)
-            mlp.up_proj = ColumnParallelLinear.from_linear(mlp.up_proj, group, sequence_parallel=sp)
-            mlp.down_proj = RowParallelLinear.from_linear(mlp.down_proj, group, sequence_parallel=sp)
+            if isinstance(mlp, MoE):  # whole on every rank: the same tokens, or (sp) its slice of the sequence
+                if sp:
+                    mark_sequence_parallel(mlp)
+            else:
+                mlp.gate_proj = ColumnParallelLinear.from_linear(mlp.gate_proj, group, sequence_parallel=sp)
+                mlp.up_proj = ColumnParallelLinear.from_linear(mlp.up_proj, group, sequence_parallel=sp)
+                mlp.down_proj = RowParallelLinear.from_linear(mlp.down_proj, group, sequence_parallel=sp)
             if sp:
                 for norm in (block.input_layernorm, block.post_attention_layernorm):
                     mark_sequence_parallel(norm)

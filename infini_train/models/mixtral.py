@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from .gpt2_io import WeightsError
 from .llama import Llama, _head_counts
 from .llama_config import LlamaConfig
-from .moe_lm import MoECausalLM, check_moe_config, moe_layout_problems, parallelize_moe
+from .llama_parallel import parallelize_llama
+from .moe_lm import MoECausalLM, check_moe_config
 from .qwen3 import check_sliding_window
 from .registry import ModelSpec, register
 
@@ -88,6 +89,6 @@ class Mixtral(MoECausalLM, Llama):
         return re.sub(r"(\.experts\.\d+\.)(gate_proj|up_proj|down_proj)\.", lambda m: f"{m[1]}{_TO_HF[m[2]]}.", name)
 
 
-SPEC = register(ModelSpec("mixtral", Mixtral, MixtralConfig, parallelize_moe, _head_counts, moe_layout_problems))
+SPEC = register(ModelSpec("mixtral", Mixtral, MixtralConfig, parallelize_llama, _head_counts))
 
 __all__ = ["Mixtral", "MixtralConfig", "MIXTRAL_PRESETS", "SPEC"]

@@ -4,15 +4,20 @@ auxiliary load-balancing loss: ``loss = cross_entropy + router_aux_loss_coef * a
 ``load_balancing_loss_func`` over the router logits of all sparse layers at once (concatenated: one loss over every
 layer's tokens, not the mean of per-layer losses), as ``*ForCausalLM`` computes with ``output_router_logits``.
 
-Tensor parallelism of the experts, pipeline stages (the loss spans every layer's routers) and block recomputation
-are refused with a clear error for now."""
+Pipeline stages pass the router statistics on (MoECausalLM); under tensor parallelism the attention is split and
+the experts stay whole on every rank (llama_parallel.py), and with sequence parallelism the loss pools the router
+statistics of the group's slices. Block recomputation is refused with a clear error for now."""
 from __future__ import annotations
 
+import numpy as np
 
 from .. import nn
 from ..autograd.grad_mode import is_grad_enabled
 from ..autograd.misc import cat
-from ..nn.moe import load_balancing_loss
+from ..creation import zeros
+from ..nn.parallel.mappings import reduce_from_tensor_parallel_region
+from ..promotion import promote_types
+from ..tensor import Tensor
 
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")
 
@@ -31,23 +36,96 @@ def check_moe_config(cfg):
         raise ValueError(f"{name}.router_aux_loss_coef: expected a number >= 0, got {cfg.router_aux_loss_coef!r}")
 
 
+def router_statistics(router_probs, routed_counts):
+    """What the auxiliary loss needs of some sparse layers, as one (2E + 1,) Tensor: every layer's router
+    probabilities summed over its rows (E, differentiable), its top-k assignments per expert summed (E, a constant)
+    and the rows (1). Statistics of different layers (pipeline stages) add up."""
+    rows = sum(int(p.shape[0]) for p in router_probs)
+    prob_sums = router_probs[0].sum(0)
+    for probs in router_probs[1:]:
+        prob_sums = prob_sums + probs.sum(0)
+    device = prob_sums.device
+    xp = device.array_module()
+    with device.context():
+        counts = xp.concatenate([sum(routed_counts).astype(prob_sums.dtype), xp.asarray([rows], prob_sums.dtype)])
+    return cat([prob_sums, Tensor._make(counts, device)], 0)
+
+
+def load_balancing_loss_from_statistics(stats, num_experts):
+    """HF's load_balancing_loss_func over the layers ``stats`` sums (router_statistics): num_experts * sum over
+    experts of (assignments / rows) * (mean router probability), the rows and probabilities of every layer pooled."""
+    prob_sums, constants = stats[:num_experts], stats[num_experts:].detach()
+    rows = constants[num_experts]
+    return (prob_sums * constants[:num_experts]).sum() * num_experts / (rows * rows)
+
+
 def load_balancing_loss_over_layers(router_probs, routed_counts):
     """HF's load_balancing_loss_func (no attention mask) over every sparse layer at once: the layers' router
     probabilities (N, E) concatenated and their top-k assignment counts summed, one loss as if one router had routed
     every layer's rows (not the mean of per-layer losses). The layers computed both in their forward
     (``MoE.router_probs``, ``MoE.routed_counts``)."""
-    return load_balancing_loss(cat(list(router_probs), 0), sum(routed_counts))
+    return load_balancing_loss_from_statistics(router_statistics(list(router_probs), list(routed_counts)),
+                                               int(router_probs[0].shape[1]))
 
 
 class MoECausalLM:
     """Mixed in before Llama: the loss with the auxiliary loss. ``aux_loss`` holds the last loss-computing forward's
-    load-balancing loss (a 0-d Tensor, before the coefficient)."""
+    load-balancing loss (a 0-d Tensor, before the coefficient).
+
+    Split into pipeline chunks, the loss still pools every sparse layer's rows: a chunk passes the next its hidden
+    states and the router statistics of the sparse layers so far (``pipeline_extras``: one more activation part),
+    whose gradient comes back with the hidden states' -- the earlier stages' routers get the same gradient as in one
+    process."""
 
     aux_loss = None
+    _earlier = None  # the router statistics of the earlier pipeline chunks' sparse layers (None: first chunk)
 
     def moe_layers(self):
         """The MoE layers of the blocks this module runs, in layer order."""
         return [block.mlp for _, block in self.numbered_blocks() if isinstance(block.mlp, nn.MoE)]
+
+    def num_params(self, non_embedding=False, trainable=None):
+        """The whole model's parameters: under expert parallelism the local experts of a layer count for all of its
+        experts (every rank of the expert group holds as many)."""
+        count = super().num_params(non_embedding, trainable)
+        for moe in self.moe_layers():
+            local = [p for p in moe.experts.parameters() if trainable is None or p.requires_grad == trainable]
+            count += sum(p.numel() for p in local) * (moe.num_experts - len(moe.experts)) // len(moe.experts)
+        return count
+
+    def idle_params(self, trainable):
+        """The experts a token is not routed to: (num_experts - num_experts_per_tok) SwiGLUs of every sparse layer
+        (from the config, so a pipeline chunk gives the whole model's), counted where the experts are ``trainable``
+        (LoRA freezes them)."""
+        cfg = self.config
+        experts = [p for m in self.moe_layers() for p in m.experts.parameters()]
+        if experts and experts[0].requires_grad != trainable or not experts and not trainable:
+            return 0
+        sparse = sum(1 for layer in range(cfg.n_layers) if cfg.sparse_layer(layer))
+        return sparse * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.dim * cfg.moe_intermediate_size
+
+    def pipeline_extras(self, dtype):
+        return [((2 * self.config.num_experts + 1,), promote_types(np.dtype("float32"), dtype))]
+
+    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
+        """A pipeline chunk after the first takes (hidden states, router statistics so far), and one before the last
+        returns them with its own sparse layers' added; a whole model is CausalLM's."""
+        if not self.first:
+            idx, self._earlier = idx
+        out = super().forward(idx, targets, kv_cache, last_only)
+        return out if self.last else (out, self.router_statistics())
+
+    def router_statistics(self):
+        """router_statistics of the sparse layers up to this chunk's last (this chunk's, plus the earlier ones')."""
+        layers = self.moe_layers()
+        if not layers:
+            return self._earlier if self._earlier is not None else self._no_statistics()
+        own = router_statistics([m.router_probs for m in layers], [m.routed_counts for m in layers])
+        return own if self._earlier is None else own + self._earlier
+
+    def _no_statistics(self):
+        (shape, dtype), = self.pipeline_extras(next(iter(self.parameters())).dtype)
+        return zeros(*shape, dtype=dtype, device=next(iter(self.parameters())).device)
 
     def run_blocks(self, x, kv_cache=None):
         if self.recompute == "block" and is_grad_enabled():
@@ -58,34 +136,23 @@ class MoECausalLM:
 
     def head(self, x, targets=None, last_only=False):
         logits, loss = super().head(x, targets, last_only)
-        layers = self.moe_layers() if loss is not None else []
-        if layers:
+        if loss is not None:
             cfg = self.config
-            self.aux_loss = load_balancing_loss_over_layers([m.router_probs for m in layers],
-                                                            [m.routed_counts for m in layers])
+            stats = self.router_statistics()
+            if self.tp is not None and self.tp.sequence_parallel:  # each rank routed its slice of the sequence
+                stats = reduce_from_tensor_parallel_region(stats, self.tp.group)
+            self.aux_loss = load_balancing_loss_from_statistics(stats, cfg.num_experts)
             if cfg.router_aux_loss_coef:
                 loss = loss + self.aux_loss.to(loss.dtype) * cfg.router_aux_loss_coef
         return logits, loss
 
 
-def parallelize_moe(model, group, sequence_parallel=False):
-    """Tensor parallelism is not supported for the MoE models yet (a one-rank group is a no-op)."""
-    if group.size > 1:
-        raise ValueError(f"parallel.tensor: tensor parallelism of {type(model).__name__}'s experts is not supported "
-                         f"yet, got a tensor group of {group.size}\nHINT: use parallel.tensor=1")
-    return model
+def moe_chunks(model):
+    """The mixture-of-experts modules ``model`` runs: itself, or the chunks of this pipeline stage (a PipelinedLM);
+    [] for a dense model."""
+    chunks = list(model.chunks) if hasattr(model, "pipe") else [model]
+    return [c for c in chunks if isinstance(c, MoECausalLM)]
 
 
-def moe_layout_problems(config, tensor=1, pipeline=1, virtual=1):
-    problems = []
-    if tensor > 1:
-        problems.append(f"parallel.tensor: expected 1 for a mixture-of-experts model (expert tensor parallelism is "
-                        f"not supported yet), got {tensor}")
-    if pipeline * virtual > 1:
-        problems.append(f"parallel.pipeline: expected 1 for a mixture-of-experts model (the auxiliary loss spans "
-                        f"every layer's routers), got {pipeline} x {virtual} stages")
-    return problems
-
-
-__all__ = ["MoECausalLM", "load_balancing_loss_over_layers", "check_moe_config", "parallelize_moe",
-           "moe_layout_problems", "MOE_FIELDS"]
+__all__ = ["MoECausalLM", "load_balancing_loss_over_layers", "router_statistics", "load_balancing_loss_from_statistics",
+           "check_moe_config", "moe_chunks", "MOE_FIELDS"]

@@ -84,7 +84,7 @@ class PipelinedLM(nn.Module):
     def flops_per_token(self, seq_len=None):
         cfg = self.config
         return training_flops_per_token(self, cfg.num_layers, cfg.num_heads, cfg.head_dim,
-                                        seq_len or cfg.context_length)
+                                        seq_len or cfg.context_length, self.chunks[0].idle_params)
 
     def optimizer_groups(self, weight_decay):
         params = [p for p in self.parameters() if p.requires_grad]
@@ -110,9 +110,10 @@ class PipelinedLM(nn.Module):
         return self.chunks[0].new_kv_cache(batch_size, device, dtype)
 
     def _activation(self, batch, length, dtype):
+        """What one chunk passes the next: [(shape, dtype)] of the hidden states and of what the model adds."""
         tp = self.tp
         local = length // tp.size if tp is not None and tp.sequence_parallel else length
-        return (batch, local, self.config.hidden_size), dtype
+        return [((batch, local, self.config.hidden_size), dtype)] + self.chunks[0].pipeline_extras(dtype)
 
     def _dtype(self):
         return next(iter(self.parameters())).dtype
@@ -127,8 +128,8 @@ class PipelinedLM(nn.Module):
     def train_step(self, inputs, targets, backward=None, forward_context=None):
         """Forward and backward of the micro-batches (see PipelineParallel.train_step); returns their mean loss on
         every stage."""
-        shape, dtype = self._activation(*inputs[0].shape, self._dtype())
-        losses = self.pipe.train_step(inputs, targets, shape, dtype, inputs[0].device, backward, forward_context)
+        parts = self._activation(*inputs[0].shape, self._dtype())
+        losses = self.pipe.train_step(inputs, targets, parts, inputs[0].device, backward, forward_context)
         mean = np.array([np.mean(losses) if losses is not None else 0.0], np.float64)
         self.group.broadcast(mean, self.pipe.owner(self.pipe.num_chunks - 1))
         return float(mean[0])
@@ -137,9 +138,9 @@ class PipelinedLM(nn.Module):
         """One batch through every stage in turn: (logits, loss) on every rank of the pipeline (logits only when
         ``last_only`` (generation), the loss when ``targets`` are given)."""
         B, T = idx.shape
-        shape, dtype = self._activation(B, T, self._dtype())
+        parts = self._activation(B, T, self._dtype())
         with no_grad():
-            out = self.pipe.forward(idx, shape, dtype, idx.device, targets=targets, kv_cache=kv_cache,
+            out = self.pipe.forward(idx, parts, idx.device, targets=targets, kv_cache=kv_cache,
                                     last_only=last_only)
         if kv_cache is not None:
             kv_cache.advance(T)
@@ -163,6 +164,10 @@ class PipelinedLM(nn.Module):
         from .generation import generate
 
         return generate(self, idx, max_new_tokens, **kwargs)
+
+    def moe_layers(self):
+        """The MoE layers of this stage's chunks, in layer order (a mixture-of-experts model's)."""
+        return [m for chunk in self.chunks for m in chunk.moe_layers()]
 
     # ------------------------------------------------------------------------------------------- weights
     def shared_embedding_params(self):

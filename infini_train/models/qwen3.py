@@ -80,9 +80,10 @@ def parallelize_qwen3(model, group, sequence_parallel=False):
     from .llama_parallel import parallelize_llama
 
     if group.size > 1 and not sequence_parallel:
-        raise ValueError("parallel.tensor: Qwen3 under tensor parallelism needs parallel.sequence=true (the "
-                         "gradients of the per-head q_norm / k_norm weights are partial sums over the tensor group, "
-                         "which the sequence-parallel gradient sum completes)\nHINT: add parallel.sequence=true")
+        raise ValueError(f"parallel.tensor: {type(model).__name__} under tensor parallelism needs "
+                         "parallel.sequence=true (the gradients of the per-head q_norm / k_norm weights are partial "
+                         "sums over the tensor group, which the sequence-parallel gradient sum completes)\nHINT: add "
+                         "parallel.sequence=true")
     parallelize_llama(model, group, sequence_parallel)
     if group.size > 1:
         with no_grad():

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .llama import Llama, _head_counts
-from .moe_lm import MoECausalLM, check_moe_config, moe_layout_problems, parallelize_moe
-from .qwen3 import Qwen3Config, check_sliding_window, qwen3_to_hf_config
+from .moe_lm import MoECausalLM, check_moe_config
+from .qwen3 import Qwen3Config, check_sliding_window, parallelize_qwen3, qwen3_to_hf_config
 from .registry import ModelSpec, register
 
 HF_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
@@ -73,7 +73,6 @@ class Qwen3Moe(MoECausalLM, Llama):
         return hf
 
 
-SPEC = register(ModelSpec("qwen3_moe", Qwen3Moe, Qwen3MoeConfig, parallelize_moe, _head_counts,
-                          moe_layout_problems))
+SPEC = register(ModelSpec("qwen3_moe", Qwen3Moe, Qwen3MoeConfig, parallelize_qwen3, _head_counts))
 
 __all__ = ["Qwen3Moe", "Qwen3MoeConfig", "QWEN3_MOE_PRESETS", "SPEC"]

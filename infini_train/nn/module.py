@@ -19,10 +19,11 @@ class Parameter(Tensor):
     ``Parameter(tensor_or_array, requires_grad=True)`` shares memory with a Tensor or array source, as
     torch.nn.Parameter does; lists and scalars are converted to float32. ``init_source``: for a shard or copy of
     a parameter built on the meta device, that parameter (sharded initialisation gives it its values);
-    ``sharded_by``: the storage holding its values when ``fully_shard`` shards it (it.distributed.fsdp).
+    ``sharded_by``: the storage holding its values when ``fully_shard`` shards it (it.distributed.fsdp);
+    ``expert_parallel``: True for an expert an expert-parallel MoE keeps on this rank alone (nn.parallel).
     """
 
-    __slots__ = ("init_source", "sharded_by")
+    __slots__ = ("init_source", "sharded_by", "expert_parallel")
 
     def __init__(self, data=None, requires_grad=True):
         if data is None:

@@ -318,10 +318,14 @@ def _check_moe_run(cfg, c, errors, model):
                       "block's parameters over the data-parallel group, whose ranks hold different experts; sharding "
                       "the experts over their expert-data group instead is not supported yet), got 3; HINT: use "
                       "parallel.zero_stage=2 (the experts' optimizer state is sharded over the expert-data group)")
-    if c.ok("parallel.zero_stage", "parallel.pipeline") and p.zero_stage and p.pipeline > 1:
-        errors.append(f"parallel.zero_stage: expected 0 with parallel.pipeline={p.pipeline} for model.arch={arch} "
-                      "(ZeRO with pipeline stages is not proved equal to the one-process run for MoE models yet), got "
-                      f"{p.zero_stage}; HINT: use parallel.zero_stage=0, or parallel.pipeline=1")
+    split = [f"parallel.{key}={getattr(p, key)}" for key in ("pipeline", "tensor")
+             if c.ok(f"parallel.{key}") and getattr(p, key) > 1]
+    if c.ok("parallel.zero_stage") and p.zero_stage and split:
+        errors.append(f"parallel.zero_stage: expected 0 with {' and '.join(split)} for model.arch={arch} (ZeRO agrees "
+                      "over the data-parallel group only on the experts no token reached, where tensor ranks routing "
+                      "their own slices may disagree; ZeRO with tensor or pipeline parallelism is not proved equal to "
+                      f"the one-process run for MoE models yet), got {p.zero_stage}; HINT: use parallel.zero_stage=0 "
+                      "with these layouts, or ZeRO with data and expert parallelism")
     lora = cfg.lora
     if c.ok("lora.rank", "lora.target_modules") and lora.rank > 0:
         targets = lora.targets()
@@ -337,8 +341,8 @@ def _check_moe_run(cfg, c, errors, model):
 
 def _check_expert_parallel(cfg, c, errors, model):
     """``parallel.expert`` of a mixture-of-experts run: a divisor of num_experts (that it divides the data-parallel
-    size is checked when the run knows its world). Tensor, pipeline, context parallelism (and ZeRO-3 with experts
-    split) are refused for MoE runs whatever the expert size (_check_moe_run, the model spec)."""
+    size is checked when the run knows its world). What MoE runs refuse whatever the expert size (and ZeRO-3 with
+    experts split) is _check_moe_run's and the model spec's."""
     e = cfg.parallel.expert
     if not c.ok("parallel.expert") or e == 1:
         return
@@ -350,10 +354,14 @@ def _check_expert_parallel(cfg, c, errors, model):
     if c.ok("lora.rank") and cfg.lora.rank > 0:
         errors.append(f"lora.rank: expected 0 with parallel.expert={e} (LoRA runs with expert parallelism are not "
                       f"supported yet), got {cfg.lora.rank}; HINT: set parallel.expert=1 for a LoRA fine-tune")
-    if c.ok("train.checkpoint_format") and cfg.train.checkpoint_format == "sharded":
-        errors.append(f"train.checkpoint_format: expected 'whole' or 'auto' with parallel.expert={e} (expert-parallel "
-                      "runs write the one-process checkpoint, the experts gathered; sharded checkpoints of them are "
-                      "not supported yet), got 'sharded'; HINT: set train.checkpoint_format=auto")
+    split = [f"parallel.{key}={getattr(cfg.parallel, key)}" for key in ("pipeline", "tensor")
+             if c.ok(f"parallel.{key}") and getattr(cfg.parallel, key) > 1]
+    if c.ok("train.checkpoint_format") and cfg.train.checkpoint_format == "whole" and split:
+        errors.append(f"train.checkpoint_format: expected 'sharded' or 'auto' with parallel.expert={e} and "
+                      f"{' and '.join(split)} (each rank writes its experts and its part of the rest; the whole format "
+                      "gathers experts over data-parallel ranks only), got 'whole'; HINT: set "
+                      "train.checkpoint_format=auto -- a sharded checkpoint resumes under any layout, one process "
+                      "included")
 
 
 def _check_model_parallel(cfg, c, errors, model):
@@ -363,7 +371,8 @@ def _check_model_parallel(cfg, c, errors, model):
     errors.extend(model_spec(cfg.model.arch).validate(model, p.tensor if tensor_ok else 1,
                                                       p.pipeline if pipeline_ok else 1,
                                                       p.virtual_pipeline if pipeline_ok else 1))
-    if cfg.model.arch == "qwen3" and tensor_ok and c.ok("parallel.sequence") and p.tensor > 1 and not p.sequence:
-        errors.append(f"parallel.sequence: expected true for model.arch=qwen3 with parallel.tensor={p.tensor} (the "
+    arch = cfg.model.arch
+    if arch in ("qwen3", "qwen3_moe") and tensor_ok and c.ok("parallel.sequence") and p.tensor > 1 and not p.sequence:
+        errors.append(f"parallel.sequence: expected true for model.arch={arch} with parallel.tensor={p.tensor} (the "
                       "gradients of the per-head q_norm / k_norm weights are partial sums over the tensor group, which "
                       "the sequence-parallel gradient sum completes), got false; HINT: add parallel.sequence=true")

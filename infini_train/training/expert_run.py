@@ -1,16 +1,19 @@
 """Expert parallelism in a run (``parallel.expert: E``): the experts of every MoE layer split over groups of E
 consecutive data-parallel ranks (distributed/expert_groups.py), alone or with data parallelism over the rest.
 
-- build: every rank builds the whole model with the same seed (so the same weights), then ``expert_parallel`` keeps
-  this rank's experts of every MoE layer;
+- build: the model is built on the meta device (shapes only) and ``split`` keeps this rank's experts of every MoE
+  layer (of this stage's chunks under pipeline parallelism) before anything is allocated; sharded initialisation
+  then fills them with the one-process values, so a rank never holds the other ranks' experts;
 - gradients: DDP averages the other parameters over the data-parallel group (the experts are its
   ``ignored_parameters``); after backward ``all_reduce_expert_grads`` sums the experts' over the expert-data group
   and divides by the data-parallel size (``finish``);
 - clipping: the norm counts every expert once: the squared norm of the local experts' gradients summed over the
-  expert group, plus the replicated parameters' (``clip``);
-- checkpoints: the one-process layout. ``gather`` gathers every expert (weights and AdamW moments) over rank 0's
-  expert group under its one-process names and index; ``scatter`` keeps this rank's experts of a whole state, so a
-  checkpoint written at any E resumes at any other E, one process included.
+  expert group, plus the replicated parameters', summed over the pipeline stages (``clip``);
+- checkpoints: sharded by default (each rank writes its experts under their one-process names:
+  training/sharded_state.py), or whole: ``gather`` gathers every expert (weights and AdamW moments) over rank 0's
+  expert group under its one-process names and index (expert and data parallelism only); ``scatter`` keeps this
+  rank's experts of a whole state (and its tensor-parallel shards of them), so a checkpoint written at any E resumes
+  at any other E, one process included.
 
 Under ZeRO 1 and 2 the optimizer shards the local experts' state over the expert-data group (its ``expert_spaces``;
 distributed/optim/zero_redundancy_optimizer.py): ``finish`` averages their gradients there in its flat buffers
@@ -23,30 +26,35 @@ import copy
 
 import numpy as np
 
-from .. import backend
-from .. import distributed as dist
 from ..distributed.expert_groups import expert_groups
 from ..nn.parallel.expert_parallel import (all_reduce_expert_grads, expert_layers, expert_parallel, expert_parameters,
                                            expert_stem, shard_expert_state_dict, whole_expert_state_dict)
-from ..nn.utils import clip_grads_with_norm_
+from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
+from ..nn.parallel.whole_state import load_whole_state_dict, shard_optimizer_state
 from ..tensor import Tensor
 from .state_io import StateIO
 
 
 class ExpertParallelRun:
-    """The expert groups of a run and what they change: see the module docstring. ``model``: the unwrapped model
-    whose weights every rank built with the same seed; ``dims``: the run's ParallelDims (data parallel only)."""
+    """The expert groups of a run and what they change: see the module docstring. ``dims``: the run's ParallelDims;
+    ``split(model, weight_decay)`` then splits the experts of the model as built (on the meta device)."""
 
-    def __init__(self, model, dims, expert, weight_decay):
+    def __init__(self, dims, expert):
         self.dims, self.expert = dims, expert
-        self.groups = expert_groups(list(range(dims.world)), expert)
-        self.whole_groups = _whole_param_names(model, weight_decay)  # before the split: the one-process groups
+        self.groups = expert_groups(dims.mesh if dims.mesh is not None else list(range(dims.world)), expert)
+        self.model = self.optimizer = self.whole_groups = None
+        self.expert_params = []
+
+    def split(self, model, weight_decay):
+        """Keep this rank's experts of every MoE layer of ``model`` (whole, or this stage's chunks), after recording
+        the one-process model's parameter names per optimizer group."""
+        self.whole_groups = getattr(model, "whole_groups", None) or _whole_param_names(model, weight_decay)
+        self.whole_state_names = getattr(model, "whole_state_names", None) or list(model.state_dict(keep_vars=True))
         for moe in model.moe_layers():
             expert_parallel(moe, self.groups.expert_group)
-        self.model, self.optimizer = model, None
+        self.model = model
         self.expert_params = expert_parameters(model)
-        ids = {id(p) for p in self.expert_params}
-        self.other_params = [p for p in model.parameters() if id(p) not in ids]
+        return model
 
     # ------------------------------------------------------------------------------------------- gradients
     def finish(self, zero=None, shard=False):
@@ -58,19 +66,11 @@ class ExpertParallelRun:
         all_reduce_expert_grads(self.model, self.groups.expert_data_group, self.groups.data_size)
 
     def clip(self, max_norm):
-        """Clip by the one-process model's gradient norm (each expert counted once); returns it as a float."""
-        def squares(params):
-            return sum(float((g.array.astype(np.float64) ** 2).sum()) for g in (p.grad for p in params)
-                       if g is not None)
-
-        experts = Tensor(np.array([squares(self.expert_params)], np.float64))
-        dist.all_reduce(experts, "sum", group=self.groups.expert_group)
-        total = float(np.sqrt(squares(self.other_params) + float(experts.numpy()[0])))
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grads:  # in the gradients' dtype, as clip_grad_norm_ computes the coefficient
-            clip_grads_with_norm_(list(self.model.parameters()), max_norm,
-                                  Tensor._make(np.asarray(total, grads[0].array.dtype), backend.CPU))
-        return total
+        """Clip by the one-process model's gradient norm (each expert counted once, summed over the stages of a
+        pipeline); returns it as a float."""
+        dims = self.dims
+        return float(clip_grad_norm_model_parallel_(list(self.model.parameters()), max_norm, dims.tp_group,
+                                                    dims.pp_group, expert_group=self.groups.expert_group).item())
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def gather(self, optimizer, zero=False):
@@ -132,8 +132,14 @@ class ExpertParallelRun:
 
     def scatter(self, model_state, optimizer_state):
         """Load a whole (one-process) state: each rank keeps its experts (and their optimizer state); the run's
-        optimizer (over this rank's parameters) is ``self.optimizer``, set when it is built."""
-        self.model.load_state_dict(shard_expert_state_dict(self.model, model_state))
+        optimizer (over this rank's parameters) is ``self.optimizer``, set when it is built. Under tensor parallelism
+        each rank then slices its shards of the split tensors (and of their AdamW moments)."""
+        tp_group = self.dims.tp_group
+        model_state = shard_expert_state_dict(self.model, model_state)
+        if tp_group is not None:
+            load_whole_state_dict(self.model, model_state, tp_group)
+        else:
+            self.model.load_state_dict(model_state)
         whole_names = {}
         for saved, names in zip(optimizer_state["param_groups"], self.whole_groups):
             whole_names.update(zip(saved["params"], names))
@@ -146,7 +152,10 @@ class ExpertParallelRun:
             for p in g["params"]:
                 if names[id(p)] in by_name:
                     state[index[id(p)]] = by_name[names[id(p)]]
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        local = {"state": state, "param_groups": groups}
+        if tp_group is not None:
+            local = shard_optimizer_state(local, self.optimizer, tp_group)
+        self.optimizer.load_state_dict(local)
 
 
 def _names(model):

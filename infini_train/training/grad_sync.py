@@ -20,7 +20,8 @@ during backward (training/loop.py: wrap_data_parallel); then
 from __future__ import annotations
 
 from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
-from ..nn.parallel.tensor_parallel import all_reduce_grads
+from ..nn.moe import MoE
+from ..nn.parallel.tensor_parallel import all_reduce_grads, all_reduce_grads_where_any
 from ..nn.utils import clip_grad_norm_
 
 
@@ -29,24 +30,32 @@ class GradientSync:
         self.dims, self.model, self.optimizer = dims, model, optimizer
         self.zero_stage = zero_stage
         self.params = list(model.parameters())
+        self.moe = any(isinstance(m, MoE) for m in model.modules())  # some parameters may get no gradient
         self.experts = None  # an ExpertParallelRun: the experts' gradients reduced and their norm counted once
 
     def finish(self):
         dims = self.dims
-        if self.experts is not None:  # (no other parallelism than data parallelism: nothing else to sum)
+        if self.experts is not None:
             self.experts.finish(self.optimizer if self.zero_stage else None, shard=self.zero_stage == 2)
-            return
         if dims.pipeline_parallel:
             if dims.embedding_group is not None:
                 shared = {id(p) for p in self.model.shared_embedding_params()}
                 all_reduce_grads(self._grads(lambda p: id(p) in shared, owned=self.zero_stage == 3),
                                  dims.embedding_group)
             if dims.sequence_parallel:
-                all_reduce_grads(self._grads(_sequence_parallel, owned=self.zero_stage == 3), dims.tp_group)
+                self._sum_sequence_parallel(owned=self.zero_stage == 3)
             if dims.grad_size > 1 and self.zero_stage == 2:  # reduce-scattered once the schedule is done
                 self.optimizer.reduce_gradients(shard=True)
         elif dims.sequence_parallel:
-            all_reduce_grads(self._grads(_sequence_parallel, owned=bool(self.zero_stage)), dims.tp_group)
+            self._sum_sequence_parallel(owned=bool(self.zero_stage))
+
+    def _sum_sequence_parallel(self, owned):
+        """Sum the sequence-parallel parameters' gradients over the tensor group (a mixture of experts' too: an
+        expert may have got tokens on some ranks of the group only)."""
+        if self.moe and not owned:
+            all_reduce_grads_where_any([p for p in self.params if _sequence_parallel(p)], self.dims.tp_group)
+        else:
+            all_reduce_grads(self._grads(_sequence_parallel, owned), self.dims.tp_group)
 
     def _grads(self, which, owned):
         """The gradients of the parameters ``which(p)`` picks: whole, or (``owned``) the pieces of them this rank's

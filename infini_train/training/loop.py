@@ -46,7 +46,7 @@ from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
 from .resume import check_same_model, choose_checkpoint, run_id_of
 from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
-from .sharded_state import ShardedState, whole_state
+from .sharded_state import ShardedState
 from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .full_sharding import gathered, shard_fully
@@ -92,7 +92,7 @@ def _tokenizer_name(cfg):
     return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
 
 
-def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zero_stage=0):
+def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zero_stage=0, experts=None):
     """The run's model (``model.arch``), split over the tensor group and into pipeline stages if the layout says
     so. It is built on the meta device (shapes only, its init calls recorded); each rank then allocates just its
     part and fills it with the values the one-process build would hold there (sharded init replays the seeded init
@@ -100,7 +100,8 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
     holds the whole model. A LoRA run's base weights are read from their source the same way, each rank reading only
     the boxes it keeps (a seeded base, without ``lora.init_from``, is built whole: its pin hashes every value in name
     order). Returns (model, tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA
-    checkpoint's record, whose pinned base is restored instead of reading ``lora.init_from`` afresh."""
+    checkpoint's record, whose pinned base is restored instead of reading ``lora.init_from`` afresh; ``experts``: an
+    ExpertParallelRun, which keeps this rank's experts before anything is allocated."""
     model_cfg = cfg.model.to_model_config()
     tok_name, vocab_needed = _tokenizer_name(cfg)
     if vocab_needed > model_cfg.vocab_size:
@@ -123,6 +124,8 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
             apply_run_lora(model, cfg.lora)
     if dims is not None and dims.pipeline_parallel:
         model = PipelinedLM(model, dims.pp_group, dims.schedule, dims.virtual)
+    if experts is not None:
+        experts.split(model, cfg.train.weight_decay)
     if zero_stage == 3:  # each rank keeps (and allocates) only its shards
         if on_meta:
             model.to(dtype=cfg.dtype)
@@ -209,12 +212,6 @@ class Run:
             resume_state = ckpt.read_state(self.resumed_from)
             check_same_model(resume_state, cfg.model.arch, cfg.model.to_model_config().to_dict(), self.resumed_from)
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
-        self.memory = PhasePeaks(self.device)
-        self.memory.start("build")
-        self.raw_model, self.tok_name, self.lora_base = build_model(
-            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
-            zero_stage=cfg.parallel.zero_stage)
-        self.zero_stage = cfg.parallel.zero_stage
         self.experts = None  # expert parallelism: the experts split over expert groups of the data-parallel ranks
         if p.expert > 1:
             if dims.grad_size % p.expert:
@@ -222,7 +219,13 @@ class Run:
                                   f"ranks: expert groups of consecutive data-parallel ranks), got {p.expert}\nHINT: "
                                   f"run on a multiple of {p.expert} ranks, or set parallel.expert to a divisor of "
                                   f"{dims.grad_size}")
-            self.experts = ExpertParallelRun(self.raw_model, dims, p.expert, t.weight_decay)
+            self.experts = ExpertParallelRun(dims, p.expert)
+        self.memory = PhasePeaks(self.device)
+        self.memory.start("build")
+        self.raw_model, self.tok_name, self.lora_base = build_model(
+            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
+            zero_stage=cfg.parallel.zero_stage, experts=self.experts)
+        self.zero_stage = cfg.parallel.zero_stage
         self.moe = moe_metrics_for(self.raw_model, dims, p.expert)  # router statistics of a MoE, else None
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group, self.moe is not None,
                                          self.experts)
@@ -241,14 +244,16 @@ class Run:
                              GradientSync(dims, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
                              self.device, self.amp, self.scaler, self.model is not self.raw_model)
         self.plan.sync.experts = self.experts
-        if self.experts is None:
+        if self.experts is None or dims.pipeline_parallel:  # (a pipeline's stages load whole state by name, their
+            # experts included; they write sharded checkpoints only)
             self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         else:
             self.state_io = ExpertState(dims, self.raw_model, self.optimizer, self.zero_stage, self.experts)
         self.sharded = ShardedState(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
+        self.sharded.experts = self.experts
         self.checkpoint_format = cfg.train.checkpoint_format
-        if self.checkpoint_format == "auto":  # (expert-parallel runs write the one-process checkpoint)
-            self.checkpoint_format = "sharded" if self.world > 1 and self.experts is None else "whole"
+        if self.checkpoint_format == "auto":
+            self.checkpoint_format = "sharded" if self.world > 1 else "whole"
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -261,9 +266,7 @@ class Run:
 
     def _resume(self, path):
         state = ckpt.read_state(path)  # verified by rank 0
-        if is_sharded(state) and self.experts is not None:  # assembled whole, then each rank keeps its experts
-            self.state_io.scatter(*whole_state(path, state))
-        elif is_sharded(state):  # each rank reads the parts it holds; a LoRA run's pinned base was restored at build
+        if is_sharded(state):  # each rank reads the parts it holds; a LoRA run's pinned base was restored at build
             self.sharded.load(path, state["optimizer"]["param_groups"])
         else:
             model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)

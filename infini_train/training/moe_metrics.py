@@ -2,10 +2,11 @@
 evenly the tokens spread over the experts, for metrics.jsonl and the step line. Other models get None from
 ``moe_metrics_for`` and pay nothing.
 
-A forward hook on the model reads, after every training forward (grad enabled: not evaluation or sampling), the
-model's ``aux_loss`` (before the coefficient) and each sparse layer's ``tokens_per_expert``. ``collect()`` after the
-step gives the step's values over its micro-batches and the data-parallel ranks (one all-reduce), so a data-parallel
-run logs what the one-process run with the same global batch logs:
+A forward hook on the model (on each chunk of a pipeline stage) reads, after every training forward (grad enabled: not
+evaluation or sampling), the model's ``aux_loss`` (before the coefficient; the last chunk's) and each sparse layer's
+``tokens_per_expert``. ``collect()`` after the
+step gives the step's values over its micro-batches, the data-parallel ranks and the pipeline stages (one all-reduce
+over the world), so a parallel run logs what the one-process run with the same global batch logs:
 
 - ``aux_loss``: the mean load-balancing loss of the step's micro-batches;
 - ``expert_load_max``: over the sparse layers, the largest (most tokens an expert got) / (mean per expert); 1 is an
@@ -22,34 +23,44 @@ from ..tensor import Tensor
 
 
 class MoEMetrics:
-    def __init__(self, model, dims, expert=1):
+    """``chunks``: the mixture-of-experts modules this rank runs (the model, or its pipeline stage's chunks)."""
+
+    def __init__(self, chunks, dims, expert=1):
         self.dims, self.expert = dims, expert
-        self.num_layers = len(model.moe_layers())
-        self.num_experts = model.config.num_experts
+        config = chunks[0].config
+        sparse = [layer for layer in range(config.n_layers) if config.sparse_layer(layer)]
+        self.row = {layer: i for i, layer in enumerate(sparse)}  # the whole model's sparse layers, in order
+        self.num_experts = config.num_experts
         self._reset()
-        self.handle = model.register_forward_hook(self._after_forward)
+        self.handles = [chunk.register_forward_hook(self._after_forward) for chunk in chunks]
 
     def _reset(self):
         self.aux_sum, self.forwards = 0.0, 0
-        self.counts = np.zeros((self.num_layers, self.num_experts), np.int64)
+        self.counts = np.zeros((len(self.row), self.num_experts), np.int64)
 
-    def _after_forward(self, model, args, output):
-        if not is_grad_enabled() or model.aux_loss is None:
+    def _after_forward(self, chunk, args, output):
+        if not is_grad_enabled():
             return
-        self.aux_sum += float(model.aux_loss.item())
-        self.forwards += 1
-        for i, layer in enumerate(model.moe_layers()):
-            # expert parallelism: every expert's count over the expert group (each of its E ranks holds it)
-            self.counts[i] += layer.tokens_per_expert if self.expert == 1 else layer.group_tokens_per_expert
+        if chunk.last and chunk.aux_loss is not None:
+            self.aux_sum += float(chunk.aux_loss.item())
+            self.forwards += 1
+        for layer, block in chunk.numbered_blocks():
+            if layer in self.row:  # expert parallelism: every expert's count over the expert group (each of its
+                # E ranks holds it)
+                mlp = block.mlp
+                self.counts[self.row[layer]] += mlp.tokens_per_expert if self.expert == 1 else \
+                    mlp.group_tokens_per_expert
 
     def collect(self):
         """The step's {aux_loss, expert_load_max, experts_idle}, the same on every rank; starts the next step's."""
         aux, counts = self.aux_sum / max(self.forwards, 1), self.counts.astype(np.float64)
-        if self.dims.grad_size > 1:
-            both = Tensor(np.concatenate([[aux], counts.ravel()]))
-            dist.all_reduce(both, "sum", group=self.dims.grad_group)
+        if self.dims.world > 1:  # the last stage's losses, every stage's layers, every data rank's tokens
+            both = Tensor(np.concatenate([[self.aux_sum, self.forwards], counts.ravel()]))
+            dist.all_reduce(both, "sum")
             total = both.numpy()
-            aux, counts = float(total[0]) / self.dims.grad_size, total[1:].reshape(counts.shape) / self.expert
+            dims = self.dims  # tensor ranks without sequence parallelism route the same tokens
+            copies = self.expert * (dims.tp_size if dims.tensor_parallel and not dims.sequence_parallel else 1)
+            aux, counts = float(total[0]) / max(float(total[1]), 1.0), total[2:].reshape(counts.shape) / copies
         self._reset()
         mean = counts.mean(axis=1)
         load = float(np.max(counts.max(axis=1) / np.where(mean > 0, mean, 1.0)))
@@ -63,11 +74,12 @@ class MoEMetrics:
 
 
 def moe_metrics_for(model, dims, expert=1):
-    """MoEMetrics of a mixture-of-experts model (``expert``: the expert-parallel size), else None (one isinstance
-    check)."""
-    from ..models.moe_lm import MoECausalLM
+    """MoEMetrics of a mixture-of-experts model (whole or a pipeline stage; ``expert``: the expert-parallel size),
+    else None (one isinstance check)."""
+    from ..models.moe_lm import moe_chunks
 
-    return MoEMetrics(model, dims, expert) if isinstance(model, MoECausalLM) else None
+    chunks = moe_chunks(model)
+    return MoEMetrics(chunks, dims, expert) if chunks else None
 
 
 __all__ = ["MoEMetrics", "moe_metrics_for"]

@@ -5,7 +5,8 @@ loads under any other layout.
 Entries: ``model/<name>`` for each state-dict entry (a LoRA run: the adapters only), ``optimizer/<parameter
 name>/<key>`` for each array of a parameter's optimizer state, and ``optimizer/<parameter name>/step`` (0-d).
 Tensor-parallel shards are their ShardSpec's boxes, ZeRO's pieces flat ranges of them, pipeline stages hold their
-own names; the param groups (options and parameter names, the whole model's) go into state.json.
+own names, expert-parallel ranks their experts (whole, under the one-process names); the param groups (options and
+parameter names, the whole model's) go into state.json.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class ShardedState:
         self.lora = lora
         self.tp_rank = dims.tp_rank if dims.tensor_parallel else 0
         self.tp_size = dims.tp_size
+        self.experts = None  # an ExpertParallelRun: this rank holds some experts, state.json names every one
 
     # --------------------------------------------------------------------------------------------- names
     def _model_tensors(self):
@@ -38,6 +40,8 @@ class ShardedState:
 
     def model_keys(self):
         """The model's state-dict names in the whole model's order (for state.json)."""
+        if self.experts is not None:
+            return list(self.experts.whole_state_names)
         if self.dims.pipeline_parallel:
             return list(self.model.whole_state_names)
         return list(self._model_tensors())
@@ -52,7 +56,9 @@ class ShardedState:
 
     def param_groups(self):
         """The optimizer's param groups as the whole model's: options and parameter names (for state.json)."""
-        if self.dims.pipeline_parallel:
+        if self.experts is not None:
+            names = self.experts.whole_groups
+        elif self.dims.pipeline_parallel:
             names = self.model.whole_groups
         else:
             of = self._param_names()

@@ -89,3 +89,20 @@ def test_the_default_peak_is_the_hosts_vector_peak_counted_once(data_dir, tmp_pa
     per_token = [[mfu / tokens_per_s for mfu, tokens_per_s in _mfu_rows(out)] for out in (one, two)]
     np.testing.assert_allclose(per_token[1], per_token[0][0], rtol=1e-9)
     assert all(0 < mfu < 1 for out in (one, two) for mfu, _ in _mfu_rows(out))
+
+
+def test_moe_flops_count_the_experts_a_token_is_routed_to():
+    from infini_train.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(vocab_size=257, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, intermediate_size=48,
+                         moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2, mlp_only_layers=[1],
+                         max_seq_len=T, tie_word_embeddings=True)
+    model = Qwen3Moe(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    per_expert = sum(p.numel() for p in model.model.layers[0].mlp.experts[0].parameters())
+    assert per_expert == 3 * 32 * 16
+    # two sparse layers, 4 of 6 experts unused by each token
+    assert model.flops_per_token(T) == 6 * (n - 2 * 4 * per_expert) + 12 * 3 * 4 * 8 * T
+    assert model.num_params() == n
+    staged = PipelinedLM(model, dist.default_group())
+    assert staged.flops_per_token(T) == model.flops_per_token(T)

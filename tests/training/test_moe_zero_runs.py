@@ -3,7 +3,8 @@ parallelism (EP2 x DP2) with ZeRO 1 and 2 on 4 ranks, give the one process's los
 statistics with the same global batch, and checkpoints holding its weights and AdamW state: top-1 of 16 experts
 leaves some experts without a token in some steps, which AdamW skips in one process (their .grad is None), so the
 experts' step counts differ and an expert no token has reached yet has no state, under ZeRO as in one process. The
-EP2 x DP2 ZeRO-1 checkpoint resumes on one process, and the one process's at EP2 x DP2 under ZeRO-2."""
+EP2 x DP2 checkpoints (whole under ZeRO-1, sharded under ZeRO-2) resume on one process, the one process's at EP2 x DP2
+under ZeRO-1 and the ZeRO-2 one at EP4 under ZeRO-1."""
 import os
 import shutil
 
@@ -81,21 +82,23 @@ def test_data_parallel_zero_equals_one_process(data_dir, one_process, tmp_path, 
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("stage", [1, 2], ids=["zero1", "zero2"])
-def test_expert_parallel_zero_equals_one_process_and_resumes_across_layouts(data_dir, one_process, tmp_path, stage):
-    out = tmp_path / "ep2xdp2"
-    proc = _train(data_dir, out, "parallel.expert=2", f"parallel.zero_stage={stage}", *SAVES, ranks=4)
+@pytest.mark.parametrize("stage,fmt", [(1, "whole"), (2, "auto")], ids=["zero1", "zero2"])
+def test_expert_parallel_zero_equals_one_process_and_resumes_across_layouts(data_dir, one_process, tmp_path, stage,
+                                                                            fmt):
+    out = tmp_path / "ep2xdp2"  # ZeRO-1 writes the whole checkpoint (experts gathered), ZeRO-2 the sharded one
+    proc = _train(data_dir, out, "parallel.expert=2", f"parallel.zero_stage={stage}", f"train.checkpoint_format={fmt}",
+                  *SAVES, ranks=4)
     assert "expert parallel 2" in proc.stdout and f"memory (ZeRO stage {stage}" in proc.stdout
     _same_as(out, one_process)
-    resumed = tmp_path / "resumed"
-    if stage == 1:  # this run's checkpoint on one process
-        shutil.copytree(out, resumed)
-        extra, ranks, ref = (), 1, out
-    else:  # the one process's checkpoint at EP2 x DP2 under ZeRO-2
-        shutil.copytree(one_process, resumed)
-        extra, ranks, ref = ("parallel.expert=2", "parallel.zero_stage=2"), 4, one_process
-    for step in (8, 10):
-        shutil.rmtree(resumed / "checkpoints" / f"step_{step:06d}")
-    proc = _train(data_dir, resumed, *SAVES, *extra, "resume=auto", ranks=ranks)
-    assert "resumed from" in proc.stdout and "at step 6" in proc.stdout
-    _same_as(resumed, ref, steps=(10,))
+    if stage == 1:  # its step-6 checkpoint on one process, and the one process's at EP2 x DP2 under ZeRO-1
+        resumes = [(out, 1, ()), (one_process, 4, ("parallel.expert=2", "parallel.zero_stage=1"))]
+    else:  # its sharded one on one process, and at EP4 under ZeRO-1 (4 experts a rank, their state not sharded)
+        resumes = [(out, 1, ()), (out, 4, ("parallel.expert=4", "parallel.zero_stage=1"))]
+    for k, (source, ranks, extra) in enumerate(resumes):
+        resumed = tmp_path / f"resumed{k}"
+        shutil.copytree(source, resumed)
+        for step in (8, 10):
+            shutil.rmtree(resumed / "checkpoints" / f"step_{step:06d}")
+        proc = _train(data_dir, resumed, *SAVES, *extra, "resume=auto", ranks=ranks)
+        assert "resumed from" in proc.stdout and "at step 6" in proc.stdout
+        _same_as(resumed, source, steps=(10,))

@@ -47,7 +47,7 @@ from ...tensor import Tensor
 from ..containers import ModuleDict
 from ..moe import combine, keep_within_capacity, run_experts, sort_by_expert
 from .all_to_all import all_to_all
-from .tensor_parallel import all_reduce_grads
+from .tensor_parallel import all_reduce_grads_where_any
 
 
 class ExpertParallelDispatch:
@@ -91,18 +91,22 @@ class ExpertParallelDispatch:
         got = all_to_all(rows, recv, send, self.group)
         regroup = _by_expert(from_rank)
         per_expert = from_rank.sum(0)
-        y = got  # no row for any local expert: nothing to run, nothing to send back
-        if per_expert.sum():
+        if not per_expert.sum():  # no row for any local expert: nothing to run or send back, but in the dtype the
+            # experts give on the other ranks (autocast's), as every rank's buffers of the exchange must agree
+            with no_grad():
+                dtype = moe.experts[str(self.first)](got).dtype
+            y = got.to(dtype)
+        else:
             idx = Tensor._make(backend.to_device_array(regroup, device), device)
             y = run_experts([moe.experts[str(e)] for e in self.local_experts], got.index_select(0, idx), per_expert)
             y = y.index_select(0, Tensor._make(backend.to_device_array(np.argsort(regroup), device), device))
         back = all_to_all(y, send, recv, self.group)
-        item = x.array.dtype.itemsize
         moe.tokens_per_expert = per_expert.astype(np.int64)
         moe.group_tokens_per_expert = kept.sum(0).astype(np.int64)
         moe.dropped_tokens = int(n * k - kept[self.rank].sum())
         moe.all_to_all_bytes = int((self.size - 1) * counts.shape[1] * 8
-                                   + (send.sum() - send[self.rank] + recv.sum() - recv[self.rank]) * dim * item)
+                                   + (send.sum() - send[self.rank]) * dim * x.array.dtype.itemsize
+                                   + (recv.sum() - recv[self.rank]) * dim * y.array.dtype.itemsize)
         # ``back`` is used even when it has no row, so that every rank's backward joins both exchanges
         return combine(x, back, weights, order, k), routed
 
@@ -129,6 +133,8 @@ def expert_parallel(moe, group):
     local = ModuleDict()
     for e in dispatch.local_experts:
         local[str(e)] = moe.experts[e]
+        for p in local[str(e)].parameters():
+            p.expert_parallel = True  # a different expert on each rank of the group (gradient norms count each)
     moe.experts = local  # the other experts are no longer referenced: freed
     moe.token_dispatcher = dispatch
     moe.group_tokens_per_expert, moe.all_to_all_bytes = None, 0
@@ -153,15 +159,9 @@ def all_reduce_expert_grads(model, expert_data_group, data_size):
     size, E x the expert-data size): DDP's average over every data rank for weights that already sum the expert
     group's tokens."""
     params = expert_parameters(model)
-    if expert_data_group.size > 1:  # an expert no token of this expert group reached may have got some elsewhere
-        used = Tensor(np.array([p.grad is not None for p in params], np.int64))
-        expert_data_group.all_reduce(used, "sum")
-        with no_grad():  # used elsewhere: this group contributes zeros; used nowhere: stays None (one process's)
-            for p, count in zip(params, used.numpy()):
-                if p.grad is None and count:
-                    p.grad = Tensor._make(p.device.array_module().zeros_like(p.array), p.device)
+    # an expert no token of this expert group reached may have got some elsewhere
+    all_reduce_grads_where_any(params, expert_data_group)
     grads = [p.grad for p in params if p.grad is not None]
-    all_reduce_grads(grads, expert_data_group)
     with no_grad():
         for g in grads:
             g.array[...] /= data_size

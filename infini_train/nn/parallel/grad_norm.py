@@ -19,23 +19,27 @@ from ...tensor import Tensor
 from ..utils import clip_grads_with_norm_, get_total_norm
 
 
-def counts_in_norm(param, tensor_group=None):
+def counts_in_norm(param, tensor_group=None, expert_group=None):
     """Whether this rank counts ``param``'s gradient in the global norm."""
     if getattr(param, "shared_embedding", False):
         return False
+    if expert_group is not None and not getattr(param, "expert_parallel", False) and expert_group.rank != 0:
+        return False  # replicated over the expert group: counted on its rank 0
     return getattr(param, "tp_spec", None) is not None or tensor_group is None or tensor_group.rank == 0
 
 
 @no_grad()
-def clip_grad_norm_model_parallel_(parameters, max_norm, tensor_group=None, pipeline_group=None, norm_type=2.0):
+def clip_grad_norm_model_parallel_(parameters, max_norm, tensor_group=None, pipeline_group=None, norm_type=2.0,
+                                   expert_group=None):
     """``clip_grad_norm_`` for this rank's parameters of a model split over ``tensor_group`` and/or
-    ``pipeline_group``: the same total norm (the whole model's, returned as a 0-d Tensor) and the same scaling on
+    ``pipeline_group`` and/or the experts over ``expert_group`` (parameters marked ``expert_parallel``: each rank holds
+    different experts): the same total norm (the whole model's, returned as a 0-d Tensor) and the same scaling on
     every rank. Without groups it is exactly ``clip_grad_norm_``."""
     params = [p for p in parameters if p.grad is not None]
     norm_type = float(norm_type)
-    local = get_total_norm([p.grad for p in params if counts_in_norm(p, tensor_group)], norm_type)
+    local = get_total_norm([p.grad for p in params if counts_in_norm(p, tensor_group, expert_group)], norm_type)
     total = local
-    groups = [g for g in (tensor_group, pipeline_group) if g is not None and g.size > 1]
+    groups = [g for g in (expert_group, tensor_group, pipeline_group) if g is not None and g.size > 1]
     if groups:
         value = float(local.item())
         inf = norm_type == math.inf

@@ -4,7 +4,9 @@ activations forward and gradients back to the neighbouring stages with point-to-
 ``PipelineParallel(chunks, group, schedule, virtual)``: ``chunks`` are this stage's model chunks in local order
 (local chunk v is model chunk v * P + stage, see pipeline_schedules.py). A chunk is called as ``chunk(x, targets)``:
 the first model chunk gets the micro-batch's inputs, the others the previous chunk's activation; the last returns
-``(output, loss)``, the others their activation, a Tensor of ``activation_shape``.
+``(output, loss)``, the others their activation. ``parts`` says what an activation is: a list of (shape, dtype), one
+Tensor per part -- one part is a Tensor, several a tuple of Tensors (a mixture-of-experts model also passes its
+router statistics on), each sent as its own message and each getting its gradient back.
 
 ``train_step`` runs the forwards and backwards of every micro-batch in the schedule's order (``timetable``): at each
 tick this stage runs its action, then sends what it produced and posts the receives of what its neighbours produced
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from ...autograd.engine import backward as autograd_backward
 from ...autograd.grad_mode import no_grad
 from ...tensor import Tensor
 from .pipeline_schedules import check_schedule, forward_only_order, stage_order, timetable
@@ -78,8 +81,8 @@ class PipelineParallel:
             self._tables[key] = timetable(orders, P, V)
         return self._tables[key]
 
-    def _tag(self, kind, chunk, mb, micro_batches):
-        return ((chunk * micro_batches + mb) * 2 + (kind == "B")) % 32768
+    def _tag(self, kind, chunk, mb, micro_batches, part=0, parts=1):
+        return (((chunk * micro_batches + mb) * 2 + (kind == "B")) * parts + part) % 32768
 
     def _destination(self, kind, chunk):
         """The stage a message produced by ``kind`` of ``chunk`` goes to (None: it stays here)."""
@@ -88,29 +91,28 @@ class PipelineParallel:
         return None if self.is_first(chunk) else self.owner(chunk - 1)
 
     # -------------------------------------------------------------------------------------------- train
-    def train_step(self, inputs, targets, activation_shape, activation_dtype, device, backward=None,
-                   forward_context=None):
+    def train_step(self, inputs, targets, parts, device, backward=None, forward_context=None):
         """Forward and backward of every micro-batch (``inputs[m]``, ``targets[m]``: Tensors; every stage passes
-        the same lists). ``backward(loss)`` runs the backward of a micro-batch's loss on the last stage (default
-        ``loss.backward()``: scale it there, e.g. by 1 / M or a GradScaler); forwards run under
-        ``forward_context()`` (e.g. autocast). Returns the micro-batch losses (floats) on the stage of the last
-        chunk, None elsewhere."""
+        the same lists); ``parts``: the activations' [(shape, dtype)]. ``backward(loss)`` runs the backward of a
+        micro-batch's loss on the last stage (default ``loss.backward()``: scale it there, e.g. by 1 / M or a
+        GradScaler); forwards run under ``forward_context()`` (e.g. autocast). Returns the micro-batch losses
+        (floats) on the stage of the last chunk, None elsewhere."""
         forward_context = forward_context or contextlib.nullcontext
         M = len(inputs)
         table = self._table(M, forward_only=False)
-        run = _Step(self, inputs, targets, activation_shape, activation_dtype, device, backward, forward_context)
+        run = _Step(self, inputs, targets, list(parts), device, backward, forward_context)
         start = time.perf_counter()
         for row in table:
             action = row[self.stage]
             ops = run.act(action) if action is not None else []
-            ops += self._receives(row, run.received, activation_shape, activation_dtype, device, M)
+            ops += self._receives(row, run.received, run.parts, device, M)
             if ops:
                 works = self.group.batch_isend_irecv([op[:4] for op in ops])
                 for op, work in zip(ops, works):
                     if op[0] == "send":
                         run.sends.append((work, op[1]))
                     else:
-                        run.received[op[4]] = (op[1], work)
+                        run.received.setdefault(op[4], []).append((op[1], work))
             run.sends = [(w, a) for w, a in run.sends if not w.is_completed()]
         for work, _ in run.sends:
             work.wait()
@@ -118,40 +120,51 @@ class PipelineParallel:
                       "peak_live_microbatches": run.peak}
         return [run.losses[m] for m in range(M)] if self.owns_last else None
 
-    def _receives(self, row, received, shape, dtype, device, M):
-        """Receive ops for the messages the other stages produce at this tick for this one."""
+    def _receives(self, row, received, parts, device, M):
+        """Receive ops for the messages the other stages produce at this tick for this one (one per part)."""
         ops = []
         for stage, action in enumerate(row):
             if action is None or stage == self.stage or self._destination(action.kind, action.chunk) != self.stage:
                 continue
-            xp = device.array_module()
-            with device.context():
-                buffer = xp.empty(shape, dtype)
             key = (action.kind, action.chunk, action.mb)
-            ops.append(("recv", buffer, stage, self._tag(action.kind, action.chunk, action.mb, M), key))
+            for i, buffer in enumerate(_buffers(parts, device)):
+                ops.append(("recv", buffer, stage, self._tag(action.kind, action.chunk, action.mb, M, i, len(parts)),
+                            key))
         return ops
 
     @staticmethod
     def _arrived(pending, device, requires_grad=False):
-        """The received array as a Tensor, once its transfer completed (a leaf that takes a gradient: an
-        activation whose gradient goes back to the previous stage)."""
-        array, work = pending
-        work.wait()
-        x = Tensor._make(array, device)
-        return x.requires_grad_(True) if requires_grad else x
+        """The received parts as a Tensor (one part) or a tuple of them, once their transfers completed (leaves
+        that take a gradient: an activation whose gradient goes back to the previous stage)."""
+        tensors = []
+        for array, work in pending:
+            work.wait()
+            x = Tensor._make(array, device)
+            tensors.append(x.requires_grad_(True) if requires_grad else x)
+        return _packed(tensors)
+
+    def _sends(self, kind, chunk, mb, M, tensors, destination):
+        return [("send", t.array, destination, self._tag(kind, chunk, mb, M, i, len(tensors)))
+                for i, t in enumerate(tensors)]
 
     @staticmethod
-    def _check_activation(out, shape, dtype, chunk):
-        if not isinstance(out, Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-            got = f"{type(out).__name__} of shape {tuple(out.shape)} and dtype {out.dtype}" if isinstance(out, Tensor) \
-                else type(out).__name__
-            raise ValueError(f"pipeline: model chunk {chunk} produced {got}, expected a Tensor of shape {tuple(shape)} "
-                             f"and dtype {dtype} to send to the next stage\nHINT: every chunk but the last returns the "
+    def _check_activation(out, parts, chunk):
+        """The parts of chunk ``chunk``'s activation ``out``, checked against ``parts``."""
+        tensors = _unpacked(out, len(parts))
+        ok = tensors is not None and all(isinstance(t, Tensor) and tuple(t.shape) == tuple(shape) and t.dtype == dtype
+                                         for t, (shape, dtype) in zip(tensors, parts))
+        if not ok:
+            got = (", ".join(f"shape {tuple(t.shape)} and dtype {t.dtype}" if isinstance(t, Tensor)
+                             else type(t).__name__ for t in (out if isinstance(out, tuple) else (out,))))
+            want = ", ".join(f"shape {tuple(shape)} and dtype {dtype}" for shape, dtype in parts)
+            raise ValueError(f"pipeline: model chunk {chunk} produced ({got}), expected {len(parts)} Tensor(s) of "
+                             f"({want}) to send to the next stage\nHINT: every chunk but the last returns the "
                              "activation the next chunk takes")
+        return tensors
 
     # ------------------------------------------------------------------------------------------ forward
     @no_grad()
-    def forward(self, x, activation_shape, activation_dtype, device, **kwargs):
+    def forward(self, x, parts, device, **kwargs):
         """One input through every chunk in order; returns the last chunk's output on its stage, None elsewhere.
         ``kwargs`` go to every chunk (e.g. a KV cache); the last also gets ``targets`` if given."""
         targets = kwargs.pop("targets", None)
@@ -160,26 +173,42 @@ class PipelineParallel:
             if self.owner(c) != self.stage:
                 continue
             if not self.is_first(c):
-                xp = device.array_module()
-                with device.context():
-                    buffer = xp.empty(activation_shape, activation_dtype)
-                self.group.recv(Tensor._make(buffer, device), self.owner(c - 1), self._tag("F", c - 1, 0, 1))
-                x = Tensor._make(buffer, device)
+                buffers = _buffers(parts, device)
+                for i, buffer in enumerate(buffers):
+                    self.group.recv(Tensor._make(buffer, device), self.owner(c - 1),
+                                    self._tag("F", c - 1, 0, 1, i, len(parts)))
+                x = _packed([Tensor._make(b, device) for b in buffers])
             out = self.local(c)(x, targets, **kwargs) if self.is_last(c) else self.local(c)(x, None, **kwargs)
             if not self.is_last(c):
-                self._check_activation(out, activation_shape, activation_dtype, c)
-                self.group.send(out, self.owner(c + 1), self._tag("F", c, 0, 1))
+                for i, t in enumerate(self._check_activation(out, parts, c)):
+                    self.group.send(t, self.owner(c + 1), self._tag("F", c, 0, 1, i, len(parts)))
                 x = out
         return out if self.owns_last else None
+
+
+def _buffers(parts, device):
+    xp = device.array_module()
+    with device.context():
+        return [xp.empty(shape, dtype) for shape, dtype in parts]
+
+
+def _packed(tensors):
+    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+def _unpacked(out, count):
+    """The parts of an activation as a list (None when there are not ``count`` of them)."""
+    tensors = list(out) if isinstance(out, tuple) else [out]
+    return tensors if len(tensors) == count else None
 
 
 class _Step:
     """The state of one train_step on this stage: what each action needs and leaves, and the time it computes
     (waiting for a transfer is not computing: the bubble is measured from it)."""
 
-    def __init__(self, pipe, inputs, targets, shape, dtype, device, backward, forward_context):
+    def __init__(self, pipe, inputs, targets, parts, device, backward, forward_context):
         self.pipe, self.inputs, self.targets = pipe, inputs, targets
-        self.shape, self.dtype, self.device = shape, dtype, device
+        self.parts, self.device = parts, device
         self.backward = backward or Tensor.backward
         self.forward_context = forward_context
         self.M = len(inputs)
@@ -204,26 +233,29 @@ class _Step:
                 self.losses[m] = float(out[1].item())
                 self.busy += time.perf_counter() - t0
                 return []
-            pipe._check_activation(out, self.shape, self.dtype, c)
-            self.kept_out[(c, m)] = out
+            tensors = pipe._check_activation(out, self.parts, c)
+            self.kept_out[(c, m)] = tensors
             self.busy += time.perf_counter() - t0
-            return [("send", out.array, pipe.owner(c + 1), pipe._tag("F", c, m, self.M))]
+            return pipe._sends("F", c, m, self.M, tensors, pipe.owner(c + 1))
         out = self.kept_out.pop((c, m))
-        grad = None if pipe.is_last(c) else pipe._arrived(self.received.pop(("B", c + 1, m)), self.device)
+        grads = None if pipe.is_last(c) else _unpacked(pipe._arrived(self.received.pop(("B", c + 1, m)), self.device),
+                                                       len(self.parts))
         t0 = time.perf_counter()
         if pipe.data_parallel:
             left = self.backwards_left[c] = self.backwards_left.get(c, self.M) - 1
             pipe.local(c).prepare_backward(sync=left == 0)
-        if grad is None:
+        if grads is None:
             self.backward(out)
-        else:
-            out.backward(grad)
+        else:  # the parts that do not depend on this chunk's inputs or weights take no part in its backward
+            roots = [(t, g) for t, g in zip(out, grads) if t.requires_grad]
+            autograd_backward([t for t, _ in roots], [g for _, g in roots])
         x = self.kept_in.pop((c, m))
         self.live -= 1
         ops = []
         if not pipe.is_first(c):
-            g = x.grad if x.grad is not None else Tensor._make(x.array * 0, self.device)
-            ops.append(("send", g.array, pipe.owner(c - 1), pipe._tag("B", c, m, self.M)))
+            received = _unpacked(x, len(self.parts))
+            back = [t.grad if t.grad is not None else Tensor._make(t.array * 0, self.device) for t in received]
+            ops = pipe._sends("B", c, m, self.M, back, pipe.owner(c - 1))
         self.busy += time.perf_counter() - t0
         return ops
 

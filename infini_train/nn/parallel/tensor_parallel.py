@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ... import backend
 from ...autograd.grad_mode import no_grad
 from ...distributed import default_group
@@ -198,6 +200,21 @@ def all_reduce_grads(grads, group):
                 g.array[...] = flat[offset:offset + g.array.size].reshape(g.array.shape)
                 g._version[0] += 1
                 offset += g.array.size
+
+
+def all_reduce_grads_where_any(params, group):
+    """Sum the gradients of ``params`` over ``group`` where some rank has one (a parameter may get none on a rank:
+    an expert none of its tokens reached): a rank without it contributes zeros, and a parameter no rank used keeps
+    None (as in one process). One small all-reduce of flags first, then ``all_reduce_grads``."""
+    if group is None or group.size == 1:
+        return
+    used = Tensor(np.array([p.grad is not None for p in params], np.int64))
+    group.all_reduce(used, "sum")
+    with no_grad():
+        for p, count in zip(params, used.numpy()):
+            if p.grad is None and count:
+                p.grad = Tensor._make(p.device.array_module().zeros_like(p.array), p.device)
+    all_reduce_grads([p.grad for p in params if p.grad is not None], group)
 
 
 def _check_divisible(layer, name, value, size, blocks=1):
