@@ -13,10 +13,8 @@ if REPO not in sys.path:
 
 import infini_train as it  # noqa: E402
 from infini_train import backend  # noqa: E402
-from infini_train.data.tokenizer import get_tokenizer  # noqa: E402
+from infini_train.data.tokenizer import get_tokenizer, hf_name  # noqa: E402
 from infini_train.models import registry  # noqa: E402
-from infini_train.models.gpt2 import GPT2  # noqa: E402
-from infini_train.models.llama import Llama  # noqa: E402
 from infini_train.training.checkpoints import CheckpointError, load_model_checkpoint  # noqa: E402
 from infini_train.training.config import ConfigError  # noqa: E402
 
@@ -82,7 +80,9 @@ def load_model(checkpoint=None, pretrained=None, device="cpu", tokenizer=None, d
     else:
         model = _pretrained(pretrained)
         model.to(dtype=dtype)
-        tok_name = tokenizer or {257: "byte", 50257: "gpt2", 50304: "gpt2"}.get(model.config.vocab_size)
+        own = os.path.isdir(pretrained) and os.path.isfile(os.path.join(pretrained, "tokenizer.json"))
+        tok_name = tokenizer or (hf_name(pretrained) if own else None) or {
+            257: "byte", 50257: "gpt2", 50304: "gpt2"}.get(model.config.vocab_size)
         if tok_name is None:
             raise SystemExit(f"error: no tokenizer here for the model's vocabulary of {model.config.vocab_size} "
                              "tokens (byte: 257, gpt2: 50257)\nHINT: pass --tokenizer byte or gpt2 if the model was "
@@ -166,15 +166,10 @@ def join_tensor_parallel(size, device):
 
 
 def _pretrained(path):
-    """An HF directory (GPT-2 or LLaMA, by its config.json's model_type) or an llm.c .bin file."""
-    import json
+    """An HF directory (the model its config.json's model_type names) or an llm.c .bin file."""
+    from infini_train.models.pretrained import from_pretrained
 
-    config = os.path.join(path, "config.json")
-    if os.path.isdir(path) and os.path.exists(config):
-        with open(config) as f:
-            if json.load(f).get("model_type") == "llama":
-                return Llama.from_pretrained(path)
-    return GPT2.from_pretrained(path)
+    return from_pretrained(path)
 
 
 def to_tensor(tokens, device):

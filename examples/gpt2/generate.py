@@ -9,6 +9,13 @@ Under mpirun the model is split over the ranks with tensor parallelism (attentio
 rank generates the same tokens and rank 0 prints them.
 
 Tokens are streamed to stdout as they are produced.
+
+    python examples/gpt2/generate.py --checkpoint runs/llama3_lora_sft --chat --temperature 0
+
+--chat talks to the model through its chat template (the tokenizer's, or ChatML for tokenizers that ship none):
+each line read from stdin is a user turn, the reply is streamed and kept in the conversation, and a reply ends at
+the tokenizer's end-of-sequence / end-of-turn tokens (generation_config.json's eos_token_id list) or after
+--max-new-tokens. An empty line or end of input ends the chat.
 """
 from __future__ import annotations
 
@@ -24,14 +31,20 @@ import infini_train as it
 
 
 class StreamPrinter:
-    """Writes each new token as it comes, holding back bytes that do not yet form whole characters."""
+    """Writes each new token as it comes, holding back bytes that do not yet form whole characters; ``hide``: ids
+    not shown (a chat reply's end-of-turn token)."""
 
-    def __init__(self, tokenizer, out=sys.stdout):
+    def __init__(self, tokenizer, out=sys.stdout, hide=()):
         self.tokenizer = tokenizer
         self.out = out
         self.pending = []
+        self.hide = set(hide)
+        self.ended = False
 
     def __call__(self, token_ids):
+        if self.ended or int(token_ids[0]) in self.hide:
+            self.ended = True  # (a stopped row repeats its stop token)
+            return
         self.pending.append(int(token_ids[0]))
         text = self.tokenizer.decode(self.pending)
         if not text.endswith("\ufffd"):
@@ -61,6 +74,9 @@ def main(argv=None):
     p.add_argument("--tokenizer", default=None, help="override the tokenizer recorded with the model")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context for every token")
     p.add_argument("--precision", default="fp32", help=f"{' | '.join(PRECISIONS)}: the forward under autocast")
+    p.add_argument("--chat", action="store_true", help="talk through the chat template: each stdin line is a user "
+                                                        "turn (see above)")
+    p.add_argument("--system", default=None, help="--chat: a system message before the first turn")
     p.add_argument("--tensor-parallel", type=int, default=None,
                    help="under mpirun: ranks the model is split over (default and only value: all of them)")
     args = p.parse_args(argv)
@@ -73,6 +89,11 @@ def main(argv=None):
     model, tok = load_model(args.checkpoint, args.pretrained, device, args.tokenizer, dtype)
     if tp_group is not None:
         split_over_ranks(model, tp_group)
+    if args.chat:
+        with it.no_grad(), amp():
+            chat(model, tok, args, device, out)
+        it.distributed.destroy_process_group()
+        return 0
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_token]
     block = model.config.context_length
     if len(ids) > block:
@@ -97,6 +118,64 @@ def main(argv=None):
                       file=sys.stderr)
     it.distributed.destroy_process_group()
     return 0
+
+
+END_OF_TURN_TEXT = "<|im_end|>"  # the built-in ChatML template's, as text for tokenizers without it as a token
+
+
+def chat(model, tok, args, device, out):
+    """The --chat loop: rank 0 reads each user line (every rank gets it), the reply is generated greedily or
+    sampled as the other flags say, streamed, and appended to the conversation."""
+    from infini_train.data.chat_template import render_chat
+
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    stops = list(getattr(tok, "stop_token_ids", None) or [tok.eot_token])
+    block = model.config.context_length
+    interactive = sys.stdin.isatty()
+    turn = 0
+    while True:
+        line = read_line("user> " if interactive else "")
+        if not line:
+            break
+        messages.append({"role": "user", "content": line})
+        ids = tok.encode(render_chat(tok, messages, add_generation_prompt=True), **_no_special(tok))
+        room = block - len(ids)
+        if room < 1:
+            raise SystemExit(f"error: the conversation is {len(ids)} tokens, the model's context is {block}\n"
+                             "HINT: start a new chat, or use a shorter --system message")
+        stream = StreamPrinter(tok, out, hide=stops)
+        tokens = model.generate(to_tensor([ids], device), min(args.max_new_tokens, room),
+                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                seed=args.seed + turn, use_cache=not args.no_cache, stream=stream,
+                                stop_tokens=stops).numpy()[0, len(ids):].tolist()
+        stream.flush()
+        out.write("\n")
+        out.flush()
+        while tokens and tokens[-1] in stops:
+            tokens.pop()
+        reply = tok.decode(tokens).split(END_OF_TURN_TEXT)[0]
+        messages.append({"role": "assistant", "content": reply})
+        turn += 1
+
+
+def _no_special(tok):
+    """encode()'s keyword for rendered chat text: the template writes BOS/EOS itself (HF tokenizers)."""
+    return {"add_special_tokens": False} if hasattr(tok, "apply_chat_template") else {}
+
+
+def read_line(prompt):
+    """The next stdin line on rank 0, the same on every rank ("" at end of input)."""
+    line = None
+    if it.distributed.get_rank() == 0:
+        try:
+            line = input(prompt).rstrip("\n")
+        except EOFError:
+            line = ""
+    if it.distributed.get_world_size() > 1:
+        lines = [None] * it.distributed.get_world_size()
+        it.distributed.all_gather_object(lines, line)
+        line = lines[0]
+    return line
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Tokenizers: a byte-level tokenizer (256 byte values + EOT) that works everywhere, and GPT-2's BPE through
-tiktoken where its encoding files are available offline.
+"""Tokenizers: a byte-level tokenizer (256 byte values + EOT) that works everywhere, GPT-2's BPE through
+tiktoken where its encoding files are available offline, and any Hugging Face tokenizer as ``hf:PATH``
+(infini_train.data.hf_tokenizer: a model directory or its tokenizer.json, with chat templates).
 
 tiktoken downloads GPT-2's ``vocab.bpe`` and ``encoder.json`` on first use and caches them (in
 ``$TIKTOKEN_CACHE_DIR``, else ``$DATA_GYM_CACHE_DIR``, else ``<tmp>/data-gym-cache``; files named by the sha1
@@ -8,6 +9,7 @@ installed and both files already sit in that cache with the right sha256, and th
 exactly that directory, so tiktoken finds them and makes no request.
 
     tok = get_tokenizer("auto")          # "gpt2" when available offline, else "byte"
+    tok = get_tokenizer("hf:models/Qwen2.5-0.5B-Instruct")   # HFTokenizer: also apply_chat_template
     ids = tok.encode("hello")            # list[int]; the byte tokenizer also takes bytes (tok.accepts_bytes)
     text = tok.decode(ids)               # str; invalid UTF-8 becomes U+FFFD
     tok.name, tok.vocab_size, tok.eot_token
@@ -23,6 +25,7 @@ import threading
 import numpy as np
 
 TOKENIZERS = ("byte", "gpt2", "auto")
+HF_PREFIX = "hf:"  # hf:PATH, PATH a Hugging Face model directory or its tokenizer.json
 EOT_TEXT = "<|endoftext|>"
 
 # tiktoken's GPT-2 files: (URL used by tiktoken >= 0.5, URL used before, sha256 of the content)
@@ -201,8 +204,19 @@ def _load_gpt2():
         return _GPT2
 
 
+def hf_name(path):
+    """The name an ``hf:`` tokenizer records (in shards' meta.json, checkpoints): "hf:" + the absolute path, so a
+    run or generate.py started elsewhere rebuilds the same tokenizer."""
+    return HF_PREFIX + os.path.abspath(os.path.expanduser(path)) if path else HF_PREFIX
+
+
 def get_tokenizer(name="auto"):
-    """"byte", "gpt2" or "auto" (gpt2 when available offline, else byte) -> tokenizer instance."""
+    """"byte", "gpt2", "auto" (gpt2 when available offline, else byte) or "hf:PATH" (an HFTokenizer) -> tokenizer
+    instance."""
+    if isinstance(name, str) and name.startswith(HF_PREFIX):
+        from .hf_tokenizer import HFTokenizer  # needs the tokenizers package: imported only for hf: names
+
+        return HFTokenizer(name[len(HF_PREFIX):])
     if name == "auto":
         name = "gpt2" if gpt2_available() else "byte"
     if name == "byte":
@@ -212,4 +226,5 @@ def get_tokenizer(name="auto"):
     close = difflib.get_close_matches(str(name), TOKENIZERS, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(f"unknown tokenizer {name!r}: expected one of {TOKENIZERS}\nHINT: {hint}"
-                     "byte works offline everywhere; gpt2 needs tiktoken and its cached encoding")
+                     "byte works offline everywhere; gpt2 needs tiktoken and its cached encoding; hf:PATH reads a "
+                     "Hugging Face model directory's tokenizer.json")

@@ -156,12 +156,13 @@ class CausalLM(nn.Module):
 
     @grad_mode.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, use_cache=True,
-                 stream=None):
-        """Sample ``max_new_tokens`` after the prompts ``idx`` (B, T); see generation.py."""
+                 stream=None, stop_tokens=None):
+        """Sample ``max_new_tokens`` after the prompts ``idx`` (B, T), stopping a row at ``stop_tokens``; see
+        generation.py."""
         from .generation import generate
 
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                        use_cache=use_cache, stream=stream)
+                        use_cache=use_cache, stream=stream, stop_tokens=stop_tokens)
 
 
 __all__ = ["CausalLM", "LMConfig"]

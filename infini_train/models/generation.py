@@ -47,10 +47,13 @@ def sample_next(logits: np.ndarray, temperature=1.0, top_k=None, top_p=None, rng
 
 @no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, use_cache=True,
-             stream=None):
+             stream=None, stop_tokens=None):
     """Extend each prompt row of ``idx`` (B, T) by ``max_new_tokens`` sampled tokens; returns (B, T + new).
 
     ``stream(tokens)`` is called with each step's new token ids (numpy, shape (B,)) as they are produced.
+    ``stop_tokens``: ids that end a row (an end-of-sequence or end-of-turn token, kept in the output, as HF's
+    generate keeps its EOS); a row that stopped repeats its stop token while the others go on, and generation ends
+    once every row has stopped (the result is then shorter than T + max_new_tokens).
     """
     if not isinstance(idx, Tensor):
         idx = Tensor(np.asarray(idx, dtype=np.int64))
@@ -73,14 +76,19 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         dtype = next(iter(model.parameters())).dtype  # the cache holds keys and values in the model's dtype
         cache = model.new_kv_cache(B, device, dtype) if use_cache else None
         length = T0
+        stops = np.asarray(sorted(set(int(t) for t in stop_tokens or ())), np.int64)
+        stopped = np.zeros(B, bool)
         logits, _ = model(idx, kv_cache=cache, last_only=True)
         for _ in range(max_new_tokens):
             nxt = sample_next(logits.numpy()[:, -1, :], temperature, top_k, top_p, rng)
+            if stops.size:
+                nxt = np.where(stopped, tokens[:, length - 1], nxt)
+                stopped |= np.isin(nxt, stops)
             tokens[:, length] = nxt
             length += 1
             if stream is not None:
                 stream(nxt)
-            if length == tokens.shape[1]:
+            if length == tokens.shape[1] or stopped.all():
                 break
             if cache is not None and length <= block:
                 step = Tensor._make(backend.to_device_array(tokens[:, length - 1:length], device), device)
@@ -93,4 +101,4 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
                 logits, _ = model(ctx, kv_cache=cache, last_only=True)
     finally:
         model.train(was_training)
-    return Tensor._make(backend.to_device_array(tokens, device), device)
+    return Tensor._make(backend.to_device_array(np.ascontiguousarray(tokens[:, :length]), device), device)

@@ -125,11 +125,12 @@ class PipelinedLM(nn.Module):
         model's own modules, parameter names and state stay the chunks'."""
         self.pipe.set_data_parallel([wrap(chunk) for chunk in self.chunks])
 
-    def train_step(self, inputs, targets, backward=None, forward_context=None):
+    def train_step(self, inputs, targets, backward=None, forward_context=None, batch_contexts=None):
         """Forward and backward of the micro-batches (see PipelineParallel.train_step); returns their mean loss on
         every stage."""
         parts = self._activation(*inputs[0].shape, self._dtype())
-        losses = self.pipe.train_step(inputs, targets, parts, inputs[0].device, backward, forward_context)
+        losses = self.pipe.train_step(inputs, targets, parts, inputs[0].device, backward, forward_context,
+                                      batch_contexts)
         mean = np.array([np.mean(losses) if losses is not None else 0.0], np.float64)
         self.group.broadcast(mean, self.pipe.owner(self.pipe.num_chunks - 1))
         return float(mean[0])

@@ -43,4 +43,30 @@ def from_pretrained(path, device=None, dtype=None):
     return cls.from_pretrained(path, device=device, dtype=dtype)
 
 
-__all__ = ["from_pretrained", "hf_model_class", "HF_MODEL_TYPES"]
+def pretrained_config(path):
+    """(arch, model config) of an HF directory (config.json's ``model_type``) or an llm.c ``.bin`` (GPT-2), reading
+    only config.json or the file's header."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file or directory\nHINT: name an HF model directory "
+                                    "(config.json + safetensors) or an llm.c .bin file")
+        from .gpt2_io import llmc_weights
+
+        return "gpt2", llmc_weights(path)[0]
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{config_path} is missing\nHINT: an HF model directory holds config.json and "
+                                "model.safetensors (or shards and their index)")
+    with open(config_path) as f:
+        hf = json.load(f)
+    model_type = hf.get("model_type")
+    cls = hf_model_class(model_type, config_path)
+    if model_type == "gpt2":
+        from .gpt2_io import hf_config_to_gpt2
+
+        return "gpt2", hf_config_to_gpt2(hf, config_path)
+    return HF_MODEL_TYPES[model_type], cls.config_from_hf(hf, config_path)
+
+
+__all__ = ["from_pretrained", "hf_model_class", "pretrained_config", "HF_MODEL_TYPES"]

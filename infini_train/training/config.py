@@ -35,6 +35,7 @@ from typing import Optional
 
 import yaml
 
+from ..data.tokenizer import HF_PREFIX, hf_name
 from .config_checks import (BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB,  # noqa: F401 (re-exported)
                             TOKENIZERS, check_ranges)
 from .config_model import ModelConfig, _key
@@ -56,13 +57,25 @@ class ConfigError(ValueError):
 class DataConfig:
     """Token shards (llm.c format). With ``source: stdlib`` the default corpus (Python's standard library
     sources) is built into data.train's directory on first use (infini_train.data.corpus.ensure_default_data);
-    with ``source: null`` the shards must exist."""
+    with ``source: null`` the shards must exist. ``format`` text | chat | instruction reads supervised fine-tuning
+    samples instead: .jsonl files, or the .sft shards of prepare_data.py (infini_train.data.sft_loader)."""
 
-    train: str = _key("data/stdlib_byte/train_*.bin", "glob of training shards")
+    train: str = _key("data/stdlib_byte/train_*.bin", "glob of training shards (.bin; SFT formats: .jsonl or .sft)")
     val: Optional[str] = _key("data/stdlib_byte/val_*.bin", "glob of validation shards (null: no validation)")
-    tokenizer: str = _key("byte", "byte | gpt2 | auto (gpt2 when available offline, else byte)")
+    tokenizer: str = _key("byte", "byte | gpt2 | auto (gpt2 when available offline, else byte) | hf:PATH (a Hugging "
+                               "Face model directory or its tokenizer.json)")
     source: Optional[str] = _key("stdlib", "build the default corpus when data.train matches nothing (null: never)")
     max_corpus_bytes: int = _key(4_000_000, "size cap of the default corpus")
+    format: str = _key("tokens", "tokens (llm.c token shards) | text | chat | instruction (JSONL samples or their "
+                                 ".sft shards, for fine-tuning)")
+    packing: bool = _key(True, "SFT formats: pack whole samples into each row (false: one sample per row, padded)")
+    train_on_prompt: bool = _key(False, "SFT formats: train on every token, not only the assistant turns")
+
+    def __post_init__(self):
+        # hf:PATH made absolute: the shards' meta.json, checkpoints and the saved config name one tokenizer wherever
+        # a run, a resume or generate.py starts
+        if isinstance(self.tokenizer, str) and self.tokenizer.startswith(HF_PREFIX):
+            self.tokenizer = hf_name(self.tokenizer[len(HF_PREFIX):])
 
 
 @dataclass
@@ -461,7 +474,25 @@ def load_config(path=None, overrides=()):
     overrides = [_renamed_override(text, renamed) for text in overrides]
     apply_overrides(raw, overrides, errors, RunConfig)
     _preset_replaces_file_shape(raw, overrides)
-    return _validated(raw, path or "defaults", errors, renamed)
+    _arch_of_pretrained(raw)
+    cfg = _validated(raw, path or "defaults", errors, renamed)
+    if cfg.lora.rank and cfg.lora.init_from is None and cfg.model.pretrained:
+        cfg.lora.init_from = cfg.model.pretrained  # the adapters' base is the pretrained model
+    return cfg
+
+
+def _arch_of_pretrained(raw):
+    """With ``model.pretrained`` and no ``model.arch``, the arch is the pretrained model's (a path that cannot be
+    read is left to the checks, which say why)."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("pretrained"), str) or "arch" in model:
+        return
+    from ..models.pretrained import pretrained_config
+
+    try:
+        model["arch"] = pretrained_config(model["pretrained"])[0]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
 
 
 def _rename_sections(raw):

@@ -8,6 +8,8 @@ import math
 import os
 import re
 
+from ..data.hf_tokenizer import config_problem as hf_config_problem
+from ..data.tokenizer import HF_PREFIX
 from ..models.registry import ARCHS, model_spec
 from .config_model import MOE_ARCHS
 
@@ -17,6 +19,8 @@ TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # smallest model vocab_size each
 BACKENDS = ("auto", "mpi", "nccl")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
+DATA_FORMATS = ("tokens", "text", "chat", "instruction")
+SFT_SUFFIXES = (".jsonl", ".sft")  # SFT data: JSONL files, or the shards of prepare_data.py --format chat ...
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "block")
 
@@ -184,12 +188,65 @@ def _valid_device(dev):
     return dev == "auto" or (kind in ("cpu", "cuda") and (not sep or idx.isdigit()))
 
 
+def _check_data_format(cfg, c, errors):
+    """data.format against the files data.train / data.val name: token shards for tokens, .jsonl files or .sft
+    shards for the SFT formats; False when the format is not tokens (the default corpus's checks then do not apply)."""
+    d = cfg.data
+    c.need("data.format", lambda v: v in DATA_FORMATS, f"one of {DATA_FORMATS}{_closest(d.format, DATA_FORMATS)}")
+    if not c.ok("data.format"):
+        return False
+    for key in ("data.train", "data.val"):
+        pattern = c.value(key)
+        if not c.ok(key) or not pattern or not pattern.strip():
+            continue
+        sft_files = pattern.rstrip().endswith(SFT_SUFFIXES)
+        if d.format == "tokens" and (sft_files or pattern.rstrip().endswith(".json")):
+            errors.append(f"{key}: expected llm.c token shards (.bin) with data.format=tokens, got {pattern!r}; HINT: "
+                          "for JSONL samples set data.format=chat | instruction | text (their fields decide which)")
+            c.bad.add(key)
+        elif d.format != "tokens" and not sft_files:
+            errors.append(f"{key}: expected .jsonl file(s) or .sft shards (examples/gpt2/prepare_data.py --format "
+                          f"{d.format}) with data.format={d.format}, got {pattern!r}; HINT: token shards (.bin) are "
+                          "data.format=tokens")
+            c.bad.add(key)
+    if d.format == "tokens":
+        return True
+    if c.ok("data.source") and d.source is not None:
+        errors.append(f"data.source: expected null with data.format={d.format} (the default corpus is token shards, "
+                      f"built only for data.format=tokens), got {d.source!r}; HINT: add data.source=null")
+    if c.ok("parallel.context") and cfg.parallel.context > 1:
+        errors.append(f"parallel.context: expected 1 with data.format={d.format} (a row of samples attends within "
+                      "each sample; ring attention splits whole causal sequences only), got "
+                      f"{cfg.parallel.context}; HINT: use data, tensor or pipeline parallelism for fine-tuning")
+    return False
+
+
+def _check_tokenizer(name, c, errors):
+    """byte | gpt2 | auto, or hf:PATH naming a Hugging Face tokenizer that is there (its files are read later)."""
+    if not c.ok("data.tokenizer"):
+        return
+    if name.startswith(HF_PREFIX):
+        problem = hf_config_problem(name[len(HF_PREFIX):])
+        if problem:
+            errors.append(f"data.tokenizer: {problem[0]}; HINT: {problem[1]}")
+            c.bad.add("data.tokenizer")
+        return
+    if name not in TOKENIZERS:
+        near = (f" (did you mean 'hf:{name}'?)" if name and os.path.exists(os.path.expanduser(name))
+                else _closest(name, TOKENIZERS))
+        errors.append(f"data.tokenizer: expected one of {TOKENIZERS} or hf:PATH (a Hugging Face model directory or its "
+                      f"tokenizer.json), got {name!r}{near}")
+        c.bad.add("data.tokenizer")
+
+
 def _check_data(cfg, c, errors):
     d = cfg.data
-    c.need("data.tokenizer", lambda v: v in TOKENIZERS, f"one of {TOKENIZERS}")
+    _check_tokenizer(d.tokenizer, c, errors)
     c.need("data.source", lambda v: v in SOURCES, f"one of {SOURCES} or null")
     c.need("data.max_corpus_bytes", lambda v: v >= 1, "an integer >= 1")
     c.need("data.train", lambda v: v.strip() != "", "a glob of token shards")
+    if not _check_data_format(cfg, c, errors):
+        return
     if not c.ok("data.source", "data.train", "data.val") or d.source != "stdlib":
         return
     # the default corpus is written as <dir>/train_000000.bin ... and <dir>/val_000000.bin
@@ -209,9 +266,15 @@ def _check_data(cfg, c, errors):
 
 
 def _check_model(cfg, c, errors, gpt2_presets):
-    m, t = cfg.model, cfg.train
+    m = cfg.model
     c.need("model.arch", lambda v: v in ARCHS, f"one of {ARCHS}{_closest(m.arch, ARCHS)}")
     if not c.ok("model.arch"):
+        return
+    if m.pretrained is not None:
+        model = _pretrained_model(m, c, errors)
+        if model is None:
+            return
+        _check_model_run(cfg, c, errors, model)
         return
     llama = m.arch != "gpt2"  # LLaMA or a model on its blocks
     for name, value, archs in m.foreign_keys():
@@ -266,6 +329,39 @@ def _check_model(cfg, c, errors, gpt2_presets):
                       "beyond the original context, and Hugging Face transformers rejects such a config), got both; "
                       "HINT: set model.rope_original_context below block_size, model.rope_scaling_factor=0 for no "
                       "scaling, or keep the preset's block_size and shorten train.sequence_length instead")
+    _check_model_run(cfg, c, errors, model)
+
+
+def _pretrained_model(m, c, errors):
+    """The config of ``model.pretrained`` (None after an error): it exists and is readable, its arch is model.arch,
+    and no other model key but dropout is given (its own config decides them)."""
+    from ..models.pretrained import pretrained_config
+
+    try:
+        arch, _ = pretrained_config(m.pretrained)
+        model = m.to_model_config()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        reason = " ".join(str(exc).split("\nHINT: ", 1)[0].split())
+        errors.append(f"model.pretrained: expected an HF model directory or an llm.c .bin file, got "
+                      f"{m.pretrained!r} ({reason})")
+        c.bad.add("model.pretrained")
+        return None
+    if m.arch != arch:
+        errors.append(f"model.arch: expected {arch!r} (the arch of model.pretrained {m.pretrained!r}), got "
+                      f"{m.arch!r}; HINT: drop model.arch, it comes from the pretrained model")
+        return None
+    given = m.shape_keys_given()
+    if given:
+        errors.append(f"model.{given[0]}: expected no value with model.pretrained (the pretrained model's config "
+                      f"decides {', '.join(given)}), got {getattr(m, given[0])!r}; HINT: drop the key, or drop "
+                      "model.pretrained to build a model of your own shape")
+        return None
+    return model
+
+
+def _check_model_run(cfg, c, errors, model):
+    """What the run's layout and settings ask of the resolved model config ``model``."""
+    m, t = cfg.model, cfg.train
     if m.arch in MOE_ARCHS:
         _check_moe_run(cfg, c, errors, model)
         _check_expert_parallel(cfg, c, errors, model)

@@ -41,6 +41,9 @@ class ModelConfig:
     n_embd = dim, n_layer = n_layers, n_head = n_heads, block_size = max_seq_len, bias = attention and MLP biases."""
 
     arch: str = _key("gpt2", "gpt2 | llama3 | qwen3 | qwen3_moe | mixtral")
+    pretrained: Optional[str] = _key(None, "start from a trained model: an HF directory (config.json + safetensors) "
+                                           "or an llm.c .bin; the arch, shape and weights come from it (the other "
+                                           "model keys but dropout stay unset); null: the seeded init")
     preset: Optional[str] = _key(None, "a preset of the arch (gpt2, gpt2-medium, d12, ...; llama3.2-1b, ...; "
                                        "qwen3-0.6b, qwen3-8b; qwen3-30b-a3b; mixtral-8x7b) or null")
     block_size: Optional[int] = _key(None, "longest sequence; null: the preset's, else the arch's default")
@@ -127,8 +130,21 @@ class ModelConfig:
 
         return GPT2_PRESETS if self.arch == "gpt2" else model_class(self.arch)[1].presets()
 
+    def shape_keys_given(self):
+        """The explicit keys that a ``pretrained`` model's own config decides (every one but arch and dropout)."""
+        return [f.name for f in dataclasses.fields(self)
+                if f.name not in ("arch", "pretrained", "dropout") and getattr(self, f.name) is not None]
+
     def to_model_config(self):
-        """The resolved GPT2Config, or the LlamaConfig (subclass) of the arch."""
+        """The resolved GPT2Config, or the LlamaConfig (subclass) of the arch; a ``pretrained`` model's own
+        (dropout as given)."""
+        if self.pretrained:
+            from ..models.pretrained import pretrained_config
+
+            config = pretrained_config(self.pretrained)[1]
+            if self.dropout is not None:
+                config = dataclasses.replace(config, dropout=self.dropout)
+            return config
         if self.arch != "gpt2":
             return self.to_llama_config()
         return self.to_gpt2_config()

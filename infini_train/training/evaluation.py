@@ -9,6 +9,7 @@ import numpy as np
 from .. import backend
 from .. import distributed as dist
 from ..autograd.grad_mode import no_grad
+from ..models.documents import DocumentLayout, packed_documents
 from ..tensor import Tensor
 
 
@@ -26,6 +27,17 @@ def to_device_tensor(array, device):
     return Tensor._make(backend.to_device_array(array, device), device)
 
 
+def batch_on_device(batch, device):
+    """(inputs, targets, context) of a loader's batch: the token Tensors on ``device`` and a zero-argument
+    callable giving the context its forwards run under -- the layout of packed documents for an SFT batch (with
+    ``positions`` and ``segments``), else a no-op."""
+    x, y = to_device_tensor(batch[0], device), to_device_tensor(batch[1], device)
+    if getattr(batch, "segments", None) is None:
+        return x, y, contextlib.nullcontext
+    layout = DocumentLayout(batch.positions, batch.segments)
+    return x, y, lambda: packed_documents(layout)
+
+
 @no_grad()
 def evaluate(model, loader, steps, device, amp=None):
     """Mean loss over ``steps`` batches from the start of ``loader``, averaged over the ranks; the forward runs
@@ -34,8 +46,9 @@ def evaluate(model, loader, steps, device, amp=None):
     losses = []
     with eval_mode(model), amp() if amp is not None else contextlib.nullcontext():
         for _ in range(steps):
-            x, y = loader.next_batch()
-            _, loss = model(to_device_tensor(x, device), to_device_tensor(y, device))
+            x, y, context = batch_on_device(loader.next_batch(), device)
+            with context():
+                _, loss = model(x, y)
             losses.append(loss.item())
     mean = to_device_tensor(np.array([float(np.mean(losses))], np.float64), device)
     dist.all_reduce(mean, "avg")

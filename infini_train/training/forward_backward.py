@@ -4,8 +4,10 @@ is built, it runs a step's micro-batches and leaves their gradients accumulated 
     forward_backward = forward_backward_func(dims.pipeline_parallel)
     loss_sum = forward_backward(model, next_batch, grad_accum, backward, forward_context, no_sync)
 
-``next_batch()`` gives the next (inputs, targets) device tensors, ``backward(loss)`` scales and backpropagates a
-micro-batch's loss (returning the scaled loss), ``forward_context()`` wraps each forward (autocast), ``no_sync``
+``next_batch()`` gives the next (inputs, targets, context) -- device tensors and a zero-argument callable whose
+context the micro-batch's forwards run under (its packed documents' layout, or a no-op) --, ``backward(loss)`` scales
+and backpropagates a micro-batch's loss (returning the scaled loss), ``forward_context()`` wraps each forward
+(autocast), ``no_sync``
 (DDP's, or None) defers the data-parallel reduction to the last micro-batch. Returns the sum of the micro-batches'
 scaled losses (their mean) on this rank.
 """
@@ -18,10 +20,10 @@ def forward_backward_no_pipelining(model, next_batch, grad_accum, backward, forw
     """The micro-batches one after the other, each loaded just before its forward."""
     loss_sum = 0.0
     for micro in range(grad_accum):
-        x, y = next_batch()
+        x, y, context = next_batch()
         last = micro == grad_accum - 1
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-            with forward_context():
+            with forward_context(), context():
                 _, loss = model(x, y)
             loss_sum += backward(loss).item()
     return loss_sum
@@ -30,7 +32,8 @@ def forward_backward_no_pipelining(model, next_batch, grad_accum, backward, forw
 def forward_backward_pipelining(model, next_batch, grad_accum, backward, forward_context, no_sync=None):
     """Every micro-batch through the stages in the model's schedule (gpipe, 1f1b or interleaved)."""
     batches = [next_batch() for _ in range(grad_accum)]
-    return model.train_step([x for x, _ in batches], [y for _, y in batches], backward, forward_context)
+    return model.train_step([x for x, _, _ in batches], [y for _, y, _ in batches], backward, forward_context,
+                            [context for _, _, context in batches])
 
 
 def forward_backward_func(pipeline_parallel):

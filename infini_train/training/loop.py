@@ -20,7 +20,8 @@ from .. import distributed as dist
 from ..data.corpus import ensure_default_data, read_meta
 from ..distributed.launch_utils import mpi_library
 from ..data.loader import DistributedDataLoader
-from ..data.tokenizer import get_tokenizer
+from ..data.sft_loader import SFTDataError, SFTDataLoader
+from ..data.tokenizer import get_tokenizer, hf_name
 from ..models import registry
 from ..models.recompute import set_recompute
 from ..models.tensor_parallel_lm import without_sequence_parallel
@@ -40,7 +41,7 @@ from .out_dir import check_writable
 from .memory import PhasePeaks, peak_rss_bytes
 from .moe_metrics import moe_metrics_for
 from .lora_run import (BaseWeights, apply_run_lora, base_source, check_same_lora, checked_base, checkpoint_reference,
-                       load_base_pieces, prepare_base, restore_base)
+                       load_base_pieces, load_pretrained_pieces, prepare_base, restore_base)
 from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
@@ -89,7 +90,12 @@ def _tokenizer_name(cfg):
         raise ConfigError(f"data.tokenizer: the shards under {os.path.dirname(cfg.data.train)} were made with "
                           f"{meta['tokenizer']!r}, but the config says {cfg.data.tokenizer!r}\nHINT: set "
                           f"data.tokenizer={meta['tokenizer']} or re-run prepare_data.py")
-    return (meta["tokenizer"] if meta else cfg.data.tokenizer), (meta["vocab_size"] if meta else 0)
+    if meta:
+        return meta["tokenizer"], meta["vocab_size"]
+    pretrained = cfg.model.pretrained
+    if cfg.data.tokenizer == "auto" and pretrained and os.path.isfile(os.path.join(pretrained, "tokenizer.json")):
+        return hf_name(pretrained), 0  # the pretrained model's own tokenizer
+    return cfg.data.tokenizer, 0
 
 
 def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zero_stage=0, experts=None):
@@ -133,7 +139,9 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
     if on_meta:
         model.to_empty(device=device).to(dtype=cfg.dtype)
         tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims is not None and dims.tensor_parallel else (0, 1)
-        if not resuming:
+        if not resuming and cfg.model.pretrained and not lora:  # full fine-tuning: this rank's boxes of the weights
+            load_pretrained_pieces(model, cfg.model.pretrained, like, shapes, tp_rank, tp_size)
+        elif not resuming:
             replay_inits(init_calls, model, tp_rank, tp_size)
         else:  # the checkpoint fills every element but a split vocabulary's padding, which stays zero
             for p in model.parameters():
@@ -184,6 +192,24 @@ def wrap_data_parallel(model, optimizer, dims, zero_stage, find_unused=False, ig
     return wrap(model)
 
 
+def make_loader(cfg, split, tokenizer, dims):
+    """The loader of ``data.train`` or ``data.val`` (``split``): llm.c token windows, or for the SFT formats
+    (data.format text | chat | instruction) packed or padded samples (the validation ones in file order)."""
+    d, t = cfg.data, cfg.train
+    pattern, key = getattr(d, split), f"data.{split}"
+    if d.format == "tokens":
+        return DistributedDataLoader(pattern, t.batch_size, t.sequence_length, dims.dp_rank, dims.dp_size,
+                                     config_key=key)
+    try:
+        loader = SFTDataLoader(pattern, tokenizer, t.batch_size, t.sequence_length, dims.dp_rank, dims.dp_size,
+                               format=d.format, packing=d.packing, train_on_prompt=d.train_on_prompt, seed=cfg.seed,
+                               shuffle=split == "train", config_key=key)
+    except SFTDataError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    print0(loader.summary())
+    return loader
+
+
 class Run:
     """One run: ``Run(cfg).train()`` returns the process exit status (0, or EXIT_STOPPED after a stop signal)."""
 
@@ -231,13 +257,9 @@ class Run:
                                          self.experts)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None,
                                         self.experts.expert_params if self.experts is not None else ())
-        self.train_loader = DistributedDataLoader(cfg.data.train, t.batch_size, t.sequence_length, dims.dp_rank,
-                                                  dims.dp_size, config_key="data.train")
-        self.val_loader = None
-        if cfg.data.val and t.val_loss_every:
-            self.val_loader = DistributedDataLoader(cfg.data.val, t.batch_size, t.sequence_length, dims.dp_rank,
-                                                    dims.dp_size, config_key="data.val")
         self.tokenizer = get_tokenizer(self.tok_name)
+        self.train_loader = make_loader(cfg, "train", self.tokenizer, dims)
+        self.val_loader = make_loader(cfg, "val", self.tokenizer, dims) if cfg.data.val and t.val_loss_every else None
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
         self.plan = StepPlan(self.model, self.optimizer, dims,

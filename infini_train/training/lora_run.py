@@ -71,12 +71,12 @@ def load_base_weights(model, init_from):
     return source
 
 
-def _check_fits(state, shapes, init_from):
+def _check_fits(state, shapes, init_from, key="lora.init_from"):
     wrong = [f"{k}: base {tuple(state[k].shape)}, model {shape}" for k, shape in shapes.items()
              if k in state and tuple(state[k].shape) != shape]
     missing = [k for k in shapes if k not in state]
     if wrong or missing:
-        raise ConfigError(f"lora.init_from: {init_from} does not fit the model the config builds ("
+        raise ConfigError(f"{key}: {init_from} does not fit the model the config builds ("
                           f"{'; '.join(wrong[:3] or [f'missing {missing[:3]}'])})\nHINT: set model.* (arch, preset or "
                           "the shape fields) to the base model's shape")
 
@@ -161,6 +161,15 @@ def load_base_pieces(model, source, like, shapes, tp_rank=0, tp_size=1):
     found = [None] * dist.get_world_size()
     dist.all_gather_object(found, streamed_digest(state, shapes, dtype) if dist.get_rank() == 0 else None)
     return found[0]
+
+
+def load_pretrained_pieces(model, path, like, shapes, tp_rank=0, tp_size=1):
+    """Fill every weight ``model`` holds on this rank (built on the meta device, split, staged, sharded and given
+    storage) from the pretrained model at ``path`` (model.pretrained), reading only this rank's boxes: full
+    fine-tuning's start. ``like`` and ``shapes`` as load_base_pieces."""
+    state = mapped_base(os.path.abspath(path), like)
+    _check_fits(state, shapes, path, key="model.pretrained")
+    fill_base_pieces(model, state, tp_rank, tp_size)
 
 
 def base_entries(model):
@@ -260,6 +269,6 @@ def rebuild(model, reference, adapters):
 
 
 __all__ = ["BaseWeights", "weights_digest", "resolve_base", "load_base_weights", "prepare_base", "restore_base",
-           "base_source", "checked_base", "load_base_pieces", "fill_base_pieces", "base_entries", "streamed_digest",
-           "mapped_base", "check_same_lora",
-           "apply_run_lora", "checkpoint_reference", "rebuild"]
+           "base_source", "checked_base", "load_base_pieces", "load_pretrained_pieces", "fill_base_pieces",
+           "base_entries", "streamed_digest", "mapped_base", "check_same_lora", "apply_run_lora",
+           "checkpoint_reference", "rebuild"]

@@ -51,7 +51,7 @@ class StateIO:
         pipeline stages of a data-parallel rank read the same batches)."""
         mine = loader.state_dict()
         dims = self.dims
-        if dims.world == 1:
+        if dims.world == 1 or getattr(loader, "global_position", False):  # (an SFT loader's: the same on every rank)
             return [mine]
         packed = Tensor(np.array([mine["shard"], mine["position"], dims.dp_rank, dims.tp_rank], np.int64))
         parts = [Tensor(np.zeros(4, np.int64)) for _ in range(dims.world)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..nn.parallel.context_parallel import context_parallel, local_chunks
 from ..optim.lr_scheduler import cosine_with_warmup
-from .evaluation import to_device_tensor
+from .evaluation import batch_on_device, to_device_tensor
 from .forward_backward import forward_backward_func
 from .parallel_dims import ParallelDims, step_seed  # noqa: F401  (step_seed is part of this module's interface)
 
@@ -83,10 +83,12 @@ def train_step(plan, loader, train_cfg, step, seed):
         return loss
 
     def next_batch():
-        x, y = _next_batch(loader, train_cfg)
-        if dims.context_parallel:  # this rank's two chunks of every sequence
-            x, y = local_chunks(x, dims.cp_group), local_chunks(y, dims.cp_group)
-        return to_device_tensor(x, plan.device), to_device_tensor(y, plan.device)
+        batch = _next_batch(loader, train_cfg)
+        if dims.context_parallel:  # this rank's two chunks of every sequence (token batches only: config_checks)
+            x, y = batch
+            return (to_device_tensor(local_chunks(x, dims.cp_group), plan.device),
+                    to_device_tensor(local_chunks(y, dims.cp_group), plan.device), contextlib.nullcontext)
+        return batch_on_device(batch, plan.device)
 
     if scaler is not None and dims.pipeline_parallel:  # only the last stage scales a loss; the others
         scaler.expect_scaled_gradients()                  # backpropagate its scaled gradient

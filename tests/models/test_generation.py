@@ -51,6 +51,27 @@ def test_greedy_matches_hf_generate(tmp_path):
     np.testing.assert_array_equal(ours, theirs)
 
 
+def test_stop_tokens_end_generation_as_hf_eos_does(tmp_path):
+    m = model()
+    m.save_pretrained(tmp_path / "m")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "m")).eval()
+    free = m.generate(it.tensor(PROMPTS[:1]), 10, temperature=0).numpy()[0]
+    stop = int(free[4 + 3])  # the 4th new token: generation ends there, the stop token kept
+    ours = m.generate(it.tensor(PROMPTS[:1]), 10, temperature=0, stop_tokens=[stop, 96]).numpy()
+    theirs = hf.generate(torch.tensor(PROMPTS[:1]), max_new_tokens=10, do_sample=False, pad_token_id=0,
+                         eos_token_id=[stop, 96]).numpy()
+    first = 4 + list(free[4:]).index(stop)  # (it may come earlier than the 4th)
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours[0], free[:first + 1])
+    both = m.generate(it.tensor(PROMPTS), 10, temperature=0, stop_tokens=[stop]).numpy()
+    free_both = m.generate(it.tensor(PROMPTS), 10, temperature=0).numpy()
+    for row in range(2):  # a row that stopped repeats its stop token until the other stops (or the budget ends)
+        hit = [i for i in range(4, free_both.shape[1]) if free_both[row, i] == stop]
+        end = hit[0] if hit else free_both.shape[1] - 1
+        np.testing.assert_array_equal(both[row, :end + 1], free_both[row, :end + 1])
+        assert (both[row, end + 1:] == stop).all()
+
+
 def test_no_graph_and_flat_memory_under_no_grad():
     m = model(block=64)
     seen = []

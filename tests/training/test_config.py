@@ -95,7 +95,8 @@ def test_out_of_range_values_are_all_reported_in_one_error():
                  "backend: expected one of ('auto', 'mpi', 'nccl'), got 'gloo'",
                  "seed: expected an integer in [0, 2**63), got -1",
                  "train.val_loss_every: expected an integer >= 0 (0 disables), got -1",
-                 "data.tokenizer: expected one of ('byte', 'gpt2', 'auto'), got 'bpe'",
+                 "data.tokenizer: expected one of ('byte', 'gpt2', 'auto') or hf:PATH (a Hugging Face model "
+                 "directory or its tokenizer.json), got 'bpe' (did you mean 'byte'?)",
                  "data.source: expected one of ('stdlib',) or null, got 'web'"]:
         assert line in errors
 

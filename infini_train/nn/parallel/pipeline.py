@@ -91,16 +91,18 @@ class PipelineParallel:
         return None if self.is_first(chunk) else self.owner(chunk - 1)
 
     # -------------------------------------------------------------------------------------------- train
-    def train_step(self, inputs, targets, parts, device, backward=None, forward_context=None):
+    def train_step(self, inputs, targets, parts, device, backward=None, forward_context=None, batch_contexts=None):
         """Forward and backward of every micro-batch (``inputs[m]``, ``targets[m]``: Tensors; every stage passes
         the same lists); ``parts``: the activations' [(shape, dtype)]. ``backward(loss)`` runs the backward of a
         micro-batch's loss on the last stage (default ``loss.backward()``: scale it there, e.g. by 1 / M or a
-        GradScaler); forwards run under ``forward_context()`` (e.g. autocast). Returns the micro-batch losses
+        GradScaler); forwards run under ``forward_context()`` (e.g. autocast) and micro-batch m's, on every stage,
+        under ``batch_contexts[m]()`` too (e.g. its packed documents' layout). Returns the micro-batch losses
         (floats) on the stage of the last chunk, None elsewhere."""
         forward_context = forward_context or contextlib.nullcontext
         M = len(inputs)
         table = self._table(M, forward_only=False)
-        run = _Step(self, inputs, targets, list(parts), device, backward, forward_context)
+        run = _Step(self, inputs, targets, list(parts), device, backward, forward_context,
+                    batch_contexts or [contextlib.nullcontext] * M)
         start = time.perf_counter()
         for row in table:
             action = row[self.stage]
@@ -206,11 +208,11 @@ class _Step:
     """The state of one train_step on this stage: what each action needs and leaves, and the time it computes
     (waiting for a transfer is not computing: the bubble is measured from it)."""
 
-    def __init__(self, pipe, inputs, targets, parts, device, backward, forward_context):
+    def __init__(self, pipe, inputs, targets, parts, device, backward, forward_context, batch_contexts):
         self.pipe, self.inputs, self.targets = pipe, inputs, targets
         self.parts, self.device = parts, device
         self.backward = backward or Tensor.backward
-        self.forward_context = forward_context
+        self.forward_context, self.batch_contexts = forward_context, batch_contexts
         self.M = len(inputs)
         self.kept_in, self.kept_out, self.received, self.sends, self.losses = {}, {}, {}, [], {}
         self.backwards_left = {}  # per chunk, with data-parallel wrappers: its last backward averages
@@ -223,7 +225,7 @@ class _Step:
             x = self.inputs[m] if pipe.is_first(c) else pipe._arrived(self.received.pop(("F", c - 1, m)),
                                                                       self.device, True)
             t0 = time.perf_counter()
-            with self.forward_context():
+            with self.forward_context(), self.batch_contexts[m]():
                 out = pipe.local(c)(x, self.targets[m] if pipe.is_last(c) else None)
             self.kept_in[(c, m)] = x
             self.live += 1
