@@ -1,8 +1,13 @@
 """Gradient hooks that communicate: AllReducePostAccumulateHook all-reduces a parameter's gradient across a process
-group as soon as backward has accumulated it (the simplest data parallelism; DDP buckets and overlaps instead)."""
+group as soon as backward has accumulated it (the simplest data parallelism; DDP buckets and overlaps instead).
+``globally_unused`` agrees over a group on the parameters no rank got a gradient for (DDP's and ZeRO's
+find_unused_parameters)."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd.accumulate import PostAccumulateGradHook
+from ..tensor import Tensor
 
 
 class AllReducePostAccumulateHook(PostAccumulateGradHook):
@@ -20,4 +25,15 @@ class AllReducePostAccumulateHook(PostAccumulateGradHook):
         group.all_reduce(tensor.grad, self.reduce_op)
 
 
-__all__ = ["AllReducePostAccumulateHook"]
+def globally_unused(used, group):
+    """The indices of ``used`` (one flag per parameter, in the same order on every rank of ``group``) that no rank of
+    ``group`` set: one all-reduce of the flags, as torch's reducer agrees on unused parameters."""
+    if not len(used):
+        return []
+    flags = Tensor(np.array(used, np.int64))
+    if group.size > 1:
+        group.all_reduce(flags, "sum")
+    return [k for k, count in enumerate(flags.numpy()) if count == 0]
+
+
+__all__ = ["AllReducePostAccumulateHook", "globally_unused"]

@@ -408,11 +408,20 @@ def _check_moe_run(cfg, c, errors, model):
         errors.append(f"parallel.context: expected 1 for model.arch={arch} (each context rank would route only its "
                       f"chunks of the sequence, so the load-balancing loss would not be the one-process run's; not "
                       f"supported for MoE models yet), got {cfg.parallel.context}; HINT: use data parallelism")
-    if c.ok("parallel.zero_stage") and cfg.parallel.zero_stage:
-        errors.append(f"parallel.zero_stage: expected 0 for model.arch={arch} (ZeRO's flat gradient buffers give an "
-                      "expert that no token reached a zero gradient, so AdamW would still move it where the "
-                      f"one-process run leaves it; not supported for MoE models yet), got {cfg.parallel.zero_stage}; "
-                      "HINT: use parallel.zero_stage=0 (DistributedDataParallel)")
+    p = cfg.parallel
+    if c.ok("parallel.zero_stage", "parallel.expert") and p.zero_stage == 3 and p.expert > 1:
+        errors.append(f"parallel.zero_stage: expected 0, 1 or 2 with parallel.expert={p.expert} (ZeRO-3 shards each "
+                      "block's parameters over the data-parallel group, whose ranks hold different experts; sharding "
+                      "the experts over their expert-data group instead is not supported yet), got 3; HINT: use "
+                      "parallel.zero_stage=2 (the experts' optimizer state is sharded over the expert-data group)")
+    split = [f"parallel.{key}={getattr(p, key)}" for key in ("pipeline", "tensor")
+             if c.ok(f"parallel.{key}") and getattr(p, key) > 1]
+    if c.ok("parallel.zero_stage") and p.zero_stage and split:
+        errors.append(f"parallel.zero_stage: expected 0 with {' and '.join(split)} for model.arch={arch} (ZeRO agrees "
+                      "over the data-parallel group only on the experts no token reached, where tensor ranks routing "
+                      "their own slices may disagree; ZeRO with tensor or pipeline parallelism is not proved equal to "
+                      f"the one-process run for MoE models yet), got {p.zero_stage}; HINT: use parallel.zero_stage=0 "
+                      "with these layouts, or ZeRO with data and expert parallelism")
     lora = cfg.lora
     if c.ok("lora.rank", "lora.target_modules") and lora.rank > 0:
         targets = lora.targets()
@@ -428,8 +437,8 @@ def _check_moe_run(cfg, c, errors, model):
 
 def _check_expert_parallel(cfg, c, errors, model):
     """``parallel.expert`` of a mixture-of-experts run: a divisor of num_experts (that it divides the data-parallel
-    size is checked when the run knows its world). What MoE runs refuse whatever the expert size is _check_moe_run's
-    and the model spec's."""
+    size is checked when the run knows its world). What MoE runs refuse whatever the expert size (and ZeRO-3 with
+    experts split) is _check_moe_run's and the model spec's."""
     e = cfg.parallel.expert
     if not c.ok("parallel.expert") or e == 1:
         return

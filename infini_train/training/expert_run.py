@@ -14,8 +14,15 @@ consecutive data-parallel ranks (distributed/expert_groups.py), alone or with da
   expert group under its one-process names and index (expert and data parallelism only); ``scatter`` keeps this
   rank's experts of a whole state (and its tensor-parallel shards of them), so a checkpoint written at any E resumes
   at any other E, one process included.
+
+Under ZeRO 1 and 2 the optimizer shards the local experts' state over the expert-data group (its ``expert_spaces``;
+distributed/optim/zero_redundancy_optimizer.py): ``finish`` averages their gradients there in its flat buffers
+(ZeRO-2: reduce-scattered into this rank's shard), its own clipping counts each expert once, and ``gather`` reads
+every local expert's state whole from it (gathered over the expert-data group first).
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -50,7 +57,12 @@ class ExpertParallelRun:
         return model
 
     # ------------------------------------------------------------------------------------------- gradients
-    def finish(self):
+    def finish(self, zero=None, shard=False):
+        """Average the local experts' gradients over the data-parallel ranks; under ZeRO (``zero``, the run's
+        ZeroRedundancyOptimizer) in its expert spaces, reduce-scattered into this rank's shard with ``shard``."""
+        if zero is not None:
+            zero.reduce_gradients(shard, spaces=zero.expert_spaces, divide_by=self.groups.data_size)
+            return
         all_reduce_expert_grads(self.model, self.groups.expert_data_group, self.groups.data_size)
 
     def clip(self, max_norm):
@@ -61,35 +73,41 @@ class ExpertParallelRun:
                                                     dims.pp_group, expert_group=self.groups.expert_group).item())
 
     # ------------------------------------------------------------------------------------------ checkpoints
-    def gather(self, optimizer):
+    def gather(self, optimizer, zero=False):
         """(model state, optimizer state) in the one-process layout on rank 0, (None, None) elsewhere (collective
-        over every expert group)."""
+        over every expert group; ``zero``: ``optimizer`` is a ZeroRedundancyOptimizer, its state gathered whole
+        first)."""
         group = self.groups.expert_group
         model_state = whole_expert_state_dict(self.model, group)
-        by_name = self._gather_optimizer_state(optimizer, group)
+        if zero:  # (only rank 0's expert group's states are kept)
+            states = optimizer.whole_states(build=self.dims.dp_rank < self.expert)
+        else:
+            states = {id(p): st for p, st in optimizer.state.items()}
+        by_name = self._gather_optimizer_state(optimizer, states, group)
         if self.dims.rank != 0:
             return None, None
-        local = optimizer.state_dict()
         index, groups = {}, []
-        for saved, names in zip(local["param_groups"], self.whole_groups):
-            groups.append({**{k: v for k, v in saved.items() if k != "params"},
+        for options, names in zip(optimizer.param_groups, self.whole_groups):
+            groups.append({**{k: copy.deepcopy(v) for k, v in options.items() if k != "params"},
                            "params": [index.setdefault(n, len(index)) for n in names]})
         state = {index[name]: st for name, st in by_name.items()}
         return model_state, {"state": state, "param_groups": groups}
 
-    def _gather_optimizer_state(self, optimizer, group):
+    def _gather_optimizer_state(self, optimizer, states, group):
         """{parameter name: its AdamW state} of every parameter of the one-process model that has state: the
-        replicated ones this rank's, the experts' gathered over the expert group."""
+        replicated ones this rank's, the experts' gathered over the expert group. ``states``: {id(parameter): its
+        state} on this rank."""
         names = _names(self.model)
-        local = {names[id(p)]: optimizer.state.get(p) for g in optimizer.param_groups for p in g["params"]}
-        params = {names[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
+        whole = optimizer.whole_param_groups
+        local = {names[id(p)]: states.get(id(p)) for g in whole for p in g["params"]}
+        params = {names[id(p)]: p for g in whole for p in g["params"]}
         out = {name: _copy(st, params[name].device) for name, st in local.items()
                if st and not any(name.startswith(stem) for stem in self._stems())}
         for prefix, moe in expert_layers(self.model):
             d, stem = moe.token_dispatcher, expert_stem(prefix)
             for slot, e in enumerate(d.local_experts):
                 for key, p in moe.experts[str(e)].named_parameters():
-                    st = optimizer.state.get(p) or {}
+                    st = states.get(id(p)) or {}
                     has = Tensor(np.array([1 if st else 0, st.get("step", 0) if st else 0], np.int64))
                     flags = [Tensor(np.zeros(2, np.int64)) for _ in range(d.size)]
                     group.all_gather(flags, has)
@@ -128,7 +146,7 @@ class ExpertParallelRun:
         by_name = {whole_names[i]: st for i, st in optimizer_state["state"].items()}
         names = _names(self.model)
         index, groups, state = {}, [], {}
-        for saved, g in zip(optimizer_state["param_groups"], self.optimizer.param_groups):
+        for saved, g in zip(optimizer_state["param_groups"], self.optimizer.whole_param_groups):
             groups.append({**{k: v for k, v in saved.items() if k != "params"},
                            "params": [index.setdefault(id(p), len(index)) for p in g["params"]]})
             for p in g["params"]:
@@ -167,7 +185,7 @@ class ExpertState(StateIO):
         experts.optimizer = optimizer
 
     def gather(self):
-        return self.experts.gather(self.optimizer)
+        return self.experts.gather(self.optimizer, zero=bool(self.zero_stage))
 
     def scatter(self, model_state, optimizer_state):
         self.experts.scatter(model_state, optimizer_state)

@@ -13,9 +13,9 @@ during backward (training/loop.py: wrap_data_parallel); then
 - ZeRO-3: fully_shard reduce-scattered the gradients during backward; the sums above run on this rank's shards
   (the tied embedding and its last-stage copy are units of their own, so their shards cover the same elements);
 - expert-parallel runs: the local experts' gradients (left out of DDP) summed over the expert-data group and divided
-  by the data-parallel size (training/expert_run.py);
-- clipping: ZeRO's norm over every rank's shard, the model-parallel norm over a mesh, the norm with every expert
-  counted once (expert parallelism), or the plain norm.
+  by the data-parallel size (training/expert_run.py); under ZeRO-2 reduce-scattered into the experts' shards;
+- clipping: ZeRO's norm over every rank's shard (every expert counted once: each element is owned by one rank), the
+  model-parallel norm over a mesh, the norm with every expert counted once (expert parallelism), or the plain norm.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class GradientSync:
     def finish(self):
         dims = self.dims
         if self.experts is not None:
-            self.experts.finish()
+            self.experts.finish(self.optimizer if self.zero_stage else None, shard=self.zero_stage == 2)
         if dims.pipeline_parallel:
             if dims.embedding_group is not None:
                 shared = {id(p) for p in self.model.shared_embedding_params()}
@@ -67,11 +67,11 @@ class GradientSync:
     def clip(self, max_norm):
         """Clip by the whole model's gradient norm; returns it as a float."""
         dims = self.dims
-        if self.experts is not None:
-            return self.experts.clip(max_norm)
-        if self.zero_stage:  # the norm over every data-parallel rank's shard
+        if self.zero_stage:  # the norm over every data-parallel rank's shard (each expert's owned by one of them)
             return float(self.optimizer.clip_grad_norm_(max_norm, tensor_group=dims.tp_group,
                                                         pipeline_group=dims.pp_group).item())
+        if self.experts is not None:
+            return self.experts.clip(max_norm)
         if dims.mesh is not None:
             return float(clip_grad_norm_model_parallel_(self.params, max_norm, dims.tp_group,
                                                         dims.pp_group).item())

@@ -154,17 +154,20 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
-def build_optimizer(model, train_cfg, zero_stage, group=None):
+def build_optimizer(model, train_cfg, zero_stage, group=None, find_unused=False, experts=None):
     """AdamW over the model's param groups; with ZeRO sharded across the data-parallel ranks (stage 3: over the
-    shards fully_shard keeps)."""
+    shards fully_shard keeps; an ExpertParallelRun's local experts over their expert-data group). ``find_unused``:
+    some parameters may get no gradient in a step, which ZeRO then skips as AdamW skips a .grad of None."""
     from ..distributed.optim import ZeroRedundancyOptimizer
     from ..optim import AdamW
 
     groups = model.optimizer_groups(train_cfg.weight_decay)
     options = dict(lr=train_cfg.learning_rate, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
     if zero_stage:
+        if experts is not None:
+            options.update(expert_params=experts.expert_params, expert_data_group=experts.groups.expert_data_group)
         return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, process_group=group,
-                                       flat_order=model.parameters(), **options)
+                                       flat_order=model.parameters(), find_unused_parameters=find_unused, **options)
     return AdamW(groups, **options)
 
 
@@ -250,7 +253,8 @@ class Run:
             zero_stage=cfg.parallel.zero_stage, experts=self.experts)
         self.zero_stage = cfg.parallel.zero_stage
         self.moe = moe_metrics_for(self.raw_model, dims, p.expert)  # router statistics of a MoE, else None
-        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group)
+        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group, self.moe is not None,
+                                         self.experts)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None,
                                         self.experts.expert_params if self.experts is not None else ())
         self.tokenizer = get_tokenizer(self.tok_name)
@@ -266,7 +270,7 @@ class Run:
             # experts included; they write sharded checkpoints only)
             self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         else:
-            self.state_io = ExpertState(dims, self.raw_model, self.optimizer, 0, self.experts)
+            self.state_io = ExpertState(dims, self.raw_model, self.optimizer, self.zero_stage, self.experts)
         self.sharded = ShardedState(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         self.sharded.experts = self.experts
         self.checkpoint_format = cfg.train.checkpoint_format

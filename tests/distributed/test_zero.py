@@ -1,7 +1,7 @@
 """ZeRO-1, 2 and 3 against plain DDP and against one process: the same losses with gradient accumulation and
 clipping on (2, 3 and 4 ranks; 3 gives uneven shards), resume across world sizes and between ZeRO and non-ZeRO
-runs, per-rank optimizer state 1/N of DDP's (and under ZeRO-3 parameters and gradients too), and a stage that does
-not exist refused."""
+runs, per-rank optimizer state 1/N of DDP's (and under ZeRO-3 parameters and gradients too), parameters no rank got a
+gradient for skipped as one process's AdamW skips them, and a stage that does not exist refused."""
 import os
 import re
 import shutil
@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
+from tests.distributed.mpi_jobs import assert_every_rank_checked, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, tiny_args
 
 pytestmark = needs_mpiexec
@@ -78,6 +78,13 @@ def test_each_rank_holds_a_1_over_n_share_of_the_optimizer_state(ranks):
     proc = mpirun(ranks, "worker_zero.py", timeout=120)
     assert proc.returncode == 0, output(proc)
     assert proc.stdout.count("share ok") == ranks, output(proc)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_parameters_no_rank_got_a_gradient_for_are_skipped_as_in_one_process(ranks):
+    proc = mpirun(ranks, "worker_zero_unused.py", timeout=120)
+    assert proc.returncode == 0, output(proc)
+    assert_every_rank_checked(proc, "unused skipped", ranks, at_least=4)
 
 
 def test_a_stage_that_does_not_exist_is_refused_with_what_is_supported(data_dir, tmp_path):

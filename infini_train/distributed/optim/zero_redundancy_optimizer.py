@@ -16,6 +16,22 @@ reduced.
 ``state_dict`` / ``load_state_dict`` use the whole layout of ``optimizer_class`` over the same parameters
 (``consolidate_state_dict`` gathers it to one rank first): a checkpoint written under ZeRO loads without it,
 at another number of ranks, and the reverse.
+
+Parameters that may get no gradient (``find_unused_parameters``, a mixture of experts' experts no token reached):
+the flat gradient buffers hold zeros for them, where one process leaves ``.grad`` None and AdamW skips the parameter
+(no step count, no moment decay, no weight decay). A post-accumulate hook records which parameters got a gradient
+since ``zero_grad``; ``step`` agrees over the group on those no rank got one for (one all-reduce of flags per
+group, as DDP's reducer agrees on unused parameters) and the inner optimizer skips their pieces, so their weights
+and state stay as one process leaves them, and a parameter never reached gets no state at all.
+
+Expert parallelism (``expert_params``, ``expert_data_group``): a rank's local experts are replicated over the
+expert-data group, not over ``process_group``, so they get flat spaces of their own sharded over that group, as
+Megatron-Core's distributed optimizer shards expert parameters over the expert-data-parallel group (rather than kept
+whole per rank: the same code as the dense spaces, with 1/(expert-data size) of the experts' state). Their gradients
+are not DDP's: the caller reduces them over the expert-data group after backward (``reduce_gradients`` with
+``spaces=expert_spaces``; under ZeRO-2 their whole gradients live until then). The expert groups and expert-data
+groups tile ``process_group``, so each element of every expert is owned by one rank of it and ``clip_grad_norm_``'s
+sum over it counts each expert once.
 """
 from __future__ import annotations
 
@@ -25,21 +41,23 @@ import numpy as np
 
 from ...autograd.grad_mode import no_grad
 from ...tensor import Tensor
+from ..grad_hooks import globally_unused
 
 _CONSOLIDATED = "_consolidated"
 
 
 class FlatSpace:
-    """The parameters of one (device, dtype) in one flat buffer, and this rank's shard of it."""
+    """The parameters of one (device, dtype) in one flat buffer, and this rank's shard of it over ``group``."""
 
     resident = True  # every rank holds the whole flat buffer (ZeRO 1 and 2); ZeRO-3's spaces keep the shard only
 
-    def __init__(self, params, rank, world):
-        self.lay_out(params, rank, world)
+    def __init__(self, params, group):
+        self.lay_out(params, group.rank, group.size)
+        self.group = group
         xp = self.device.array_module()
         with self.device.context():
-            self.flat = xp.zeros(self.shard_size * world, self.dtype)
-            self.flat_grad = xp.zeros(self.shard_size * world, self.dtype)
+            self.flat = xp.zeros(self.shard_size * self.world, self.dtype)
+            self.flat_grad = xp.zeros(self.shard_size * self.world, self.dtype)
         for p, start in zip(params, self.offsets):
             region = self.flat[start:start + p.numel()].reshape(p.shape)
             region[...] = p.array
@@ -48,7 +66,8 @@ class FlatSpace:
     def lay_out(self, params, rank, world):
         """Offsets of ``params`` in the flat space, and the shard [lo, hi) rank ``rank`` of ``world`` owns."""
         self.params = params
-        self.world = world
+        self.rank, self.world = rank, world
+        self.sharded = False  # ZeRO-2: the gradients live only as this rank's shard (grad_shard)
         self.device, self.dtype = params[0].device, params[0].dtype
         self.offsets = []
         total = 0
@@ -100,9 +119,14 @@ class ZeroRedundancyOptimizer:
 
     Use ``clip_grad_norm_`` (the norm over every rank's shard) rather than the module-level function, whose norm
     would count one shard only under ZeRO-2.
+
+    ``find_unused_parameters``: skip the parameters that no rank got a gradient for since ``zero_grad``, as one
+    process skips a ``.grad`` of None; ``expert_params`` (with ``expert_data_group``): parameters replicated over that
+    group instead, sharded over it (see the module docstring).
     """
 
-    def __init__(self, params, optimizer_class=None, process_group=None, flat_order=None, **defaults):
+    def __init__(self, params, optimizer_class=None, process_group=None, flat_order=None, find_unused_parameters=False,
+                 expert_params=(), expert_data_group=None, **defaults):
         from ... import distributed as dist
         from ...optim import AdamW
 
@@ -122,11 +146,23 @@ class ZeroRedundancyOptimizer:
         self.params = ordered
         self.spaces = list({id(s): s for s in (getattr(p, "sharded_by", None) for p in ordered) if s is not None}
                            .values())  # fully_shard's spaces (ZeRO-3): the parameters keep only their shards
+        experts = {id(p) for p in expert_params}
+        if experts and (expert_data_group is None or any(getattr(p, "sharded_by", None) for p in expert_params)):
+            raise ValueError("ZeroRedundancyOptimizer: expert_params need an expert_data_group, and cannot be sharded "
+                             "by fully_shard\nHINT: pass the expert-data group the experts are replicated over")
         whole = [p for p in ordered if getattr(p, "sharded_by", None) is None]
-        for key in dict.fromkeys((p.device, p.dtype) for p in whole):
-            members = [p for p in whole if (p.device, p.dtype) == key]
-            self.spaces.append(FlatSpace(members, self.rank, self.world))
-        self.sharded_gradients = False  # set by DistributedDataParallel(zero_optimizer=...) for ZeRO-2
+        self.expert_spaces = []
+        for expert, group in ((False, self.group), (True, expert_data_group)):
+            members = [p for p in whole if (id(p) in experts) == expert]
+            for key in dict.fromkeys((p.device, p.dtype) for p in members):
+                space = FlatSpace([p for p in members if (p.device, p.dtype) == key], group)
+                self.spaces.append(space)
+                if expert:
+                    self.expert_spaces.append(space)
+        self._used = None  # find_unused_parameters: ids of the parameters that got a gradient since zero_grad
+        if find_unused_parameters:
+            self._used = set()
+            self._use_hooks = [p.register_post_accumulate_grad_hook(self._mark_used) for p in ordered]
         self._attach_whole_grads()
         self.pieces = []  # (view, space, param, flat start, start, stop) for each owned piece
         group_of = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
@@ -160,10 +196,11 @@ class ZeroRedundancyOptimizer:
             for p, start in zip(space.params, space.offsets):
                 p.grad = Tensor._make(space.flat_grad[start:start + p.numel()].reshape(p.shape), p.device)
 
-    def use_sharded_gradients(self):
-        """ZeRO-2: gradients live only as this rank's shard (``grad_shard``), filled by DDP's reducer."""
-        self.sharded_gradients = True
-        for space in self.spaces:
+    def use_sharded_gradients(self, spaces=None):
+        """ZeRO-2: the gradients of ``spaces`` (default: all) live only as this rank's shard (``grad_shard``), filled
+        by DDP's reducer."""
+        for space in self.spaces if spaces is None else spaces:
+            space.sharded = True
             space.flat_grad = None
             for p in space.params:
                 p.grad = None
@@ -172,39 +209,62 @@ class ZeroRedundancyOptimizer:
     def _point_grads(self):
         """Give each owned piece its gradient: a view into the flat gradients (ZeRO-1) or into grad_shard."""
         for view, space, p, flat_start, a, b in self.pieces:
-            if self.sharded_gradients or not space.resident:
+            if space.sharded or not space.resident:
                 local = flat_start - space.lo
                 source = space.sharded_grad()[local:local + (b - a)]
             else:
                 source = space.flat_grad[flat_start:flat_start + (b - a)]
             view.grad = Tensor._make(source, p.device)
 
-    def reduce_gradients(self, shard):
-        """Average the accumulated whole gradients over the group at once (pipeline runs, where no DDP reduces
-        while backward goes on): in place in the flat gradient buffer (ZeRO-1), or reduce-scattered into this rank's
-        gradient shard (ZeRO-2, as Megatron-LM's distributed optimizer does; the whole gradients live until then)."""
+    def reduce_gradients(self, shard, spaces=None, divide_by=None):
+        """Average the accumulated whole gradients of ``spaces`` (default: all) over each one's group at once
+        (pipeline runs, where no DDP reduces while backward goes on; an expert-parallel run's experts): in place in
+        the flat gradient buffer (ZeRO-1), or reduce-scattered into this rank's gradient shard (ZeRO-2, as
+        Megatron-LM's distributed optimizer does; the whole gradients live until then). ``divide_by``: the sum's
+        divisor instead of the group size (experts: the data-parallel size, their gradients already sum the expert
+        group's tokens)."""
         from ... import distributed as dist
 
-        if self.flat_grad_dropped():
+        spaces = [s for s in (self.spaces if spaces is None else spaces) if s.resident]  # fully_shard reduced its own
+        if any(space.flat_grad is None for space in spaces):
             raise RuntimeError("ZeroRedundancyOptimizer.reduce_gradients: the whole gradients were dropped by "
                                "DistributedDataParallel's ZeRO-2 reducer\nHINT: use one or the other")
-        for space in self.spaces:
-            if not space.resident:  # fully_shard reduced them already
-                continue
+        for space in spaces:
             flat = Tensor._make(space.flat_grad, space.device)
+            divisor = divide_by or space.world
             if shard:
-                out = Tensor._make(space.sharded_grad(), space.device)
-                dist.reduce_scatter_tensor(out, flat, dist.ReduceOp.SUM, group=self.group)
-                space.grad_shard /= self.world
+                if space.world == 1:  # the shard is the whole space: no second buffer
+                    space.grad_shard = space.flat_grad
+                else:
+                    dist.reduce_scatter_tensor(Tensor._make(space.sharded_grad(), space.device), flat,
+                                               dist.ReduceOp.SUM, group=space.group)
+                space.grad_shard /= divisor
+            elif divide_by is None:
+                dist.all_reduce(flat, "avg", group=space.group)
             else:
-                dist.all_reduce(flat, "avg", group=self.group)
+                if space.world > 1:
+                    dist.all_reduce(flat, dist.ReduceOp.SUM, group=space.group)
+                space.flat_grad /= divisor
             for p in space.params:
                 p.grad._version[0] += 1
-        self.sharded_gradients = bool(shard)
+            space.sharded = bool(shard)
         self._point_grads()
 
-    def flat_grad_dropped(self):
-        return any(space.flat_grad is None for space in self.spaces if space.resident)
+    def _mark_used(self, param):
+        self._used.add(id(param))
+
+    def _unused_pieces(self):
+        """The owned pieces of the parameters no rank of their space's group got a gradient for since ``zero_grad``
+        (one all-reduce of flags per group; none without find_unused_parameters)."""
+        if self._used is None:
+            return []
+        by_group = {}  # in the spaces' order, the same on every rank
+        for space in self.spaces:
+            by_group.setdefault(id(space.group), (space.group, []))[1].extend(space.params)
+        unused = set()
+        for group, params in by_group.values():
+            unused.update(id(params[k]) for k in globally_unused([id(p) in self._used for p in params], group))
+        return [view for view, _, p, *_ in self.pieces if id(p) in unused]
 
     def owned_grads(self):
         """(parameter, gradient of its owned piece) for each piece this rank owns; the gradients are views into
@@ -220,6 +280,8 @@ class ZeroRedundancyOptimizer:
     # ------------------------------------------------------------------------------------------- stepping
     def zero_grad(self, set_to_none=True):
         """Zero the gradients (flat buffers are zeroed in place, never freed, whatever ``set_to_none``)."""
+        if self._used is not None:
+            self._used.clear()
         for space in self.spaces:
             if space.grad_shard is not None:
                 space.grad_shard[...] = 0
@@ -230,9 +292,16 @@ class ZeroRedundancyOptimizer:
 
     @no_grad()
     def step(self, closure=None):
-        """Step this rank's shard, then all-gather every rank's updated shard into the flat parameters."""
+        """Step this rank's shard (with find_unused_parameters, not the parameters no rank got a gradient for), then
+        all-gather every rank's updated shard into the flat parameters."""
+        loss = self.optim._evaluate_closure(closure)
         self._point_grads()
-        loss = self.optim.step(closure)
+        unused = self._unused_pieces()
+        for view in unused:
+            view.grad = None  # skipped by the inner optimizer, as one process skips a parameter whose .grad is None
+        self.optim.step()
+        if unused:
+            self._point_grads()
         self.all_gather_parameters()
         return loss
 
@@ -244,9 +313,9 @@ class ZeroRedundancyOptimizer:
             if not space.resident:  # gathered by fully_shard when its module runs next
                 continue
             flat = Tensor._make(space.flat, space.device)
-            mine = Tensor._make(space.flat[self.rank * space.shard_size:(self.rank + 1) * space.shard_size],
+            mine = Tensor._make(space.flat[space.rank * space.shard_size:(space.rank + 1) * space.shard_size],
                                 space.device)
-            works.append(dist.all_gather_into_tensor(flat, mine, group=self.group, async_op=True))
+            works.append(dist.all_gather_into_tensor(flat, mine, group=space.group, async_op=True))
         for work in works:
             work.wait()
         for space in self.spaces:
@@ -278,7 +347,9 @@ class ZeroRedundancyOptimizer:
 
     def grad_bytes(self):
         """Bytes of gradient storage: the flat gradient buffers and this rank's gradient shards."""
-        return sum(getattr(s.flat_grad, "nbytes", 0) + getattr(s.grad_shard, "nbytes", 0) for s in self.spaces)
+        return sum(getattr(s.flat_grad, "nbytes", 0) + (getattr(s.grad_shard, "nbytes", 0)
+                                                         if s.grad_shard is not s.flat_grad else 0)
+                   for s in self.spaces)
 
     def _state_keys(self):
         """The names of the array entries of the inner optimizer's per-parameter state (the same on every rank,
@@ -308,39 +379,55 @@ class ZeroRedundancyOptimizer:
         delattr(self, _CONSOLIDATED)
         return consolidated[1]
 
-    def _gather_state(self, to):
+    def whole_states(self, build=True):
+        """{id(parameter): its whole state in ``optimizer_class``'s layout (arrays, ``step`` an int)} of every
+        parameter that has state, gathered over each space's group (collective: every rank calls it; a rank that
+        does not ``build`` gets {})."""
         from ... import distributed as dist
 
         keys = self._state_keys()
-        steps = [st.get("step", 0) for st in self.optim.state.values()]
-        step = Tensor(np.array([max(steps, default=0)], np.int64))
-        dist.all_reduce(step, dist.ReduceOp.MAX, group=self.group)
-        full = {}  # (space index, key) -> whole flat array
-        for s, space in enumerate(self.spaces):
+        out = {}
+        for space in self.spaces:
+            # each parameter's step (-1: state without one, -2: no state); the maximum over the group is its owners'
+            codes = np.full(len(space.params), -2, np.int64)
+            for view, sp, p, *_ in self.pieces:
+                st = self.optim.state.get(view)
+                if sp is space and st:
+                    codes[space.position[id(p)]] = st.get("step", -1)
+            codes = Tensor(codes)
+            if space.world > 1:
+                dist.all_reduce(codes, dist.ReduceOp.MAX, group=space.group)
+            full = {}  # key -> the whole flat array
             for key in keys:
                 xp = space.device.array_module()
                 with space.device.context():
-                    flat = xp.zeros(space.shard_size * self.world, space.dtype)
-                mine = flat[self.rank * space.shard_size:(self.rank + 1) * space.shard_size]
+                    flat = xp.zeros(space.shard_size * space.world, space.dtype)
+                mine = flat[space.rank * space.shard_size:(space.rank + 1) * space.shard_size]
                 for view, sp, _, flat_start, a, b in self.pieces:
                     st = self.optim.state.get(view)
                     if sp is space and st and key in st:
-                        local = flat_start - self.rank * space.shard_size
+                        local = flat_start - space.rank * space.shard_size
                         mine[local:local + (b - a)] = st[key]
                 dist.all_gather_into_tensor(Tensor._make(flat, space.device), Tensor._make(mine, space.device),
-                                            group=self.group)
-                full[(s, key)] = flat
+                                            group=space.group)
+                full[key] = flat
+            if not build:
+                continue
+            for p, start, code in zip(space.params, space.offsets, codes.numpy()):
+                if code == -2:
+                    continue
+                entry = {} if code == -1 else {"step": int(code)}
+                for key in keys:
+                    entry[key] = full[key][start:start + p.numel()].reshape(p.shape).copy()
+                out[id(p)] = entry
+        return out
+
+    def _gather_state(self, to):
+        whole = self.whole_states(build=self.rank == to or self.world == 1)
         index = {id(p): i for i, p in enumerate(self.params)}
-        state = {}
-        if self.rank == to or self.world == 1:
-            for s, space in enumerate(self.spaces):
-                for p, start in zip(space.params, space.offsets):
-                    entry = {"step": int(step.numpy()[0])} if steps else {}
-                    for key in keys:
-                        entry[key] = Tensor._make(full[(s, key)][start:start + p.numel()].reshape(p.shape).copy(),
-                                                  p.device)
-                    if entry:
-                        state[index[id(p)]] = entry
+        device = {id(p): p.device for p in self.params}
+        state = {index[key]: {k: Tensor._make(v, device[key]) if hasattr(v, "shape") else v for k, v in entry.items()}
+                 for key, entry in whole.items() if key in index}
         groups = []
         for g_whole, g_inner in zip(self.whole_param_groups, self.optim.param_groups):
             packed = {k: v for k, v in g_inner.items() if k != "params"}

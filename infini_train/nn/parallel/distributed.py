@@ -134,13 +134,11 @@ class Reducer:
     def _globally_unused(self, missing):
         """(bucket, index) of the parameters that got no gradient on any rank (one all-reduce of a usage map, only
         with find_unused_parameters, as torch's reducer does)."""
-        import numpy as np
+        from ...distributed.grad_hooks import globally_unused
 
         pairs = [(b, i) for b, bucket in enumerate(self.buckets) for i in range(len(bucket.params))]
         local = set(m for m in missing if self.buckets[m[0]].params[m[1]].grad is None)
-        used = Tensor(np.array([0 if pair in local else 1 for pair in pairs], np.int64))
-        self.group.all_reduce(used, "sum")
-        return {pair for pair, count in zip(pairs, used.numpy()) if count == 0}
+        return {pairs[k] for k in globally_unused([pair not in local for pair in pairs], self.group)}
 
     def remove(self):
         for h in self.handles:
@@ -156,6 +154,8 @@ class DistributedDataParallel(Module):
     ``zero_optimizer`` (a ZeroRedundancyOptimizer over this module's parameters) with ``zero_stage``: 1 all-reduces
     the gradients in place in the optimizer's flat gradient buffer (no bucket copies); 2 reduces each bucket only to
     the ranks owning its elements, which keep just their gradient shard (see zero_reducer.py).
+    ``ignored_parameters`` are neither broadcast nor reduced (an expert-parallel run's local experts, which the
+    caller reduces over their own group; under a zero_optimizer they keep their whole gradients).
     """
 
     def __init__(self, module, process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
@@ -169,8 +169,6 @@ class DistributedDataParallel(Module):
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         ignored = {id(p) for p in ignored_parameters}
-        if ignored and zero_optimizer is not None:
-            raise ValueError("DistributedDataParallel: ignored_parameters are not supported with a zero_optimizer")
         params = [p for p in module.parameters() if p.requires_grad and id(p) not in ignored]
         with no_grad():
             for t in [p for p in module.parameters() if id(p) not in ignored] + list(module.buffers()):

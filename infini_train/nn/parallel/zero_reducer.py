@@ -72,8 +72,8 @@ class ZeroReducer:
         self.sync = True
         self._in_pass = False
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.params]
-        if shard_gradients:
-            zero_optimizer.use_sharded_gradients()
+        if shard_gradients:  # (the spaces of parameters DDP ignores keep their whole gradients)
+            zero_optimizer.use_sharded_gradients(list({id(b.space): b.space for b in self.buckets}.values()))
 
     def prepare_for_backward(self):
         for bucket in self.buckets:

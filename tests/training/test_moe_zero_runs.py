@@ -1,0 +1,104 @@
+"""Qwen3-MoE runs under ZeRO: data parallelism with ZeRO 1, 2 and 3 on 2 ranks, and expert parallelism x data
+parallelism (EP2 x DP2) with ZeRO 1 and 2 on 4 ranks, give the one process's losses, gradient norms and router
+statistics with the same global batch, and checkpoints holding its weights and AdamW state: top-1 of 16 experts
+leaves some experts without a token in some steps, which AdamW skips in one process (their .grad is None), so the
+experts' step counts differ and an expert no token has reached yet has no state, under ZeRO as in one process. The
+EP2 x DP2 checkpoints (whole under ZeRO-1, sharded under ZeRO-2) resume on one process, the one process's at EP2 x DP2
+under ZeRO-1 and the ZeRO-2 one at EP4 under ZeRO-1."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from tests.distributed.mpi_jobs import needs_mpiexec
+from tests.training.test_expert_parallel_runs import COMMON, CONFIG, MOE_KEYS
+from tests.training.tiny_run import metrics, run, tiny_args
+
+SAVES = ["train.save_every=2", "train.keep_last=0"]  # step 2's checkpoint: some experts have no state yet
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    _train(data_dir, out, *SAVES)
+    return out
+
+
+def _train(data_dir, out, *extra, ranks=1):
+    return run(tiny_args(data_dir, out, "train.num_iterations=10", *COMMON, *extra), ranks=ranks, config=CONFIG)
+
+
+def _values(out, key):
+    return np.array([r[key] for r in metrics(out) if key in r and "loss" in r])
+
+
+def _checkpoint(out, step):
+    path = next(p for p in list_checkpoints(out) if os.path.basename(p) == f"step_{step:06d}")
+    weights, optimizer, _ = load_checkpoint(path)
+    # each parameter's AdamW state (None: it has none) in the param groups' order, the same in every layout
+    return weights, [optimizer["state"].get(i) for g in optimizer["param_groups"] for i in g["params"]]
+
+
+def _same_as(out, ref, steps=(2, 10)):
+    for key in ("loss", "grad_norm") + MOE_KEYS:
+        np.testing.assert_allclose(_values(out, key), _values(ref, key), rtol=1e-4, err_msg=key)
+    for step in steps:
+        mine, states = _checkpoint(out, step)
+        ref_weights, ref_states = _checkpoint(ref, step)
+        assert list(mine) == list(ref_weights)
+        for name in ref_weights:
+            np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref_weights[name]), rtol=1e-4, atol=5e-5,
+                                       err_msg=f"step {step} {name}")
+        assert [st is None for st in states] == [st is None for st in ref_states], f"step {step}"
+        for k, (st, ref_st) in enumerate(zip(states, ref_states)):
+            if ref_st is None:
+                continue
+            assert st["step"] == ref_st["step"], (step, k, st["step"], ref_st["step"])
+            for key in ("exp_avg", "exp_avg_sq"):
+                np.testing.assert_allclose(np.asarray(st[key]), np.asarray(ref_st[key]), rtol=1e-3, atol=1e-7,
+                                           err_msg=f"step {step} parameter {k} {key}")
+
+
+def test_one_process_leaves_experts_unstepped(one_process):
+    """What the comparisons below pin: experts idle in some steps, none of AdamW's state for the experts not reached
+    by step 2, and step counts below 10 for those skipped later."""
+    assert _values(one_process, "experts_idle").max() > 0
+    _, early = _checkpoint(one_process, 2)
+    _, final = _checkpoint(one_process, 10)
+    assert 0 < sum(st is None for st in early) < len(early)
+    steps = [st["step"] for st in final if st is not None]
+    assert max(steps) == 10 and min(steps) < 10
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("stage,fmt", [(1, "whole"), (2, "auto"), (3, "auto")], ids=["zero1", "zero2", "zero3"])
+def test_data_parallel_zero_equals_one_process(data_dir, one_process, tmp_path, stage, fmt):
+    out = tmp_path / "dp2"  # ZeRO-1 writes the whole (consolidated) checkpoint, 2 and 3 the sharded one
+    proc = _train(data_dir, out, f"parallel.zero_stage={stage}", f"train.checkpoint_format={fmt}", *SAVES, ranks=2)
+    assert f"memory (ZeRO stage {stage}" in proc.stdout
+    _same_as(out, one_process)
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("stage,fmt", [(1, "whole"), (2, "auto")], ids=["zero1", "zero2"])
+def test_expert_parallel_zero_equals_one_process_and_resumes_across_layouts(data_dir, one_process, tmp_path, stage,
+                                                                            fmt):
+    out = tmp_path / "ep2xdp2"  # ZeRO-1 writes the whole checkpoint (experts gathered), ZeRO-2 the sharded one
+    proc = _train(data_dir, out, "parallel.expert=2", f"parallel.zero_stage={stage}", f"train.checkpoint_format={fmt}",
+                  *SAVES, ranks=4)
+    assert "expert parallel 2" in proc.stdout and f"memory (ZeRO stage {stage}" in proc.stdout
+    _same_as(out, one_process)
+    if stage == 1:  # its step-6 checkpoint on one process, and the one process's at EP2 x DP2 under ZeRO-1
+        resumes = [(out, 1, ()), (one_process, 4, ("parallel.expert=2", "parallel.zero_stage=1"))]
+    else:  # its sharded one on one process, and at EP4 under ZeRO-1 (4 experts a rank, their state not sharded)
+        resumes = [(out, 1, ()), (out, 4, ("parallel.expert=4", "parallel.zero_stage=1"))]
+    for k, (source, ranks, extra) in enumerate(resumes):
+        resumed = tmp_path / f"resumed{k}"
+        shutil.copytree(source, resumed)
+        for step in (8, 10):
+            shutil.rmtree(resumed / "checkpoints" / f"step_{step:06d}")
+        proc = _train(data_dir, resumed, *SAVES, *extra, "resume=auto", ranks=ranks)
+        assert "resumed from" in proc.stdout and "at step 6" in proc.stdout
+        _same_as(resumed, source, steps=(10,))
