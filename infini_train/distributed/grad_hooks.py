@@ -25,14 +25,16 @@ class AllReducePostAccumulateHook(PostAccumulateGradHook):
         group.all_reduce(tensor.grad, self.reduce_op)
 
 
-def globally_unused(used, group):
+def globally_unused(used, group, *more_groups):
     """The indices of ``used`` (one flag per parameter, in the same order on every rank of ``group``) that no rank of
-    ``group`` set: one all-reduce of the flags, as torch's reducer agrees on unused parameters."""
+    ``group`` set: one all-reduce of the flags, as torch's reducer agrees on unused parameters; ``more_groups``:
+    further groups whose ranks hold the same parameters and must agree too (one all-reduce each)."""
     if not len(used):
         return []
     flags = Tensor(np.array(used, np.int64))
-    if group.size > 1:
-        group.all_reduce(flags, "sum")
+    for g in (group, *more_groups):
+        if g is not None and g.size > 1:
+            g.all_reduce(flags, "sum")
     return [k for k, count in enumerate(flags.numpy()) if count == 0]
 
 

@@ -414,14 +414,10 @@ def _check_moe_run(cfg, c, errors, model):
                       "block's parameters over the data-parallel group, whose ranks hold different experts; sharding "
                       "the experts over their expert-data group instead is not supported yet), got 3; HINT: use "
                       "parallel.zero_stage=2 (the experts' optimizer state is sharded over the expert-data group)")
-    split = [f"parallel.{key}={getattr(p, key)}" for key in ("pipeline", "tensor")
-             if c.ok(f"parallel.{key}") and getattr(p, key) > 1]
-    if c.ok("parallel.zero_stage") and p.zero_stage and split:
-        errors.append(f"parallel.zero_stage: expected 0 with {' and '.join(split)} for model.arch={arch} (ZeRO agrees "
-                      "over the data-parallel group only on the experts no token reached, where tensor ranks routing "
-                      "their own slices may disagree; ZeRO with tensor or pipeline parallelism is not proved equal to "
-                      f"the one-process run for MoE models yet), got {p.zero_stage}; HINT: use parallel.zero_stage=0 "
-                      "with these layouts, or ZeRO with data and expert parallelism")
+    if c.ok("parallel.zero_stage", "parallel.tensor") and p.zero_stage == 3 and p.tensor > 1:
+        errors.append(f"parallel.zero_stage: expected 0, 1 or 2 with parallel.tensor={p.tensor} for model.arch={arch} "
+                      "(fully_shard's shards of the experts would have to agree over the tensor group on the experts "
+                      "no token reached; not supported yet), got 3; HINT: use parallel.zero_stage=2")
     lora = cfg.lora
     if c.ok("lora.rank", "lora.target_modules") and lora.rank > 0:
         targets = lora.targets()

@@ -154,10 +154,11 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zer
     return set_recompute(model, cfg.train.recompute), tok_name, base
 
 
-def build_optimizer(model, train_cfg, zero_stage, group=None, find_unused=False, experts=None):
+def build_optimizer(model, train_cfg, zero_stage, group=None, find_unused=False, experts=None, tensor_group=None):
     """AdamW over the model's param groups; with ZeRO sharded across the data-parallel ranks (stage 3: over the
     shards fully_shard keeps; an ExpertParallelRun's local experts over their expert-data group). ``find_unused``:
-    some parameters may get no gradient in a step, which ZeRO then skips as AdamW skips a .grad of None."""
+    some parameters may get no gradient in a step, which ZeRO then skips as AdamW skips a .grad of None (agreed over
+    ``tensor_group`` too: under sequence parallelism its ranks route different tokens)."""
     from ..distributed.optim import ZeroRedundancyOptimizer
     from ..optim import AdamW
 
@@ -167,7 +168,8 @@ def build_optimizer(model, train_cfg, zero_stage, group=None, find_unused=False,
         if experts is not None:
             options.update(expert_params=experts.expert_params, expert_data_group=experts.groups.expert_data_group)
         return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, process_group=group,
-                                       flat_order=model.parameters(), find_unused_parameters=find_unused, **options)
+                                       flat_order=model.parameters(), find_unused_parameters=find_unused,
+                                       unused_also_over=tensor_group, **options)
     return AdamW(groups, **options)
 
 
@@ -254,7 +256,7 @@ class Run:
         self.zero_stage = cfg.parallel.zero_stage
         self.moe = moe_metrics_for(self.raw_model, dims, p.expert)  # router statistics of a MoE, else None
         self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group, self.moe is not None,
-                                         self.experts)
+                                         self.experts, dims.tp_group if dims.sequence_parallel else None)
         self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None,
                                         self.experts.expert_params if self.experts is not None else ())
         self.tokenizer = get_tokenizer(self.tok_name)

@@ -74,7 +74,13 @@ LAYOUTS = {"pp2": (2, ["parallel.pipeline=2"], "pipeline 2 (1f1b) x data paralle
            "tp2": (2, ["parallel.tensor=2", "parallel.sequence=true"],
                    "data parallel 1 x tensor parallel 2 with sequence parallel"),
            "tp2xep2": (4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.expert=2"],
-                       "data parallel 2 x expert parallel 2 x tensor parallel 2 with sequence parallel")}
+                       "data parallel 2 x expert parallel 2 x tensor parallel 2 with sequence parallel"),
+           # ZeRO skips an expert no rank of the data group (and, under sequence parallelism, of the tensor group)
+           # reached, as one process's AdamW skips its gradient of None
+           "ep2xpp2-zero1": (4, ["parallel.pipeline=2", "parallel.expert=2", "parallel.zero_stage=1"],
+                             "pipeline 2 (1f1b) x data parallel 2 x expert parallel 2"),
+           "tp2xdp2-zero2": (4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.zero_stage=2"],
+                             "data parallel 2 x tensor parallel 2 with sequence parallel")}
 
 
 @needs_mpiexec

@@ -135,13 +135,13 @@ def test_moe_model_keys_presets_and_refusals_are_config_errors():
     assert [e.split(":")[0] for e in refused] == ["train.recompute", "parallel.context", "lora.target_modules"]
     assert "recomputing blocks is not supported for MoE models yet" in refused[0] and "HINT" in refused[0]
     assert "LoRA on experts is not supported yet" in refused[2]
-    for stage in (1, 2, 3):  # (tests/training/test_moe_zero_runs.py); not with pipeline stages or tensor parallelism
+    for stage in (1, 2, 3):  # (tests/training/test_moe_zero_runs.py, test_moe_layout_runs.py)
         assert load_config(CONFIGS["qwen3_moe"], [f"parallel.zero_stage={stage}"]).parallel.zero_stage == stage
-    assert [e.split(":")[0] for e in _errors("qwen3_moe", "parallel.zero_stage=1", "parallel.pipeline=2")] == [
-        "parallel.zero_stage"]
-    assert _errors("mixtral", "parallel.zero_stage=2", "parallel.tensor=2")[0].startswith(
-        "parallel.zero_stage: expected 0 with parallel.tensor=2 for model.arch=mixtral")
-    assert _errors("qwen3_moe", "parallel.pipeline=3") == [  # stages are fine (test_moe_pipeline_runs.py) if equal
+        assert load_config(CONFIGS["qwen3_moe"], [f"parallel.zero_stage={stage}", "parallel.pipeline=2"])
+    assert load_config(CONFIGS["mixtral"], ["parallel.zero_stage=2", "parallel.tensor=2"]).parallel.tensor == 2
+    assert _errors("mixtral", "parallel.zero_stage=3", "parallel.tensor=2")[0].startswith(
+        "parallel.zero_stage: expected 0, 1 or 2 with parallel.tensor=2 for model.arch=mixtral")
+    assert _errors("qwen3_moe", "parallel.pipeline=3") == [  # stages are fine (test_moe_layout_runs.py) if equal
         "model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = 3 x 1 = 3 (equal model "
         "chunks), got 4"]
     assert _errors("qwen3_moe", "lora.rank=4", "lora.target_modules=.*mlp.*")[0].startswith("lora.target_modules")

@@ -121,12 +121,13 @@ class ZeroRedundancyOptimizer:
     would count one shard only under ZeRO-2.
 
     ``find_unused_parameters``: skip the parameters that no rank got a gradient for since ``zero_grad``, as one
-    process skips a ``.grad`` of None; ``expert_params`` (with ``expert_data_group``): parameters replicated over that
-    group instead, sharded over it (see the module docstring).
+    process skips a ``.grad`` of None (``unused_also_over``: a further group that must agree, e.g. the tensor group
+    when its ranks route different slices of the sequence); ``expert_params`` (with ``expert_data_group``):
+    parameters replicated over that group instead, sharded over it (see the module docstring).
     """
 
     def __init__(self, params, optimizer_class=None, process_group=None, flat_order=None, find_unused_parameters=False,
-                 expert_params=(), expert_data_group=None, **defaults):
+                 expert_params=(), expert_data_group=None, unused_also_over=None, **defaults):
         from ... import distributed as dist
         from ...optim import AdamW
 
@@ -160,6 +161,7 @@ class ZeroRedundancyOptimizer:
                 if expert:
                     self.expert_spaces.append(space)
         self._used = None  # find_unused_parameters: ids of the parameters that got a gradient since zero_grad
+        self._unused_also_over = unused_also_over  # e.g. the tensor group, whose ranks route their own tokens
         if find_unused_parameters:
             self._used = set()
             self._use_hooks = [p.register_post_accumulate_grad_hook(self._mark_used) for p in ordered]
@@ -263,7 +265,8 @@ class ZeroRedundancyOptimizer:
             by_group.setdefault(id(space.group), (space.group, []))[1].extend(space.params)
         unused = set()
         for group, params in by_group.values():
-            unused.update(id(params[k]) for k in globally_unused([id(p) in self._used for p in params], group))
+            unused.update(id(params[k]) for k in globally_unused([id(p) in self._used for p in params], group,
+                                                                 self._unused_also_over))
         return [view for view, _, p, *_ in self.pieces if id(p) in unused]
 
     def owned_grads(self):
