@@ -39,6 +39,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks.train_runs import step_records  # noqa: E402
+
 CONFIG = os.path.join(REPO, "configs", "qwen3_moe_tiny.yaml")
 # the tiny MoE made small: 3 layers (2 sparse), width 64, 8 experts of width 64, top-2; global batch 8 x 64 tokens
 RUN = ["model.n_layer=3", "model.n_embd=64", "model.head_dim=16", "model.intermediate_size=128",
@@ -157,19 +159,8 @@ def layer_shape(n, dim, hidden, experts, k, repeats):
 
 # ----------------------------------------------------------------------------------------------------------- runs
 def train(data_dir, out, ranks, *extra):
-    from tests.distributed.mpi_jobs import MPIEXEC
-
-    args = [sys.executable, os.path.join(REPO, "examples", "gpt2", "train.py"), "--config", CONFIG,
-            f"out_dir={out}", f"data.train={data_dir}/train_*.bin", "data.val=null", "data.tokenizer=byte",
-            "plot=false", "device=cpu", *RUN, *extra]
-    if ranks > 1:
-        args = [MPIEXEC, "-n", str(ranks), *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed: {' '.join(extra)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [r for r in map(json.loads, f) if "loss" in r and "ms" in r]
+    return step_records(CONFIG, out, [f"data.train={data_dir}/train_*.bin", "data.val=null", "data.tokenizer=byte",
+                                      "plot=false", "device=cpu", *RUN, *extra], ranks)
 
 
 def a2a_bytes(ranks):

@@ -17,10 +17,8 @@ the template's headers, which it does not train) of the held-out conversations, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -28,6 +26,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks.train_runs import step_records  # noqa: E402
+
 CONFIG = os.path.join(REPO, "configs", "llama3_lora_sft.yaml")
 B, T = 2, 256
 
@@ -41,17 +41,11 @@ def setup(root):
 
 
 def train(root, out, *extra):
-    args = [sys.executable, os.path.join(REPO, "examples", "gpt2", "train.py"), "--config", CONFIG,
-            f"out_dir={out}", f"model.pretrained={root}/model", f"data.train={root}/train.jsonl",
-            f"data.val={root}/val.jsonl", f"train.batch_size={B}", f"train.sequence_length={T}",
-            f"train.total_batch_size={B * T}", "train.val_loss_every=0", "train.save_every=0", "train.log_every=1",
-            "train.warmup_iters=2", "lora.rank=0", "device=cpu", "plot=false", *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed: {' '.join(extra)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [r for r in map(json.loads, f) if "loss" in r and "ms" in r]
+    return step_records(CONFIG, out, [f"model.pretrained={root}/model", f"data.train={root}/train.jsonl",
+                                      f"data.val={root}/val.jsonl", f"train.batch_size={B}",
+                                      f"train.sequence_length={T}", f"train.total_batch_size={B * T}",
+                                      "train.val_loss_every=0", "train.save_every=0", "train.log_every=1",
+                                      "train.warmup_iters=2", "lora.rank=0", "device=cpu", "plot=false", *extra])
 
 
 def fill(root, packing):

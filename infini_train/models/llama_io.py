@@ -87,15 +87,11 @@ def hf_weights(directory, cls=None):
     """(config, {our name: MappedArray}, {name: file}) of an HF directory of a LLaMA-like model (one safetensors file
     or shards and their index): only the headers are read; a tied output layer is the token embedding. ``cls``: the
     model class (its ``config_from_hf`` and ``from_hf_name``); None: the class of config.json's model_type."""
+    from .pretrained import hf_model_class, read_config_json
+
     directory = os.fspath(directory)
-    config_path = os.path.join(directory, "config.json")
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(f"Llama.from_pretrained: {config_path} is missing\nHINT: an HF LLaMA directory "
-                                "holds config.json and model.safetensors (or shards and their index)")
-    with open(config_path) as f:
-        hf = json.load(f)
+    hf, config_path = read_config_json(directory, "Llama.from_pretrained")
     if cls is None:
-        from .pretrained import hf_model_class
         cls = hf_model_class(hf.get("model_type", "llama"), config_path)
     config = cls.config_from_hf(hf, config_path)
     state, where = {}, {}

@@ -20,6 +20,17 @@ def hf_model_class(model_type, source="config.json"):
     return model_class(HF_MODEL_TYPES[model_type])[0]
 
 
+def read_config_json(directory, who="from_pretrained"):
+    """(config.json of the HF directory ``directory`` as a dict, its path); a FileNotFoundError naming ``who`` when
+    it is missing."""
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{who}: {config_path} is missing\nHINT: an HF model directory holds config.json and "
+                                "model.safetensors (or shards and their index)")
+    with open(config_path) as f:
+        return json.load(f), config_path
+
+
 def from_pretrained(path, device=None, dtype=None):
     """The model of an HF directory (config.json + safetensors, sharded or not) with its weights, the class chosen by
     config.json's ``model_type``; an llm.c ``.bin`` file is a GPT-2. ``dtype`` (LLaMA-like models): keep the weights
@@ -30,12 +41,8 @@ def from_pretrained(path, device=None, dtype=None):
             raise FileNotFoundError(f"from_pretrained: no such file or directory: {path}\nHINT: pass an HF model "
                                     "directory (config.json + safetensors) or an llm.c .bin file")
         return model_class("gpt2")[0].from_pretrained(path, device=device)
-    config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(f"from_pretrained: {config_path} is missing\nHINT: an HF model directory holds "
-                                "config.json and model.safetensors (or shards and their index)")
-    with open(config_path) as f:
-        model_type = json.load(f).get("model_type")
+    hf, config_path = read_config_json(path)
+    model_type = hf.get("model_type")
     cls = hf_model_class(model_type, config_path)
     if model_type == "gpt2":
         model = cls.from_pretrained(path, device=device)
@@ -54,12 +61,7 @@ def pretrained_config(path):
         from .gpt2_io import llmc_weights
 
         return "gpt2", llmc_weights(path)[0]
-    config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(f"{config_path} is missing\nHINT: an HF model directory holds config.json and "
-                                "model.safetensors (or shards and their index)")
-    with open(config_path) as f:
-        hf = json.load(f)
+    hf, config_path = read_config_json(path, "model.pretrained")
     model_type = hf.get("model_type")
     cls = hf_model_class(model_type, config_path)
     if model_type == "gpt2":
@@ -69,4 +71,4 @@ def pretrained_config(path):
     return HF_MODEL_TYPES[model_type], cls.config_from_hf(hf, config_path)
 
 
-__all__ = ["from_pretrained", "hf_model_class", "pretrained_config", "HF_MODEL_TYPES"]
+__all__ = ["from_pretrained", "hf_model_class", "pretrained_config", "read_config_json", "HF_MODEL_TYPES"]
