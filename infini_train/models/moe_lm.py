@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import backend
 from .. import nn
 from ..autograd.grad_mode import is_grad_enabled
 from ..autograd.misc import cat
@@ -18,6 +19,7 @@ from ..creation import zeros
 from ..nn.parallel.mappings import reduce_from_tensor_parallel_region
 from ..promotion import promote_types
 from ..tensor import Tensor
+from .documents import active_layout
 
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")
 
@@ -36,16 +38,24 @@ def check_moe_config(cfg):
         raise ValueError(f"{name}.router_aux_loss_coef: expected a number >= 0, got {cfg.router_aux_loss_coef!r}")
 
 
-def router_statistics(router_probs, routed_counts):
+def router_statistics(router_probs, routed_counts, keep=None, router_indices=None):
     """What the auxiliary loss needs of some sparse layers, as one (2E + 1,) Tensor: every layer's router
     probabilities summed over its rows (E, differentiable), its top-k assignments per expert summed (E, a constant)
-    and the rows (1). Statistics of different layers (pipeline stages) add up."""
-    rows = sum(int(p.shape[0]) for p in router_probs)
+    and the rows (1). Statistics of different layers (pipeline stages) add up. ``keep`` (N,) bool, with the layers'
+    ``router_indices``: count only those rows (the positions that are not padding, as HF's attention mask does)."""
+    device = router_probs[0].device
+    xp = device.array_module()
+    num_experts = int(router_probs[0].shape[1])
+    if keep is not None:
+        weight = Tensor._make(xp.asarray(keep, router_probs[0].dtype)[:, None], device)
+        router_probs = [p * weight for p in router_probs]
+        routed_counts = [xp.bincount(i.array[keep].reshape(-1), minlength=num_experts) for i in router_indices]
+        rows = int(keep.sum()) * len(router_probs)
+    else:
+        rows = sum(int(p.shape[0]) for p in router_probs)
     prob_sums = router_probs[0].sum(0)
     for probs in router_probs[1:]:
         prob_sums = prob_sums + probs.sum(0)
-    device = prob_sums.device
-    xp = device.array_module()
     with device.context():
         counts = xp.concatenate([sum(routed_counts).astype(prob_sums.dtype), xp.asarray([rows], prob_sums.dtype)])
     return cat([prob_sums, Tensor._make(counts, device)], 0)
@@ -120,8 +130,22 @@ class MoECausalLM:
         layers = self.moe_layers()
         if not layers:
             return self._earlier if self._earlier is not None else self._no_statistics()
-        own = router_statistics([m.router_probs for m in layers], [m.routed_counts for m in layers])
+        own = router_statistics([m.router_probs for m in layers], [m.routed_counts for m in layers],
+                                self._rows_kept(layers[0]), [m.router_indices for m in layers])
         return own if self._earlier is None else own + self._earlier
+
+    def _rows_kept(self, layer):
+        """For packed documents, which of the rows the layers routed are not padding (None: every row counts):
+        the layout's (B, T) in row order, this rank's slice of the sequence under sequence parallelism."""
+        layout = active_layout()
+        if layout is None:
+            return None
+        segments = layout.segments
+        tp = self.tp
+        if tp is not None and tp.sequence_parallel:
+            length = segments.shape[1] // tp.size
+            segments = segments[:, tp.rank * length:(tp.rank + 1) * length]
+        return backend.to_device_array(np.ascontiguousarray(segments.reshape(-1) != 0), layer.router_probs.device)
 
     def _no_statistics(self):
         (shape, dtype), = self.pipeline_extras(next(iter(self.parameters())).dtype)

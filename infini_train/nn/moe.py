@@ -163,8 +163,9 @@ class MoE(Module):
     ``forward(x)`` takes (B, T, dim) or (N, dim) and returns the same shape. After each forward the module holds:
     ``aux_loss`` (HF's load-balancing loss) and ``z_loss`` (router z-loss), 0-d Tensors in the graph;
     ``router_loss`` = aux_loss_coef * aux_loss + z_loss_coef * z_loss, to add to the training loss;
-    ``router_logits`` (N, num_experts); ``router_probs`` (N, num_experts) and ``routed_counts`` (an xp array: each
-    expert's assignments before any capacity drop), from which the aux loss is computed (a model's loss over all its
+    ``router_logits`` (N, num_experts); ``router_probs`` (N, num_experts), ``router_indices`` (N, top_k) and
+    ``routed_counts`` (an xp array: each expert's assignments before any capacity drop), from which the aux loss is
+    computed (a model's loss over all its
     layers uses them: models/moe_lm.py); ``tokens_per_expert`` (a NumPy int64 array: the assignments each expert
     processed) and ``dropped_tokens`` (int: the assignments dropped for capacity; 0 when dropless)."""
 
@@ -187,6 +188,7 @@ class MoE(Module):
             if shared_expert_gate:
                 self.shared_expert_gate = Linear(dim, 1, bias=False, device=device, dtype=dtype)
         self.aux_loss = self.z_loss = self.router_logits = self.router_probs = self.routed_counts = None
+        self.router_indices = None
         self.tokens_per_expert, self.dropped_tokens = None, 0
         self.token_dispatcher = None  # None: every expert is here; else a callable (moe, x, weights, indices)
 
@@ -216,6 +218,7 @@ class MoE(Module):
                 shared = F.sigmoid(self.shared_expert_gate(flat)) * shared
             out = out + shared
         self.router_logits, self.router_probs, self.routed_counts = route.logits, route.probs, routed
+        self.router_indices = route.indices
         self.aux_loss = load_balancing_loss(route.probs, routed)
         self.z_loss = router_z_loss(route.logits)
         return out.reshape(*x.shape)

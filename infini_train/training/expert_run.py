@@ -42,7 +42,7 @@ class ExpertParallelRun:
     def __init__(self, dims, expert):
         self.dims, self.expert = dims, expert
         self.groups = expert_groups(dims.mesh if dims.mesh is not None else list(range(dims.world)), expert)
-        self.model = self.optimizer = self.whole_groups = None
+        self.model = self.optimizer = self.whole_groups = self.whole_state_names = None
         self.expert_params = []
 
     def split(self, model, weight_decay):

@@ -117,3 +117,37 @@ def test_layout_errors(tmp_path):
     with pytest.raises(ValueError, match="without a KV cache"):
         with packed_documents(pos, seg):
             ours(it.tensor(x), kv_cache=ours.new_kv_cache(2, it.backend.CPU))
+
+
+def test_moe_padded_batch_counts_no_padding_in_the_load_balancing_loss(tmp_path):
+    """Qwen3-MoE on one sample per row, right-padded: HF with the attention mask (its load-balancing loss leaves the
+    masked positions out) gives our loss, auxiliary loss and every gradient."""
+    from transformers import Qwen3MoeForCausalLM
+
+    from infini_train.models.qwen3_moe import Qwen3Moe
+
+    from .hf_lm_checks import randomize as randomize_moe
+    from .test_moe_models import VOCAB as MOE_VOCAB
+    from .test_moe_models import qwen3_moe_config
+
+    hf = randomize_moe(Qwen3MoeForCausalLM(qwen3_moe_config()), 0)
+    hf.save_pretrained(tmp_path / "moe")
+    ours = Qwen3Moe.from_pretrained(tmp_path / "moe")
+    # (ids 1..VOCAB-1: HF's embedding gives its pad_token_id 0 no gradient, ours has no padding row)
+    samples = [(ids % (MOE_VOCAB - 1) + 1, trained) for ids, trained in SAMPLES]
+    x, y, pos, seg, _ = rows(samples, 10, [[0], [1], [2]])
+    ours.train()
+    with packed_documents(pos, seg):
+        _, loss = ours(it.tensor(x), it.tensor(y))
+    hf.train()
+    labels = np.full_like(x, -100)
+    labels[:, 1:] = np.where(y[:, :-1] != -1, y[:, :-1], -100)  # HF shifts its labels itself
+    out = hf(torch.tensor(x), attention_mask=torch.tensor((seg != 0).astype(np.int64)), labels=torch.tensor(labels),
+             output_router_logits=True)
+    np.testing.assert_allclose(ours.aux_loss.item(), out.aux_loss.item(), rtol=1e-5)
+    np.testing.assert_allclose(loss.item(), out.loss.item(), rtol=1e-5)
+    loss.backward()
+    out.loss.backward()
+    grads = hf_named_grads(ours)
+    for name, p in hf.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
