@@ -94,7 +94,7 @@ class Llama(CausalLM):
         super().__init__()
         self.config = config
         self.model = nn.ModuleDict(dict(
-            embed_tokens=nn.Embedding(config.vocab_size, config.dim),
+            embed_tokens=nn.Embedding(config.vocab_size, config.dim, padding_idx=config.pad_token_id),
             layers=nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.n_layers)]),
             norm=nn.RMSNorm(config.dim, eps=config.rms_norm_eps),
         ))

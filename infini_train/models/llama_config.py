@@ -50,6 +50,7 @@ class LlamaConfig(LMConfig):
     dropout: float = 0.0
     attention_bias: bool = False
     mlp_bias: bool = False
+    pad_token_id: int | None = None  # HF's padding_idx: the token embedding row that gets no gradient
     qk_norm = False  # (not a field) Qwen3Config makes it one: RMSNorm on each head's queries and keys
 
     def __post_init__(self):
@@ -59,6 +60,10 @@ class LlamaConfig(LMConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"LlamaConfig.{name}: expected a positive integer, got {value!r}")
+        if self.pad_token_id is not None and not (isinstance(self.pad_token_id, int)
+                                                  and 0 <= self.pad_token_id < self.vocab_size):
+            raise ValueError(f"LlamaConfig.pad_token_id: expected None or an id in [0, {self.vocab_size}), got "
+                             f"{self.pad_token_id!r}")
         if self.head_dim is None:
             if self.dim % self.n_heads:
                 raise ValueError(f"LlamaConfig: dim ({self.dim}) must be divisible by n_heads ({self.n_heads})\n"

@@ -46,7 +46,14 @@ def llama_config_fields(hf, source, model_type):
         rope_scaling={k: scaling[k] for k in ROPE_SCALING_KEYS} if kind == "llama3" else None,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         dropout=float(hf.get("attention_dropout", 0.0) or 0.0), attention_bias=bool(hf.get("attention_bias", False)),
-        mlp_bias=bool(hf.get("mlp_bias", False)))
+        mlp_bias=bool(hf.get("mlp_bias", False)), pad_token_id=_pad_id(hf))
+
+
+def _pad_id(hf):
+    """config.json's pad_token_id when it names a row of the embedding (transformers then gives that row no
+    gradient: nn.Embedding's padding_idx), else None."""
+    pad = hf.get("pad_token_id")
+    return pad if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < hf["vocab_size"] else None
 
 
 def llama_to_hf_config(cfg, dtype):
@@ -55,7 +62,7 @@ def llama_to_hf_config(cfg, dtype):
         rope.update(cfg.rope_scaling)
     bos, eos = text_boundary_ids(cfg.vocab_size)
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-            "bos_token_id": bos, "eos_token_id": eos,
+            "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": cfg.pad_token_id,
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.intermediate_size,
             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,

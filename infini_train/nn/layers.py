@@ -72,7 +72,7 @@ class Embedding(Module):
 
     def reset_parameters(self):
         init.normal_(self.weight)
-        if self.padding_idx is not None:
+        if self.padding_idx is not None and self.weight.device is not backend.META:  # (meta: shapes only)
             self.weight.array[self.padding_idx] = 0
 
     @classmethod

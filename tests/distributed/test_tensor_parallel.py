@@ -174,8 +174,6 @@ def test_shard_spec_round_trips_in_a_group_of_one():
      "shard_from_whole: expected dim 0 of length whole_size=7 (or 8 padded), got an array of shape (9, 2)\nHINT"),
     (lambda: VocabParallelEmbedding(10, 4, group=ONE)(it.tensor([3, 10])),
      "VocabParallelEmbedding: expected ids in [0, 10), got id 10\nHINT"),
-    (lambda: VocabParallelEmbedding.from_embedding(nn.Embedding(5, 2, padding_idx=0), ONE),
-     "expected an Embedding without padding_idx, got padding_idx=0\nHINT"),
     (lambda: vocab_parallel_cross_entropy(it.zeros(3, 4), it.tensor([0, 1, 5]), ONE, 5),
      "vocab_parallel_cross_entropy: expected 0 < vocab_size <= group size x V_local = 1 x 4, got vocab_size=5\nHINT"),
     (lambda: vocab_parallel_cross_entropy(it.zeros(3, 4), it.tensor([0, 1, 3]), ONE, 3),
@@ -188,3 +186,22 @@ def test_errors_name_what_was_expected_and_received(build, needle):
     with pytest.raises(ValueError) as info:
         build()
     assert needle in str(info.value)
+
+
+def test_vocab_parallel_embedding_keeps_padding_idx_out_of_the_gradient():
+    """As torch's nn.Embedding(padding_idx=...): the row is looked up, but gets no gradient."""
+    import torch
+
+    whole = nn.Embedding(6, 3, padding_idx=2)
+    split = VocabParallelEmbedding.from_embedding(whole, ONE)
+    ref = torch.nn.Embedding(6, 3, padding_idx=2)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(whole.weight.numpy()))
+    ids = [[2, 0, 2, 5], [1, 2, 4, 0]]
+    out = split(it.tensor(ids))
+    expected = ref(torch.tensor(ids))
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy())
+    (out * out).sum().backward()
+    (expected * expected).sum().backward()
+    np.testing.assert_allclose(split.weight.grad.numpy(), ref.weight.grad.numpy(), rtol=1e-6)
+    assert not split.weight.grad.numpy()[2].any() and split.weight.grad.numpy()[0].any()

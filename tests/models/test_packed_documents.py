@@ -133,8 +133,9 @@ def test_moe_padded_batch_counts_no_padding_in_the_load_balancing_loss(tmp_path)
     hf = randomize_moe(Qwen3MoeForCausalLM(qwen3_moe_config()), 0)
     hf.save_pretrained(tmp_path / "moe")
     ours = Qwen3Moe.from_pretrained(tmp_path / "moe")
-    # (ids 1..VOCAB-1: HF's embedding gives its pad_token_id 0 no gradient, ours has no padding row)
-    samples = [(ids % (MOE_VOCAB - 1) + 1, trained) for ids, trained in SAMPLES]
+    samples = [(ids % MOE_VOCAB, trained) for ids, trained in SAMPLES]
+    assert any((ids == 0).any() for ids, _ in samples)  # config.json's pad_token_id 0 as a real token: no gradient
+    assert ours.model.embed_tokens.padding_idx == 0
     x, y, pos, seg, _ = rows(samples, 10, [[0], [1], [2]])
     ours.train()
     with packed_documents(pos, seg):

@@ -24,7 +24,7 @@ def hf_dir(tmp_path_factory):
     hf = LlamaForCausalLM(HFLlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                         rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=None,
-                                        eos_token_id=None, pad_token_id=None))
+                                        eos_token_id=None, pad_token_id=10))  # (newlines: no gradient, as in HF)
     out = tmp_path_factory.mktemp("hf")
     hf.save_pretrained(out)
     return out

@@ -32,11 +32,13 @@ def _check_ids(what, ids, low, high, hint):
 
 class VocabShardLookup(Op):
     """Rows of this rank's vocabulary shard for the ids it owns, zeros for the others; backward adds the
-    gradient rows of owned ids into the shard (ids owned elsewhere, and padding rows, get none)."""
+    gradient rows of owned ids into the shard (ids owned elsewhere, the vocabulary padding and ``padding_idx``, the
+    row torch's padding_idx keeps out of the gradient, get none)."""
 
-    def __init__(self, vocab_start, num_embeddings):
+    def __init__(self, vocab_start, num_embeddings, padding_idx=None):
         self.vocab_start = vocab_start
         self.num_embeddings = num_embeddings
+        self.padding_idx = padding_idx
 
     def forward(self, ids, weight):
         xp = self.xp
@@ -55,6 +57,8 @@ class VocabShardLookup(Op):
         local, owned = self.stashed
         shape = self._input_shapes[1]
         grad = xp.zeros(shape, dtype=self._input_dtypes[1])
+        if self.padding_idx is not None:
+            owned = owned & (local != self.padding_idx - self.vocab_start)
         owned = owned.reshape(-1)
         scatter_add_rows(xp, grad, local.reshape(-1)[owned], upcast(g).reshape(-1, shape[1])[owned])
         return None, grad
@@ -65,7 +69,7 @@ class VocabParallelEmbedding(Module):
     over ``group``: weight (padded / size, embedding_dim). Output: the whole lookup, on every rank."""
 
     def __init__(self, num_embeddings, embedding_dim, group=None, pad_to_multiple_of=1, device=None, dtype=None,
-                 _whole=None):
+                 _whole=None, padding_idx=None):
         super().__init__()
         self.group = group if group is not None else default_group()
         if int(pad_to_multiple_of) < 1:
@@ -76,16 +80,14 @@ class VocabParallelEmbedding(Module):
         spec = ShardSpec(0, whole_size=self.num_embeddings, pad_to_multiple_of=self.pad_to_multiple_of)
         self.padded_num_embeddings = spec.padded_length(self.num_embeddings, self.group.size)
         self.num_embeddings_per_partition = self.padded_num_embeddings // self.group.size
-        whole = _whole if _whole is not None else Embedding(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        whole = _whole if _whole is not None else Embedding(num_embeddings, embedding_dim, padding_idx, device=device,
+                                                            dtype=dtype)
+        self.padding_idx = whole.padding_idx  # (as torch's: no gradient for that id)
         self.weight = shard_parameter(whole.weight, spec, self.group)
 
     @classmethod
     def from_embedding(cls, embedding, group, pad_to_multiple_of=1):
-        """This rank's shard of the whole ``embedding`` (its rows are copied, not shared)."""
-        if embedding.padding_idx is not None:
-            raise ValueError(f"VocabParallelEmbedding.from_embedding: expected an Embedding without padding_idx, got "
-                             f"padding_idx={embedding.padding_idx}\nHINT: mask those positions in the loss "
-                             "(ignore_index) instead")
+        """This rank's shard of the whole ``embedding`` (its rows are copied, not shared; its padding_idx kept)."""
         rows, dim = embedding.weight.shape
         return cls(rows, dim, group, pad_to_multiple_of, _whole=embedding)
 
@@ -96,7 +98,7 @@ class VocabParallelEmbedding(Module):
         return start, start + self.num_embeddings_per_partition
 
     def forward(self, ids):
-        rows = VocabShardLookup(self.vocab_range[0], self.num_embeddings).apply(ids, self.weight)
+        rows = VocabShardLookup(self.vocab_range[0], self.num_embeddings, self.padding_idx).apply(ids, self.weight)
         return reduce_from_tensor_parallel_region(rows, self.group)
 
     def extra_repr(self):
