@@ -7,9 +7,8 @@ is built, it runs a step's micro-batches and leaves their gradients accumulated 
 ``next_batch()`` gives the next (inputs, targets, context) -- device tensors and a zero-argument callable whose
 context the micro-batch's forwards run under (its packed documents' layout, or a no-op) --, ``backward(loss)`` scales
 and backpropagates a micro-batch's loss (returning the scaled loss), ``forward_context()`` wraps each forward
-(autocast), ``no_sync``
-(DDP's, or None) defers the data-parallel reduction to the last micro-batch. Returns the sum of the micro-batches'
-scaled losses (their mean) on this rank.
+(autocast), ``no_sync`` (DDP's, or None) defers the data-parallel reduction to the last micro-batch. Returns the sum
+of the micro-batches' scaled losses (their mean) on this rank.
 """
 from __future__ import annotations
 
