@@ -109,7 +109,8 @@ class MoECausalLM:
         (LoRA freezes them)."""
         cfg = self.config
         experts = [p for m in self.moe_layers() for p in m.experts.parameters()]
-        if experts and experts[0].requires_grad != trainable or not experts and not trainable:
+        frozen = bool(experts) and not experts[0].requires_grad  # (a chunk without experts: counted as trainable)
+        if frozen == trainable:
             return 0
         sparse = sum(1 for layer in range(cfg.n_layers) if cfg.sparse_layer(layer))
         return sparse * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.dim * cfg.moe_intermediate_size
