@@ -32,13 +32,16 @@ import infini_train as it
 
 class StreamPrinter:
     """Writes each new token as it comes, holding back bytes that do not yet form whole characters; ``hide``: ids
-    not shown (a chat reply's end-of-turn token)."""
+    not shown (a chat reply's end-of-turn token); ``stop_text``: text that ends what is shown (an end-of-turn marker
+    a tokenizer writes as text), held back while it may be starting."""
 
-    def __init__(self, tokenizer, out=sys.stdout, hide=()):
+    def __init__(self, tokenizer, out=sys.stdout, hide=(), stop_text=None):
         self.tokenizer = tokenizer
         self.out = out
         self.pending = []
         self.hide = set(hide)
+        self.stop_text = stop_text
+        self.held = ""
         self.ended = False
 
     def __call__(self, token_ids):
@@ -48,13 +51,25 @@ class StreamPrinter:
         self.pending.append(int(token_ids[0]))
         text = self.tokenizer.decode(self.pending)
         if not text.endswith("\ufffd"):
-            self.flush()
+            self._emit(text)
 
     def flush(self):
-        if self.pending:
-            self.out.write(self.tokenizer.decode(self.pending))
+        self._emit(self.tokenizer.decode(self.pending) if self.pending else "", final=True)
+
+    def _emit(self, text, final=False):
+        self.pending = []
+        text, self.held = self.held + text, ""
+        if self.stop_text:
+            cut = text.find(self.stop_text)
+            if cut >= 0:
+                text, self.ended = text[:cut], True
+            elif not final:  # keep back an ending that may begin the stop text
+                n = next((n for n in range(min(len(text), len(self.stop_text) - 1), 0, -1)
+                          if self.stop_text.startswith(text[-n:])), 0)
+                text, self.held = text[:len(text) - n], text[len(text) - n:]
+        if text:
+            self.out.write(text)
             self.out.flush()
-            self.pending = []
 
 
 def main(argv=None):
@@ -143,7 +158,7 @@ def chat(model, tok, args, device, out):
         if room < 1:
             raise SystemExit(f"error: the conversation is {len(ids)} tokens, the model's context is {block}\n"
                              "HINT: start a new chat, or use a shorter --system message")
-        stream = StreamPrinter(tok, out, hide=stops)
+        stream = StreamPrinter(tok, out, hide=stops, stop_text=END_OF_TURN_TEXT)
         tokens = model.generate(to_tensor([ids], device), min(args.max_new_tokens, room),
                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.seed + turn, use_cache=not args.no_cache, stream=stream,
