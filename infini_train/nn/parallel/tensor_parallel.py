@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ... import backend
 from ...autograd.grad_mode import no_grad
 from ...distributed import default_group
+from ...distributed.grad_hooks import globally_unused
 from ...tensor import Tensor
 from .. import functional as F
 from .sharded_init import derived_from
@@ -205,14 +204,14 @@ def all_reduce_grads(grads, group):
 def all_reduce_grads_where_any(params, group):
     """Sum the gradients of ``params`` over ``group`` where some rank has one (a parameter may get none on a rank:
     an expert none of its tokens reached): a rank without it contributes zeros, and a parameter no rank used keeps
-    None (as in one process). One small all-reduce of flags first, then ``all_reduce_grads``."""
+    None (as in one process). One small all-reduce of flags first (``globally_unused``, as DDP and ZeRO agree), then
+    ``all_reduce_grads``."""
     if group is None or group.size == 1:
         return
-    used = Tensor(np.array([p.grad is not None for p in params], np.int64))
-    group.all_reduce(used, "sum")
+    unused = set(globally_unused([p.grad is not None for p in params], group))
     with no_grad():
-        for p, count in zip(params, used.numpy()):
-            if p.grad is None and count:
+        for k, p in enumerate(params):
+            if p.grad is None and k not in unused:
                 p.grad = Tensor._make(p.device.array_module().zeros_like(p.array), p.device)
     all_reduce_grads([p.grad for p in params if p.grad is not None], group)
 
