@@ -14,11 +14,10 @@ import numpy as np
 from .. import backend
 from .. import nn
 from ..autograd.grad_mode import is_grad_enabled
-from ..autograd.misc import cat
 from ..creation import zeros
+from ..nn.moe import load_balancing_loss_from_statistics, router_statistics
 from ..nn.parallel.mappings import reduce_from_tensor_parallel_region
 from ..promotion import promote_types
-from ..tensor import Tensor
 from .documents import active_layout
 
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")
@@ -36,37 +35,6 @@ def check_moe_config(cfg):
                          f"{cfg.num_experts_per_tok}")
     if not cfg.router_aux_loss_coef >= 0:
         raise ValueError(f"{name}.router_aux_loss_coef: expected a number >= 0, got {cfg.router_aux_loss_coef!r}")
-
-
-def router_statistics(router_probs, routed_counts, keep=None, router_indices=None):
-    """What the auxiliary loss needs of some sparse layers, as one (2E + 1,) Tensor: every layer's router
-    probabilities summed over its rows (E, differentiable), its top-k assignments per expert summed (E, a constant)
-    and the rows (1). Statistics of different layers (pipeline stages) add up. ``keep`` (N,) bool, with the layers'
-    ``router_indices``: count only those rows (the positions that are not padding, as HF's attention mask does)."""
-    device = router_probs[0].device
-    xp = device.array_module()
-    num_experts = int(router_probs[0].shape[1])
-    if keep is not None:
-        weight = Tensor._make(xp.asarray(keep, router_probs[0].dtype)[:, None], device)
-        router_probs = [p * weight for p in router_probs]
-        routed_counts = [xp.bincount(i.array[keep].reshape(-1), minlength=num_experts) for i in router_indices]
-        rows = int(keep.sum()) * len(router_probs)
-    else:
-        rows = sum(int(p.shape[0]) for p in router_probs)
-    prob_sums = router_probs[0].sum(0)
-    for probs in router_probs[1:]:
-        prob_sums = prob_sums + probs.sum(0)
-    with device.context():
-        counts = xp.concatenate([sum(routed_counts).astype(prob_sums.dtype), xp.asarray([rows], prob_sums.dtype)])
-    return cat([prob_sums, Tensor._make(counts, device)], 0)
-
-
-def load_balancing_loss_from_statistics(stats, num_experts):
-    """HF's load_balancing_loss_func over the layers ``stats`` sums (router_statistics): num_experts * sum over
-    experts of (assignments / rows) * (mean router probability), the rows and probabilities of every layer pooled."""
-    prob_sums, constants = stats[:num_experts], stats[num_experts:].detach()
-    rows = constants[num_experts]
-    return (prob_sums * constants[:num_experts]).sum() * num_experts / (rows * rows)
 
 
 def load_balancing_loss_over_layers(router_probs, routed_counts):
@@ -179,5 +147,4 @@ def moe_chunks(model):
     return [c for c in chunks if isinstance(c, MoECausalLM)]
 
 
-__all__ = ["MoECausalLM", "load_balancing_loss_over_layers", "router_statistics", "load_balancing_loss_from_statistics",
-           "check_moe_config", "moe_chunks", "MOE_FIELDS"]
+__all__ = ["MoECausalLM", "load_balancing_loss_over_layers", "check_moe_config", "moe_chunks", "MOE_FIELDS"]

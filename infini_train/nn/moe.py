@@ -40,7 +40,8 @@ from .containers import ModuleList
 from .layers import Linear, _param
 from .module import Module
 
-__all__ = ["Router", "RouterOutput", "SwiGLU", "MoE", "load_balancing_loss", "router_z_loss", "sort_by_expert",
+__all__ = ["Router", "RouterOutput", "SwiGLU", "MoE", "load_balancing_loss", "router_statistics",
+           "load_balancing_loss_from_statistics", "router_z_loss", "sort_by_expert",
            "keep_within_capacity", "run_experts", "combine"]
 
 
@@ -104,9 +105,38 @@ def load_balancing_loss(probs, routed_counts):
     """HF's load_balancing_loss_func for one layer without a mask (Switch eqs. 4-6): num_experts * sum over experts
     of (assignments routed to it, all top-k counted, / tokens) * (mean router probability). ``probs`` is (N, E);
     ``routed_counts`` (E,) an array of the assignments before any capacity drop (a constant: no gradient)."""
-    n, num_experts = probs.shape
-    fraction = Tensor._make(routed_counts.astype(probs.dtype) / max(n, 1), probs.device)
-    return (probs.mean(dim=0) * fraction).sum() * num_experts
+    return load_balancing_loss_from_statistics(router_statistics([probs], [routed_counts]), int(probs.shape[1]))
+
+
+def router_statistics(router_probs, routed_counts, keep=None, router_indices=None):
+    """What the auxiliary loss needs of some sparse layers, as one (2E + 1,) Tensor: every layer's router
+    probabilities summed over its rows (E, differentiable), its top-k assignments per expert summed (E, a constant)
+    and the rows (1). Statistics of different layers (pipeline stages) add up. ``keep`` (N,) bool, with the layers'
+    ``router_indices``: count only those rows (the positions that are not padding, as HF's attention mask does)."""
+    device = router_probs[0].device
+    xp = device.array_module()
+    num_experts = int(router_probs[0].shape[1])
+    if keep is not None:
+        weight = Tensor._make(xp.asarray(keep, router_probs[0].dtype)[:, None], device)
+        router_probs = [p * weight for p in router_probs]
+        routed_counts = [xp.bincount(i.array[keep].reshape(-1), minlength=num_experts) for i in router_indices]
+        rows = int(keep.sum()) * len(router_probs)
+    else:
+        rows = sum(int(p.shape[0]) for p in router_probs)
+    prob_sums = router_probs[0].sum(0)
+    for probs in router_probs[1:]:
+        prob_sums = prob_sums + probs.sum(0)
+    with device.context():
+        counts = xp.concatenate([sum(routed_counts).astype(prob_sums.dtype), xp.asarray([rows], prob_sums.dtype)])
+    return cat([prob_sums, Tensor._make(counts, device)], 0)
+
+
+def load_balancing_loss_from_statistics(stats, num_experts):
+    """HF's load_balancing_loss_func over the layers ``stats`` sums (router_statistics): num_experts * sum over
+    experts of (assignments / rows) * (mean router probability), the rows and probabilities of every layer pooled."""
+    prob_sums, constants = stats[:num_experts], stats[num_experts:].detach()
+    rows = constants[num_experts]
+    return (prob_sums * constants[:num_experts]).sum() * num_experts / (rows * rows)
 
 
 def router_z_loss(logits):
