@@ -1,15 +1,17 @@
 """GPT-2 training step (forward, backward, AdamW) in infini_train and in torch eager, side by side.
 
     python benchmarks/bench_gpt2.py [--configs tiny d12-T64 d12-T256] [--steps 5] [--warmup 2] [--threads 2]
+    python benchmarks/bench_gpt2.py --device cuda:0 [--configs d12-B8-T1024 d12-B16-T1024] --precision fp32 bf16-mixed
         [--precision fp32 bf16-mixed fp16-mixed]   (one or more; each config runs in each)
         [--recompute none block]   (block: every transformer block recomputed in backward; torch: HF's
                                     gradient checkpointing with use_reentrant=False)
 
 Both frameworks get the same config, the same weights (copied from infini_train's init) and the same
 batch. Timed steps alternate between the two so drifting machine load hits both alike. Reports tokens/s,
-the ratio infini_train/torch (above 1.0 means infini_train is faster), MFU against the sgemm peak measured
-in the same run, and peak memory as the RSS growth of each framework's part (measured in a subprocess per
-framework so one does not hide the other's allocations).
+the ratio infini_train/torch (above 1.0 means infini_train is faster), MFU against the dense-GEMM peak measured
+in the same run (float32; on a GPU bfloat16 too, for the mixed-precision rows), and peak memory (measured in a
+subprocess per framework so one does not hide the other's allocations): on the CPU the RSS growth, on a GPU the
+largest number of bytes allocated at once (cupy's memory pool in use, torch.cuda.max_memory_allocated).
 """
 from __future__ import annotations
 
@@ -30,7 +32,11 @@ CONFIGS = {
     "tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=512, block_size=64, B=4, T=64),
     "d12-T64": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, block_size=1024, B=4, T=64),
     "d12-T256": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, block_size=1024, B=4, T=256),
+    "d12-B8-T1024": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, block_size=1024, B=8, T=1024),
+    "d12-B16-T1024": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, block_size=1024, B=16, T=1024),
 }
+CPU_CONFIGS = ["tiny", "d12-T64", "d12-T256"]  # the default of each device
+GPU_CONFIGS = ["d12-B8-T1024"]
 
 
 def rss_mb():
@@ -53,9 +59,14 @@ def sgemm_peak(n=2048, repeats=3):
     return 2 * n ** 3 / best
 
 
-def gpu_sgemm_peak(n=8192, repeats=5):
-    import cupy
-    a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+def gpu_gemm_peak(dtype, n=8192, repeats=5):
+    """float32 through cupy (the kernels infini_train runs); bfloat16 through torch (cuBLAS, as autocast uses)."""
+    if dtype == "float32":
+        import cupy
+        a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+    else:
+        import torch
+        a = torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype))
     a @ a
     best = min(_timed(lambda: a @ a) for _ in range(repeats))
     return 2 * n ** 3 / best
@@ -167,7 +178,7 @@ def build_torch(spec, state):
 def memory_probe(framework, name, steps):
     """Run in a child process: RSS growth (MB) of building the model and running ``steps`` training steps."""
     code = (f"import sys; sys.path.insert(0, {REPO!r}); import benchmarks.bench_gpt2 as b; "
-            f"b.PRECISION = {PRECISION!r}; b.RECOMPUTE = {RECOMPUTE!r}; "
+            f"b.PRECISION = {PRECISION!r}; b.RECOMPUTE = {RECOMPUTE!r}; b.DEVICE = {DEVICE!r}; "
             f"print(b._memory_child({framework!r}, {name!r}, {steps}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
@@ -180,10 +191,28 @@ def _memory_child(framework, name, steps):
     import torch
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     base = rss_mb()
+    device_peak = _track_cupy_peak() if framework == "it" and DEVICE != "cpu" else None
     step = build_it(spec)[1] if framework == "it" else build_torch(spec, None)[1]
     for _ in range(steps):
         step()
-    return rss_mb() - base
+    if DEVICE == "cpu":
+        return rss_mb() - base
+    _sync()
+    return (device_peak[0] if device_peak else torch.cuda.max_memory_allocated()) / 2 ** 20
+
+
+def _track_cupy_peak():
+    """Route cupy's allocations through its pool, remembering the most bytes in use at once."""
+    import cupy
+    pool, peak = cupy.get_default_memory_pool(), [0]
+
+    def malloc(size):
+        memory = pool.malloc(size)
+        peak[0] = max(peak[0], pool.used_bytes())
+        return memory
+
+    cupy.cuda.set_allocator(malloc)
+    return peak
 
 
 def run(name, steps, warmup, threads, memory):
@@ -216,7 +245,8 @@ def run(name, steps, warmup, threads, memory):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS),
+                        help=f"default: {' '.join(CPU_CONFIGS)} on the CPU, {' '.join(GPU_CONFIGS)} on a GPU")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
@@ -230,10 +260,18 @@ def main():
     args = parser.parse_args()
     global DEVICE, PRECISION, RECOMPUTE
     DEVICE = args.device
-    if DEVICE != "cpu":
-        args.no_memory = True  # RSS says nothing about GPU memory
-    peak = sgemm_peak() if DEVICE == "cpu" else gpu_sgemm_peak()
-    print(f"sgemm peak (2048^2, numpy): {peak / 1e9:.1f} GFLOP/s")
+    args.configs = args.configs or (CPU_CONFIGS if DEVICE == "cpu" else GPU_CONFIGS)
+    if DEVICE == "cpu":
+        peaks = {"fp32": sgemm_peak()}
+        print(f"sgemm peak (2048^2, numpy): {peaks['fp32'] / 1e9:.1f} GFLOP/s")
+    else:
+        import cupy
+        cupy.cuda.Device(int(DEVICE.partition(":")[2] or 0)).use()
+        import torch
+        torch.cuda.set_device(int(DEVICE.partition(":")[2] or 0))
+        peaks = {p: gpu_gemm_peak(LOW.get(p, "float32")) for p in args.precision}
+        print(f"GPU: {torch.cuda.get_device_name()}; dense GEMM peak (8192^3) "
+              + ", ".join(f"{LOW.get(p, 'float32')} {v / 1e12:.1f} TFLOP/s" for p, v in peaks.items()))
     header = (f"{'config':10s}{'precision':>11s}{'recompute':>10s}{'it tok/s':>10s}{'torch tok/s':>13s}{'ratio':>7s}"
               f"{'it MFU':>8s}{'torch MFU':>10s}")
     header += "" if args.no_memory else f"{'it MB':>8s}{'torch MB':>10s}"
@@ -243,6 +281,8 @@ def main():
                                        for rc in args.recompute]:
         r = run(name, args.steps, args.warmup, args.threads, not args.no_memory)
         r["precision"], r["recompute"] = PRECISION, RECOMPUTE
+        peak = peaks.get(PRECISION, peaks.get("fp32"))  # the CPU's: float32 for every precision
+        r["peak_flops"] = peak
         r["it_mfu"] = r["flops_per_step"] / (r["it_ms"] / 1000) / peak
         r["torch_mfu"] = r["flops_per_step"] / (r["torch_ms"] / 1000) / peak
         line = (f"{name:10s}{PRECISION:>11s}{RECOMPUTE:>10s}{r['it_tok_s']:10.0f}{r['torch_tok_s']:13.0f}"
@@ -253,7 +293,7 @@ def main():
         results.append(r)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"sgemm_peak": peak, "results": results}, f, indent=1)
+            json.dump({"device": DEVICE, "gemm_peaks": peaks, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,33 @@
 ``check_op`` runs an infini_train function and its torch counterpart on the same inputs and compares
 forward values and input gradients (float32), then checks the infini_train gradients in float64 against
 central finite differences.
+
+Both frameworks run on ``DEVICE`` (``pytest --op-device cuda:0``: infini_train through cupy, torch on its CUDA
+device with TF32 off, as cupy's float32; ``cpu:N`` runs on a logical CPU device). The device is also the default
+of any tensor the op functions create.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
 
 import infini_train as it
+
+DEVICE = "cpu"  # set by tests/conftest.py from --op-device
+
+
+@contextlib.contextmanager
+def on_device():
+    """Run the enclosed code with ``DEVICE`` the default device of both frameworks."""
+    with it.device(DEVICE), torch.device("cuda:" + DEVICE.split(":")[1] if DEVICE.startswith("cuda") else "cpu"):
+        yield
+
+
+def host(t):
+    """A torch or infini_train tensor's values as a numpy array."""
+    return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t.numpy()
 
 
 def _as_tuple(x):
@@ -44,6 +64,11 @@ def _run_it(fn, arrays, dtype, grad_mask):
 
 def check_op(specs, it_fn, torch_fn, *, rtol=1e-5, atol=1e-6, grad=True, fd=True, fd_tol=1e-6, seed=0,
              low=-2.0, high=2.0, grad_mask=None, eps=1e-6):
+    with on_device():
+        _check_op(specs, it_fn, torch_fn, rtol, atol, grad, fd, fd_tol, seed, low, high, grad_mask, eps)
+
+
+def _check_op(specs, it_fn, torch_fn, rtol, atol, grad, fd, fd_tol, seed, low, high, grad_mask, eps):
     arrays = make_inputs(specs, seed, low, high)
     grad_mask = grad_mask or [grad and _is_float(a) for a in arrays]
 
@@ -53,12 +78,12 @@ def check_op(specs, it_fn, torch_fn, *, rtol=1e-5, atol=1e-6, grad=True, fd=True
     th_out = _as_tuple(torch_fn(*th_in))
     assert len(it_out) == len(th_out), f"{len(it_out)} outputs vs torch's {len(th_out)}"
     for o, r in zip(it_out, th_out):
-        r = r.detach().numpy()
+        r = host(r)
         assert tuple(o.shape) == tuple(r.shape), f"shape {o.shape} vs torch {r.shape}"
         if r.dtype.kind in "biu":
-            np.testing.assert_array_equal(o.numpy(), r)
+            np.testing.assert_array_equal(host(o), r)
         else:
-            np.testing.assert_allclose(o.numpy(), r, rtol=rtol, atol=atol, err_msg="forward differs from torch")
+            np.testing.assert_allclose(host(o), r, rtol=rtol, atol=atol, err_msg="forward differs from torch")
     if not any(grad_mask):
         return
     rng = np.random.default_rng(seed + 1)
@@ -69,7 +94,7 @@ def check_op(specs, it_fn, torch_fn, *, rtol=1e-5, atol=1e-6, grad=True, fd=True
     for k, (ti, tt) in enumerate(zip(it_in, th_in)):
         if not grad_mask[k]:
             continue
-        expect = tt.grad.numpy() if tt.grad is not None else np.zeros(tt.shape, np.float32)
+        expect = host(tt.grad) if tt.grad is not None else np.zeros(tt.shape, np.float32)
         got = ti.grad.numpy() if ti.grad is not None else np.zeros(ti.shape, np.float32)
         np.testing.assert_allclose(got, expect, rtol=rtol, atol=atol, err_msg=f"gradient of input {k} differs")
 
