@@ -191,28 +191,18 @@ def _memory_child(framework, name, steps):
     import torch
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     base = rss_mb()
-    device_peak = _track_cupy_peak() if framework == "it" and DEVICE != "cpu" else None
+    if framework == "it" and DEVICE != "cpu":
+        from infini_train.training.memory import DevicePeak
+        device_peak = DevicePeak()
+    else:
+        device_peak = None
     step = build_it(spec)[1] if framework == "it" else build_torch(spec, None)[1]
     for _ in range(steps):
         step()
     if DEVICE == "cpu":
         return rss_mb() - base
     _sync()
-    return (device_peak[0] if device_peak else torch.cuda.max_memory_allocated()) / 2 ** 20
-
-
-def _track_cupy_peak():
-    """Route cupy's allocations through its pool, remembering the most bytes in use at once."""
-    import cupy
-    pool, peak = cupy.get_default_memory_pool(), [0]
-
-    def malloc(size):
-        memory = pool.malloc(size)
-        peak[0] = max(peak[0], pool.used_bytes())
-        return memory
-
-    cupy.cuda.set_allocator(malloc)
-    return peak
+    return (device_peak.peak if device_peak else torch.cuda.max_memory_allocated()) / 2 ** 20
 
 
 def run(name, steps, warmup, threads, memory):

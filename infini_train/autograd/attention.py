@@ -131,7 +131,7 @@ class ScaledDotProductAttention(Op):
     def _probs(self, q_rows, k_keys, mask, q0, q1, scale_q):
         """softmax(q_rows @ k_keys^T * scale + masks) for one block of query rows, in place, in >= float32."""
         xp = self.xp
-        scores = xp.matmul(q_rows, xp.swapaxes(k_keys, -1, -2))
+        scores = lp.matmul(xp, q_rows, xp.swapaxes(k_keys, -1, -2))
         if scores.dtype.itemsize < 4:
             scores = scores.astype(xp.float32)
         if not scale_q:
@@ -174,7 +174,7 @@ class ScaledDotProductAttention(Op):
                 keep = keep_block(xp, self.seed, block_probs.shape[:-2], tq, tk, q0, q1, 0, keys, self.dropout_p)
                 weights = block_probs * (1.0 / (1.0 - self.dropout_p))
                 weights *= keep
-            outs.append(xp.matmul(weights, v[..., :keys, :]))
+            outs.append(lp.matmul(xp, weights, v[..., :keys, :]))
             probs.append(block_probs)
             keeps.append(keep)
         self.stash(blocks, probs, keeps)
@@ -203,10 +203,10 @@ class ScaledDotProductAttention(Op):
             g_rows = g[..., q0:q1, :]
             if need_v:
                 weights = p if keep is None else p * keep
-                parts_v.append(xp.matmul(xp.swapaxes(weights, -1, -2), g_rows))
+                parts_v.append(lp.matmul(xp, xp.swapaxes(weights, -1, -2), g_rows))
             if not (need_q or need_k or need_mask):
                 continue
-            ds = xp.matmul(g_rows, xp.swapaxes(v[..., :keys, :], -1, -2))  # dP, up to the dropout's 1/(1-p)
+            ds = lp.matmul(xp, g_rows, xp.swapaxes(v[..., :keys, :], -1, -2))  # dP, up to the dropout's 1/(1-p)
             if keep is not None:
                 ds *= keep
             ds *= p
@@ -217,9 +217,9 @@ class ScaledDotProductAttention(Op):
                 p *= row
                 ds -= p
             if need_q:
-                parts_q.append(xp.matmul(ds, k[..., :keys, :]))
+                parts_q.append(lp.matmul(xp, ds, k[..., :keys, :]))
             if need_k:
-                parts_k.append(xp.matmul(xp.swapaxes(ds, -1, -2), q[..., q0:q1, :]))
+                parts_k.append(lp.matmul(xp, xp.swapaxes(ds, -1, -2), q[..., q0:q1, :]))
             if need_mask:  # masks and is_causal exclude each other: a single block
                 if keep is not None:
                     ds *= drop_scale

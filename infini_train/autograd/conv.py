@@ -98,7 +98,7 @@ class Conv2d(Op):
             for j in range(kw):
                 cols[:, i, j] = window(xpad, i, j, self.dilation, self.stride, (ho, wo)).transpose(1, 0, 2, 3)
         cols = cols.reshape(g, (c // g) * kh * kw, n * ho * wo)
-        out = xp.matmul(weight.reshape(g, o // g, -1), cols)  # (g, O/g, N*Ho*Wo)
+        out = lp.matmul(xp, weight.reshape(g, o // g, -1), cols)  # (g, O/g, N*Ho*Wo)
         out = out.reshape(o, n, ho, wo)
         if bias is not None:
             out += bias.reshape(o, 1, 1, 1)
@@ -122,12 +122,12 @@ class Conv2d(Op):
         g2 = xp.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(g, o // g, n * ho * wo)
         grad_x = grad_w = grad_b = None
         if need_w:
-            grad_w = xp.matmul(g2, cols.transpose(0, 2, 1)).reshape(wshape)
+            grad_w = lp.matmul(xp, g2, cols.transpose(0, 2, 1)).reshape(wshape)
             grad_w = lp.narrow(xp, grad_w, self._input_dtypes[1])
         if need_b:
             grad_b = lp.narrow(xp, grad.sum(axis=(0, 2, 3)), self._input_dtypes[2])
         if need_x:
-            gcols = xp.matmul(weight.reshape(g, o // g, -1).transpose(0, 2, 1), g2).reshape(c, kh, kw, n, ho, wo)
+            gcols = lp.matmul(xp, weight.reshape(g, o // g, -1).transpose(0, 2, 1), g2).reshape(c, kh, kw, n, ho, wo)
             top, bottom, left, right = self.padding
             gpad = xp.zeros((n, c, h + top + bottom, w + left + right), dtype=gcols.dtype)
             for i in range(kh):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import low_precision as lp
 from .attention_dropout import keep_block
 from .function import sum_to
 
@@ -35,7 +36,7 @@ class Blocks:
     def scores(self, q_scaled, k, q0, q1, k0, k1):
         """q_scaled k[k0:k1]^T plus the causal and given masks."""
         xp = self.xp
-        s = xp.matmul(q_scaled, xp.swapaxes(k[..., k0:k1, :], -1, -2))
+        s = lp.matmul(xp, q_scaled, xp.swapaxes(k[..., k0:k1, :], -1, -2))
         if self.causal and k1 - 1 > q0:  # the block reaches above the diagonal
             s += _diagonal_bias(xp, self.device, q0 - k0, q1 - q0, k1 - k0, s.dtype)
         if self.mask is not None:
@@ -79,7 +80,7 @@ def forward(blocks, q, k, v):
             if keep is not None:
                 p *= keep
             acc *= correction
-            acc += xp.matmul(p, v[..., k0:k1, :])
+            acc += lp.matmul(xp, p, v[..., k0:k1, :])
             run_max = new_max
         empty = run_sum == 0  # every key masked: zeros, as the materialised path's safe softmax
         run_sum[empty] = 1
@@ -102,14 +103,14 @@ def backward(blocks, q, k, v, g, d, lse, grad_q, grad_k, grad_v, grad_mask=None)
             p -= lse_rows
             xp.exp(p, out=p)
             keep = blocks.keep(batch, q0, q1, k0, k1)
-            grad_v[..., k0:k1, :] += xp.matmul(xp.swapaxes(p if keep is None else p * keep, -1, -2), g_rows)
-            ds = xp.matmul(g_rows, xp.swapaxes(v[..., k0:k1, :], -1, -2))
+            grad_v[..., k0:k1, :] += lp.matmul(xp, xp.swapaxes(p if keep is None else p * keep, -1, -2), g_rows)
+            ds = lp.matmul(xp, g_rows, xp.swapaxes(v[..., k0:k1, :], -1, -2))
             if keep is not None:
                 ds *= keep
             ds -= d_rows
             ds *= p
-            grad_q[..., q0:q1, :] += xp.matmul(ds, k[..., k0:k1, :])
-            grad_k[..., k0:k1, :] += xp.matmul(xp.swapaxes(ds, -1, -2), q_rows)
+            grad_q[..., q0:q1, :] += lp.matmul(xp, ds, k[..., k0:k1, :])
+            grad_k[..., k0:k1, :] += lp.matmul(xp, xp.swapaxes(ds, -1, -2), q_rows)
             if grad_mask is not None:
                 _add_mask_grad(grad_mask, ds, q0, q1, k0, k1)
 

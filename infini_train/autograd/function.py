@@ -503,9 +503,9 @@ def _apply(fn, inputs, Tensor):
             if a is None:
                 outs.append(None)
                 continue
-            if xp is np and a.__class__ is not _ndarray:
-                a = np.asarray(a)
             odev = dev if out_devs is None else (out_devs if isinstance(out_devs, Device) else out_devs[i])
+            if xp is np and a.__class__ is not _ndarray and odev.type != "cuda":  # (a copy to a GPU: a cupy array)
+                a = np.asarray(a)
             outs.append(Tensor._make(a, odev))
     else:
         # a forward that hands back one of its inputs gets a fresh alias, so recording never rewires the input

@@ -4,7 +4,8 @@ NumPy has no BLAS kernel for 2-byte floats: ``np.matmul`` on float16 runs an ele
 sgemm (ml_dtypes' bfloat16 matmul ~2x slower than widening), and ufuncs on either convert element by element.
 On the host the operands are widened to float32 (exact for both dtypes), computed on with sgemm and float32
 ufuncs, and the result is rounded once. cuBLAS multiplies float16/bfloat16 with float32 accumulation itself,
-so on GPUs the arrays go to ``xp.matmul`` as they are.
+so on GPUs the arrays go to ``xp.matmul`` as they are, except stacks of bfloat16 matrices, which cupy's batched
+matmul has no loop for: those go to cuBLAS's strided batched GEMM directly (``matmul``).
 
 Kernels follow one pattern: ``a, b = widen(xp, a, b)``, compute, then ``narrow(xp, result, dtype)`` back to the
 inputs' dtype (a no-op wherever nothing was widened).
@@ -55,6 +56,9 @@ def matmul(xp, a, b):
     rounded once to their dtype. Operands of other dtypes (or mixed ones) go to ``xp.matmul`` unchanged."""
     if a.dtype != b.dtype or not is_low_precision(a.dtype):
         return xp.matmul(a, b)
+    if xp is not np and a.dtype.kind == "V" and (a.ndim > 2 or b.ndim > 2) and a.ndim > 1 and b.ndim > 1:
+        from .cublas_gemm import batched_matmul
+        return batched_matmul(xp, a, b)
     wide_a, wide_b = widen(xp, a, b)
     return narrow(xp, xp.matmul(wide_a, wide_b), a.dtype)
 

@@ -66,11 +66,11 @@ class Matmul(Op):
         ga = gb = None
         if need_a:
             b2 = b[:, None] if b_vec else b
-            ga = xp.matmul(g, xp.swapaxes(b2, -1, -2))
+            ga = lp.matmul(xp, g, xp.swapaxes(b2, -1, -2))
             ga = lp.narrow(xp, sum_to(ga, (1,) + shape_a if a_vec else shape_a).reshape(shape_a), dtype_a)
         if need_b:
             a2 = a[None, :] if a_vec else a
-            gb = xp.matmul(xp.swapaxes(a2, -1, -2), g)
+            gb = lp.matmul(xp, xp.swapaxes(a2, -1, -2), g)
             gb = lp.narrow(xp, sum_to(gb, shape_b + (1,) if b_vec else shape_b).reshape(shape_b), dtype_b)
         return ga, gb
 
@@ -139,7 +139,7 @@ class Baddbmm(Op):
                            "the input is expanded to (batch, n, p), never the other way round")
         dtype = b1.dtype
         c, b1, b2 = lp.widen(self.xp, c, b1, b2)  # float16/bfloat16: scaled and added in float32, rounded once
-        out = self.xp.matmul(b1, b2)
+        out = lp.matmul(self.xp, b1, b2)
         if self.alpha != 1:
             out = out * self.alpha
         if self.beta != 0:  # beta = 0 ignores the input, nan and inf included
@@ -164,9 +164,9 @@ class Baddbmm(Op):
         if self.alpha != 1:
             g = g * self.alpha
         if need_b1:
-            g1 = lp.narrow(xp, xp.matmul(g, xp.swapaxes(b2, -1, -2)), dtype_b1)
+            g1 = lp.narrow(xp, lp.matmul(xp, g, xp.swapaxes(b2, -1, -2)), dtype_b1)
         if need_b2:
-            g2 = lp.narrow(xp, xp.matmul(xp.swapaxes(b1, -1, -2), g), dtype_b2)
+            g2 = lp.narrow(xp, lp.matmul(xp, xp.swapaxes(b1, -1, -2), g), dtype_b2)
         return gc, g1, g2
 
     def backward_graph(self, g):

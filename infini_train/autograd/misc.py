@@ -12,13 +12,9 @@ __all__ = ["split", "chunk", "cat", "concat", "stack", "gather", "index_select"]
 
 
 def index_add(xp, target, index, values):
-    """target[index] += values in place, accumulating over repeated indices (numpy's add.at; cupyx on GPUs).
+    """target[index] += values in place, accumulating over repeated indices (numpy's and cupy's ``add.at``).
     ``index`` is anything numpy indexing takes; ``target`` may be a view, the sums land in its base."""
-    if xp.__name__ == "numpy":
-        xp.add.at(target, index, values)
-    else:
-        import cupyx
-        cupyx.scatter_add(target, index, values)
+    xp.add.at(target, index, values)
     return target
 
 

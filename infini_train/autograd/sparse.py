@@ -17,20 +17,12 @@ def scatter_add_rows(xp, table, ids, rows):
     On the host, numpy's ``add.at`` costs ~5 ms for 1024 rows of 768 (GPT-2's ids); sorting the ids and
     summing each run of equal ids by a segmented tree reduction (log2(longest run) vectorised rounds), then
     one fancy assignment per distinct id, takes ~0.5 ms whatever the repetition pattern (np.add.reduceat:
-    1.5-3.8 ms). On GPUs one atomic scatter kernel is best.
+    1.5-3.8 ms). GPUs take the same path rather than an atomic scatter: the sums are then added in a fixed order,
+    so a run (and its resume) is bitwise reproducible, as torch's sorted embedding backward.
 
     ``rows`` may be wider than ``table`` (float32 rows for a float16/bfloat16 table): sums are taken in the rows'
     dtype and each touched row of the table is rounded once.
     """
-    if xp.__name__ != "numpy":
-        import cupyx
-        if table.dtype == rows.dtype:
-            cupyx.scatter_add(table, ids, rows)
-        else:
-            wide = table.astype(rows.dtype)
-            cupyx.scatter_add(wide, ids, rows)
-            table[...] = narrow(xp, wide, table.dtype)
-        return table
     n = ids.shape[0]
     if n == 0:
         return table

@@ -47,6 +47,16 @@ def _reduce_dtypes(nccl, version):
     return table
 
 
+def _unique_id_bytes(uid):
+    """An ncclUniqueId as int8s: cupy 14 hands it out as bytes, earlier cupy as a tuple of ints."""
+    return np.frombuffer(uid, np.int8) if isinstance(uid, (bytes, bytearray)) else np.array(uid, np.int8)
+
+
+def _as_unique_id(cupy, uid):
+    """The broadcast int8s in the form this cupy's NcclCommunicator takes: the form its get_unique_id returns."""
+    return uid.tobytes() if int(cupy.__version__.split(".")[0]) >= 14 else tuple(int(b) for b in uid)
+
+
 class _NCCLWork(Work):
     """Work backed by a CUDA event recorded on the group's comm stream."""
 
@@ -105,10 +115,10 @@ class NCCLProcessGroup(ProcessGroup):
 
         uid = np.zeros(_UNIQUE_ID_BYTES, np.int8)
         if self.rank == 0:
-            uid[:] = nccl.get_unique_id()
+            uid[:] = _unique_id_bytes(nccl.get_unique_id())
         mpi_comm.Bcast(uid, root=0)
         with self.device:
-            self.comm = nccl.NcclCommunicator(self.size, tuple(int(b) for b in uid), self.rank)
+            self.comm = nccl.NcclCommunicator(self.size, _as_unique_id(cupy, uid), self.rank)
             self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def destroy(self):

@@ -443,8 +443,9 @@ class Run:
             record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device, self.amp)
             print0(f"step {step}: val loss {record['val_loss']:.4f}")
         if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
-            if self.dims.dp_rank == 0 or self._in_first_expert_group():  # rank 0's tensor group (or expert
-                # group) generates together: its layers are split
+            # rank 0's tensor group (or expert group) generates together: its layers are split; under ZeRO-3 every
+            # data-parallel rank does (each forward all-gathers the parameters over them), with the same seed
+            if self.dims.dp_rank == 0 or self._in_first_expert_group() or self.zero_stage == 3:
                 with without_sequence_parallel(self.raw_model):
                     text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
                                        self.device, self.amp)

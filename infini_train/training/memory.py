@@ -3,8 +3,8 @@ memory of each phase of the run (build, checkpoint load, first step, steady stat
 
 A phase's peak is the kernel's high-water mark (VmHWM), reset when the phase starts (writing 5 to
 /proc/self/clear_refs) and read when it ends; where the kernel refuses the reset, each figure is the peak since the
-process started, and the report says so. On a GPU the device memory the array pool holds at the end of each phase
-is recorded beside it, and each phase's duration (its longest occurrence, on the slowest rank).
+process started, and the report says so. On a GPU the peak of the device memory in use (cupy's memory pool) in
+each phase is recorded beside it, and each phase's duration (its longest occurrence, on the slowest rank).
 """
 from __future__ import annotations
 
@@ -41,12 +41,26 @@ def reset_peak_rss():
         return False
 
 
-def _device_bytes(device):
-    if device is None or device.type != "cuda":
-        return 0
-    import cupy
+class DevicePeak:
+    """The most bytes cupy's memory pool had in use at once since the last ``reset``: the pool's allocations go
+    through ``malloc`` here, which notes the bytes in use after each."""
 
-    return int(cupy.get_default_memory_pool().used_bytes())
+    def __init__(self):
+        import cupy
+
+        self.pool = cupy.get_default_memory_pool()
+        self.peak = self.pool.used_bytes()
+        cupy.cuda.set_allocator(self.malloc)
+
+    def malloc(self, size):
+        memory = self.pool.malloc(size)
+        used = self.pool.used_bytes()
+        if used > self.peak:
+            self.peak = used
+        return memory
+
+    def reset(self):
+        self.peak = self.pool.used_bytes()
 
 
 class PhasePeaks:
@@ -55,6 +69,7 @@ class PhasePeaks:
 
     def __init__(self, device=None):
         self.device = device
+        self.device_peak = DevicePeak() if device is not None and device.type == "cuda" else None
         self.rss = dict.fromkeys(PHASES, 0)
         self.device_bytes = dict.fromkeys(PHASES, 0)
         self.seconds = dict.fromkeys(PHASES, 0.0)  # the longest occurrence of each phase
@@ -64,13 +79,16 @@ class PhasePeaks:
 
     def start(self, name):
         reset_peak_rss()
+        if self.device_peak is not None:
+            self.device_peak.reset()
         self.current = name
         self.started = time.perf_counter()
 
     def stop(self):
         name, self.current = self.current, None
         self.rss[name] = max(self.rss[name], peak_rss_bytes())
-        self.device_bytes[name] = max(self.device_bytes[name], _device_bytes(self.device))
+        if self.device_peak is not None:
+            self.device_bytes[name] = max(self.device_bytes[name], self.device_peak.peak)
         self.seconds[name] = max(self.seconds[name], time.perf_counter() - self.started)
 
     @contextlib.contextmanager
@@ -98,14 +116,21 @@ class PhasePeaks:
         return out
 
     def describe(self, gathered):
-        """One line per rank: each phase's peak resident memory (phases that did not run are left out)."""
-        rss = gathered["peak_rss_mb"]
-        lines = []
-        for rank in range(len(rss["build"])):
-            parts = [f"{p.replace('_', ' ')} {rss[p][rank]:.0f}" for p in PHASES if rss[p][rank]]
-            lines.append(f"  rank {rank}: " + ", ".join(parts) + " MB")
+        """One line per rank: each phase's peak resident memory (phases that did not run are left out), and on GPUs
+        each phase's peak device memory."""
         kind = "of each phase" if gathered["per_phase"] else "since start (the kernel refused per-phase resets)"
-        return f"peak resident memory {kind}:\n" + "\n".join(lines)
+        text = f"peak resident memory {kind}:\n" + _per_rank(gathered["peak_rss_mb"])
+        if "device_mb" in gathered:
+            text += "\npeak GPU memory (in use) of each phase:\n" + _per_rank(gathered["device_mb"])
+        return text
 
 
-__all__ = ["PhasePeaks", "PHASES", "peak_rss_bytes", "reset_peak_rss"]
+def _per_rank(by_phase):
+    lines = []
+    for rank in range(len(by_phase["build"])):
+        parts = [f"{p.replace('_', ' ')} {by_phase[p][rank]:.0f}" for p in PHASES if by_phase[p][rank]]
+        lines.append(f"  rank {rank}: " + ", ".join(parts) + " MB")
+    return "\n".join(lines)
+
+
+__all__ = ["DevicePeak", "PhasePeaks", "PHASES", "peak_rss_bytes", "reset_peak_rss"]

@@ -1,8 +1,8 @@
 """Runs under ``parallel.zero_stage: 3`` (fully_shard over the data-parallel group) composed with the other layouts
 and features: ZeRO-3 x TP2 and PP2 x ZeRO-3 give the one-process losses with accumulation and clipping on, as do
-recomputed blocks and a LoRA run (its frozen base sharded too); sharded checkpoints reshard between ZeRO-3 and
-other layouts in both directions and continue the uninterrupted run; a damaged shard of a ZeRO-3 checkpoint is
-found."""
+recomputed blocks (sampling text on the way) and a LoRA run (its frozen base sharded too); sharded checkpoints
+reshard between ZeRO-3 and other layouts in both directions and continue the uninterrupted run; a damaged shard of a
+ZeRO-3 checkpoint is found."""
 import os
 
 import numpy as np
@@ -38,12 +38,14 @@ def single(data_dir, tmp_path_factory):
     (["parallel.tensor=2"], "plain"),
     (["parallel.tensor=2", "parallel.sequence=true"], "plain"),
     (["parallel.pipeline=2"], "plain"),
-    (["train.recompute=block"], "recompute"),
+    (["train.recompute=block", "train.sample_every=5", "train.sample_length=8"], "recompute"),
     (["lora.rank=4"], "lora")],
     ids=["zero3x2-tp2", "zero3x2-tp2-sp", "pp2-zero3x2", "zero3x4-recompute", "zero3x4-lora"])
 def test_zero3_composes_and_gives_the_one_processlosses_by_step(data_dir, single, tmp_path, layout, reference):
     out = tmp_path / "run"
-    _train(data_dir, out, 4, ZERO3, *layout, *TEN_STEPS)
+    proc = _train(data_dir, out, 4, ZERO3, *layout, *TEN_STEPS)
+    if "train.sample_every=5" in layout:  # every data-parallel rank joins the generation's all-gathers
+        assert proc.stdout.count("--- sample at step 5 ---") == proc.stdout.count("--- sample at step 10 ---") == 1
     want, got = losses_by_step(single[reference]), losses_by_step(out)
     assert sorted(got) == sorted(want) == list(range(10))
     np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-4)
