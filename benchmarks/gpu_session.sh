@@ -3,17 +3,21 @@
 #   1. the cuda-marked tests, and the op-check suite on the GPU against torch CUDA (pytest --op-device cuda:0)
 #   2. train.py on the GPU (tiny and GPT-2 124M shapes, fp32 and bf16-mixed), mpirun -n 1 with NCCL (DDP, ZeRO),
 #      two ranks sharing the GPU (NCCL, and MPI for tensor / pipeline parallelism), generate and evaluate
-#   3. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager
-# Phases 1 and 2 run side by side (neither is timed); the benchmark runs alone after them.
+#   3. one profiled step of GPT-2 124M (B8 T1024) in fp32 and bf16-mixed: the ops table by GPU time
+#   4. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager
+# Phases 1 and 2 run side by side (neither is timed); the profile and the benchmark run alone after them.
 #
 #   bash benchmarks/gpu_session.sh [LOG_DIR]          (default $OUT, else /tmp/gpu_session)
-#   PHASES="tests ops runs bench" (default all)   PYTHON=...   (default: a venv over python3 with the wheels in .whl/
-#   (mpi4py, mpich) installed, when python3 has no mpiexec beside it)   DEVICE=cuda:0   LIMIT=seconds per phase
-# Logs (at most 8 files): env.log tests.log ops.log runs.log bench.log bench.json summary.txt.
+#   PHASES="tests ops runs profile bench" (default all)   RUNS="tiny-fp32 ..." (default all the runs below)
+#   OPS_PATHS=... (the op-check files; default tests/autograd tests/nn and the tensor method tests)
+#   PYTHON=... (default: a venv over python3 with the wheels in .whl/ (mpi4py, mpich) installed, when python3 has
+#   no mpiexec beside it)   DEVICE=cuda:0   LIMIT=seconds per phase
+# Logs (at most 8 files): env.log tests.log ops.log runs.log profile.txt bench.log bench.json summary.txt.
 set -u
 cd "$(dirname "$0")/.."
 LOG=${1:-${OUT:-/tmp/gpu_session}}
-PHASES=${PHASES:-tests ops runs bench}
+PHASES=${PHASES:-tests ops runs profile bench}
+OPS_PATHS=${OPS_PATHS:-tests/autograd tests/nn tests/test_tensor_methods.py tests/test_promotion.py}
 DEVICE=${DEVICE:-cuda:0}
 LIMIT=${LIMIT:-240}
 WORK=${WORK:-/tmp/gpu_session_work}
@@ -65,7 +69,7 @@ if on tests; then
 fi
 if on ops; then
     (t=$(date +%s); timeout -k 10 "$LIMIT" "$PYTHON" -m pytest --op-device "$DEVICE" -n 8 -q -rfE --timeout=120 \
-        -p no:cacheprovider tests/autograd tests/nn tests/test_tensor_methods.py tests/test_promotion.py \
+        -p no:cacheprovider $OPS_PATHS \
         > "$LOG/ops.log" 2>&1; echo "ops rc=$? $(( $(date +%s) - t ))s: $(tail -1 "$LOG/ops.log")" \
         >> "$LOG/summary.txt") &
 fi
@@ -78,8 +82,9 @@ runs() {
     local big="'model={n_layer: 12, n_head: 12, n_embd: 768, vocab_size: 50304, block_size: 1024}' \
 train.batch_size=8 train.sequence_length=1024 train.total_batch_size=8192 train.num_iterations=$BIG_STEPS \
 train.val_loss_every=0 train.sample_every=0 train.save_every=0 train.log_every=1"
-    step() {  # name, command...: runs it, records rc and seconds, keeps the last lines in the log
+    step() {  # name, command...: runs it (when RUNS is unset or names it), records rc and seconds in the summary
         local name=$1; shift; local t=$(date +%s)
+        [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $name "* ]] && return
         echo "===== $name: $*" >> "$LOG/runs.log"
         timeout -k 10 180 bash -c "$*" >> "$LOG/runs.log" 2>&1
         echo "runs $name rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
@@ -109,7 +114,22 @@ if on runs; then
 fi
 wait
 
-# ---- 3. the benchmark, alone on the GPU
+# ---- 3. where the time of a GPT-2 124M step goes
+if on profile; then
+    for precision in fp32 bf16-mixed; do
+        t=$(date +%s)
+        timeout -k 10 "$LIMIT" "$PYTHON" examples/gpt2/train.py --config configs/gpt2_tiny.yaml plot=false device="$DEVICE" \
+            out_dir="$WORK/profile_$precision" precision=$precision \
+            'model={n_layer: 12, n_head: 12, n_embd: 768, vocab_size: 50304, block_size: 1024}' train.batch_size=8 \
+            train.sequence_length=1024 train.total_batch_size=8192 train.num_iterations=4 train.val_loss_every=0 \
+            train.sample_every=0 train.save_every=0 profile.start_step=2 profile.num_steps=1 > "$WORK/profile.log" 2>&1
+        echo "profile $precision rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
+        { echo "===== $precision"; grep "^step\|GPU memory" -A2 "$WORK/profile.log" | head -20
+          head -60 "$WORK/profile_$precision/profile/ops.txt"; tail -5 "$WORK/profile.log"; } >> "$LOG/profile.txt" 2>&1
+    done
+fi
+
+# ---- 4. the benchmark, alone on the GPU
 if on bench; then
     t=$(date +%s)
     timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" --configs d12-B8-T1024 \

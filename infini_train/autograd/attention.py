@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from ..kernels import softmax as softmax_kernels
 from ..tensor import Tensor
 from . import low_precision as lp
 from .attention_dropout import draw_seed, keep_block
@@ -132,6 +133,10 @@ class ScaledDotProductAttention(Op):
         """softmax(q_rows @ k_keys^T * scale + masks) for one block of query rows, in place, in >= float32."""
         xp = self.xp
         scores = lp.matmul(xp, q_rows, xp.swapaxes(k_keys, -1, -2))
+        if xp is not np and mask is None:  # one pass over the scores on GPUs (kernels/softmax.py)
+            probs = softmax_kernels.rows(xp, scores, 1.0 if scale_q else self.used_scale, self.is_causal, q0, q1 - q0)
+            if probs is not None:
+                return probs
         if scores.dtype.itemsize < 4:
             scores = scores.astype(xp.float32)
         if not scale_q:
@@ -209,13 +214,14 @@ class ScaledDotProductAttention(Op):
             ds = lp.matmul(xp, g_rows, xp.swapaxes(v[..., :keys, :], -1, -2))  # dP, up to the dropout's 1/(1-p)
             if keep is not None:
                 ds *= keep
-            ds *= p
-            row = ds.sum(axis=-1, keepdims=True)
-            if self.retain_graph:
-                ds -= p * row
-            else:  # p is not needed any more: reuse it instead of allocating a temporary
-                p *= row
-                ds -= p
+            if xp is np or softmax_kernels.rows_backward(xp, p, ds) is None:
+                ds *= p
+                row = ds.sum(axis=-1, keepdims=True)
+                if self.retain_graph:
+                    ds -= p * row
+                else:  # p is not needed any more: reuse it instead of allocating a temporary
+                    p *= row
+                    ds -= p
             if need_q:
                 parts_q.append(lp.matmul(xp, ds, k[..., :keys, :]))
             if need_k:

@@ -10,7 +10,10 @@ allocation in the hot loop.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd.grad_mode import no_grad
+from ..kernels import adam as adam_kernel
 from .optimizer import Optimizer
 
 
@@ -52,6 +55,11 @@ class Adam(Optimizer):
                 arrays = [p.array, p.grad.array, state["exp_avg"], state["exp_avg_sq"]]
                 if amsgrad:
                     arrays.append(state["max_exp_avg_sq"])
+                if xp is not np and not (amsgrad or maximize) and adam_kernel.step(
+                        *arrays, lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=decoupled,
+                        step_number=step):  # one fused pass on GPUs, the same bits (kernels/adam.py)
+                    p._version[0] += 1
+                    continue
                 rows = 2 if l2 or maximize else 1
                 step_size = lr / (1.0 - b1 ** step)
                 bias_correction2_sqrt = (1.0 - b2 ** step) ** 0.5
