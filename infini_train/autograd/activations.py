@@ -166,11 +166,6 @@ class GELU(Op):
 
     def forward(self, x):
         xp = self.xp
-        if xp is not np:
-            fused = gelu_kernels.forward(xp, x, self.approximate)
-            if fused is not None:
-                self.stash(None)  # the fused backward recomputes tanh / the cdf from x
-                return fused
         xw = upcast(x)
         if self.approximate == "tanh":
             # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); tanh kept for backward
@@ -197,13 +192,10 @@ class GELU(Op):
         (x,) = self.saved_arrays
         (aux,) = self.stashed
         if xp is not np:
-            fused = gelu_kernels.backward(xp, x, g, self.approximate)
+            fused = gelu_kernels.backward(xp, x, g, self.approximate)  # one pass on GPUs (kernels/gelu.py)
             if fused is not None:
                 return fused
         x = upcast(x)
-        if aux is None:  # a fused forward, a backward the kernel does not take (a strided g)
-            aux = (xp.tanh(x * (_SQRT_2_OVER_PI + _SQRT_2_OVER_PI * _GELU_CUBIC * x * x)) if self.approximate == "tanh"
-                   else normal_cdf(xp, x))
         if self.approximate == "tanh":
             t = aux
             # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)

@@ -7,7 +7,7 @@ import numpy as np
 
 from .cuda_source import enabled, function, launch_1d, register
 
-SOURCE = register("adam", r"""
+SOURCE = register("adam", (), r"""
 extern "C" __global__ void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                                      long long n, float l2_decay, float decay_factor, int decoupled, float weight1,
                                      float weight1_complement, int small_weight1, float beta2, float weight2,

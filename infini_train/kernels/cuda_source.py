@@ -1,9 +1,10 @@
 """Compiling the fused kernels: dtype preludes, a module cache per (kernel family, dtypes), and the switch.
 
-A kernel family's source uses, for each role R it names (X, W, G, ...), ``R_t`` (the element type), ``LOAD_R(v)``
-(to float) and ``STORE_R(f)`` (from float); ``module(family, source, R=dtype, ...)`` prepends those definitions for
-the dtypes asked for and compiles once per combination. Options: ``--fmad=false``, so that a kernel rounds each
-operation as the array code's separate kernels do (the Adam update is then bit for bit the array code's).
+A kernel family's source uses, for each role R it declares (X, W, G, ...), ``R_t`` (the element type),
+``LOAD_R(v)`` (to float) and ``STORE_R(f)`` (from float); ``function(family, name, R=dtype, ...)`` prepends those
+definitions for the dtypes given (every declared role) and compiles the family once per combination. Options:
+``--fmad=false``, so that a kernel rounds each operation as the array code's separate kernels do (the Adam update
+is then bit for bit the array code's).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import warnings
 import numpy as np
 
 SOURCES = {}  # family -> source, for the compile check (every dtype combination of a family compiles alike)
+ROLES = {}  # family -> the roles its source uses
 OPTIONS = ("--std=c++14", "--fmad=false")
 _ENABLED = [os.environ.get("INFINI_TRAIN_FUSED_KERNELS", "1") not in ("0", "false", "False", "")]
 _MODULES = {}
@@ -92,14 +94,16 @@ def prelude(**roles):
     return "\n".join(lines) + "\n"
 
 
-def register(family, source):
-    SOURCES[family] = source
+def register(family, roles, source):
+    SOURCES[family], ROLES[family] = source, tuple(roles)
     return source
 
 
 def function(family, name, **roles):
     """The compiled kernel ``name`` of ``family`` for these dtypes, or None (after one warning) where it does not
     compile here: the caller then runs its array code."""
+    if sorted(roles) != sorted(ROLES[family]):
+        raise ValueError(f"fused kernel {family}: expected dtypes for the roles {ROLES[family]}, got {sorted(roles)}")
     key = (family, tuple(sorted(roles.items())))
     if key in _FAILED:
         return None

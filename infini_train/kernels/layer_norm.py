@@ -1,7 +1,6 @@
-"""Layer norm over the last dimension: the forward (mean and 1/std per row, then the output) and the input's
-gradient in one row-per-block pass each; the weight's and bias's gradients as column sums over chunks of rows, the
-chunks then added in order (no atomics: the same sums every run). Statistics and sums are float32; the mean and
-1/std kept for the backward are the array code's (rows, 1) float32 arrays."""
+"""Layer norm's backward over the last dimension: the input's gradient in one row-per-block pass (from the mean and
+1/std the forward kept, float32 (rows, 1) arrays), the weight's and bias's gradients as column sums over chunks of
+rows, the chunks then added in order (no atomics: the same sums every run). Sums are float32."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,27 +10,7 @@ from .cuda_source import enabled, function, kernel_dtype, register
 THREADS = 256
 CHUNK_ROWS = 64  # rows per partial column sum of the weight's and bias's gradients
 
-SOURCE = register("layer_norm", r"""
-extern "C" __global__ void layer_norm_forward(const X_t* x, const W_t* weight, const W_t* bias, X_t* y,
-                                              float* mean, float* rstd, int size, float eps) {
-    __shared__ float shared[33];
-    const long long row = blockIdx.x;
-    const X_t* xr = x + row * size;
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < size; j += blockDim.x) s += LOAD_X(xr[j]);
-    const float mu = block_reduce(s, shared, false) / size;
-    float q = 0.0f;
-    for (int j = threadIdx.x; j < size; j += blockDim.x) { const float d = LOAD_X(xr[j]) - mu; q += d * d; }
-    const float rs = 1.0f / sqrtf(block_reduce(q, shared, false) / size + eps);
-    for (int j = threadIdx.x; j < size; j += blockDim.x) {
-        float h = (LOAD_X(xr[j]) - mu) * rs;
-        if (weight) h *= LOAD_W(weight[j]);
-        if (bias) h += LOAD_W(bias[j]);
-        y[row * size + j] = STORE_X(h);
-    }
-    if (threadIdx.x == 0) { mean[row] = mu; rstd[row] = rs; }
-}
-
+SOURCE = register("layer_norm", ("X", "W", "G"), r"""
 // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g * weight
 extern "C" __global__ void layer_norm_backward_input(const X_t* x, const G_t* g, const W_t* weight,
                                                      const float* mean, const float* rstd, X_t* dx, int size) {
@@ -76,37 +55,21 @@ extern "C" __global__ void layer_norm_backward_params(const X_t* x, const G_t* g
 
 
 def _pointer(array):
-    """An array argument, or the null pointer for a missing weight or bias."""
+    """An array argument, or the null pointer for a missing weight."""
     return array if array is not None else np.uint64(0)
 
 
-def _roles(x, g=None, weight=None, bias=None):
-    """The dtypes of x, g and the weight/bias as the kernels take them, or None where the array code should run."""
+def _roles(x, g, weight):
+    """The dtypes of x, g and the weight as the kernels take them, or None where the array code should run."""
     if not enabled() or not x.flags.c_contiguous or kernel_dtype(x.dtype) is None:
         return None
-    params = [p for p in (weight, bias) if p is not None]
+    params = [weight] if weight is not None else []
     w_dtype = params[0].dtype.name if params else x.dtype.name
     if any(p.dtype.name != w_dtype or not p.flags.c_contiguous for p in params) or kernel_dtype(w_dtype) is None:
         return None
-    roles = dict(X=x.dtype.name, W=w_dtype)
-    if g is not None:
-        if g.shape != x.shape or not g.flags.c_contiguous or kernel_dtype(g.dtype) is None:
-            return None
-        roles["G"] = g.dtype.name
-    return roles
-
-
-def forward(cp, x, weight, bias, size, eps):
-    """(y, mean, rstd) of layer norm over the last ``size`` elements of each row, or None."""
-    roles = _roles(x, None, weight, bias)
-    kernel = roles and function("layer_norm", "layer_norm_forward", **roles)
-    if not kernel:
+    if g.shape != x.shape or not g.flags.c_contiguous or kernel_dtype(g.dtype) is None:
         return None
-    rows = x.size // size
-    y = cp.empty_like(x)
-    mean, rstd = cp.empty((rows, 1), cp.float32), cp.empty((rows, 1), cp.float32)
-    kernel((rows,), (THREADS,), (x, _pointer(weight), _pointer(bias), y, mean, rstd, np.int32(size), np.float32(eps)))
-    return y, mean, rstd
+    return dict(X=x.dtype.name, W=w_dtype, G=g.dtype.name)
 
 
 def backward(cp, x, g, weight, mean, rstd, size, need_x, need_params):

@@ -9,7 +9,7 @@ from .cuda_source import enabled, function, kernel_dtype, register
 
 THREADS = 256
 
-SOURCE = register("softmax", r"""
+SOURCE = register("softmax", ("S",), r"""
 // row r of the scores is query q0 + (r % rows_per_matrix); causal rows see keys 0 .. that query
 extern "C" __global__ void softmax_rows(const S_t* scores, float* probs, int keys, float scale, int causal,
                                         int q0, int rows_per_matrix) {

@@ -1,5 +1,6 @@
-"""The fused CUDA kernels against the array code they replace, on the GPU: GELU, layer norm, attention's row
-softmax (forward and backward) and the Adam/AdamW update. Marked cuda: skipped without cupy and a GPU."""
+"""The fused CUDA kernels against the array code they replace, on the GPU: the backward of GELU and of layer norm,
+attention's row softmax (forward and backward) and the Adam/AdamW update. Marked cuda: skipped without cupy and a
+GPU."""
 import contextlib
 
 import numpy as np
@@ -51,8 +52,8 @@ def assert_close(got, want, dtype, what):
                                           ("layer_norm", dict(X="float32", W="float32", G="float32")),
                                           ("softmax", dict(S="float16"))])
 def test_the_kernels_compile_on_this_gpu(family, roles):
-    assert cuda_source.function(family, {"gelu": "gelu_forward", "adam": "adam_step",
-                                         "layer_norm": "layer_norm_forward", "softmax": "softmax_rows"}[family],
+    assert cuda_source.function(family, {"gelu": "gelu_backward", "adam": "adam_step",
+                                         "layer_norm": "layer_norm_backward_input", "softmax": "softmax_rows"}[family],
                                 **roles) is not None
 
 

@@ -17,8 +17,15 @@ COMBINATIONS = {  # family -> the dtypes of its roles
 }
 
 
-def test_every_family_is_checked():
+def test_every_family_is_checked_with_every_role_it_declares():
     assert sorted(COMBINATIONS) == sorted(SOURCES)
+    for family, combinations in COMBINATIONS.items():
+        assert all(sorted(roles) == sorted(cuda_source.ROLES[family]) for roles in combinations), family
+
+
+def test_a_kernel_asked_for_without_one_of_its_dtypes_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"fused kernel gelu: expected dtypes for the roles \('X', 'G'\), got \['X'\]"):
+        cuda_source.function("gelu", "gelu_backward", X="float32")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
