@@ -7,7 +7,7 @@
 #   4. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager
 # Phases 1 and 2 run side by side (neither is timed); the profile and the benchmark run alone after them.
 #
-#   bash benchmarks/gpu_session.sh [LOG_DIR]          (default $OUT, else /tmp/gpu_session)
+#   bash benchmarks/gpu_session.sh [LOG_DIR]          (default /tmp/gpu_session)
 #   PHASES="tests ops runs profile bench" (default all)   RUNS="tiny-fp32 ..." (default all the runs below)
 #   OPS_PATHS=... (the op-check files; default tests/autograd tests/nn and the tensor method tests)
 #   PYTHON=... (default: a venv over python3 with the wheels in .whl/ (mpi4py, mpich) installed, when python3 has
@@ -15,7 +15,7 @@
 # Logs (at most 8 files): env.log tests.log ops.log runs.log profile.txt bench.log bench.json summary.txt.
 set -u
 cd "$(dirname "$0")/.."
-LOG=${1:-${OUT:-/tmp/gpu_session}}
+LOG=${1:-/tmp/gpu_session}
 PHASES=${PHASES:-tests ops runs profile bench}
 OPS_PATHS=${OPS_PATHS:-tests/autograd tests/nn tests/test_tensor_methods.py tests/test_promotion.py}
 DEVICE=${DEVICE:-cuda:0}
