@@ -69,9 +69,10 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
         wait_for(lambda: job(env, job_id)["JobState"] == RUNNING and job(env, job_id)["Restarts"] == str(restarts),
                  120, f"start {restarts} of job {job_id}", state_of(job_id))
 
-    def requeued(job_id, restarts, timeout=90):
-        """Wait until the job has been requeued ``restarts`` times; the stop must have left a checkpoint."""
-        before = checkpoint_steps(out_dir)[-1]
+    def requeued(job_id, restarts, before, timeout=90):
+        """Wait until the job has been requeued ``restarts`` times; the stop must have left a checkpoint after
+        ``before`` (the newest step saved before the stop was asked for: read later, the stop's own checkpoint may
+        already be there)."""
         wait_for(lambda: job(env, job_id)["Restarts"] == str(restarts), timeout, f"requeue {restarts} of {job_id}",
                  state_of(job_id))
         wait_for(lambda: "(exit 75)" in log_text(tmp_path, job_id).split(f"(restart {restarts - 1})")[-1], 30,
@@ -95,15 +96,17 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
     second = submit(env, tmp_path, args)
     running_start(second, 0)
     checkpoint_after(checkpoint_steps(out_dir)[-1], second)
+    before = checkpoint_steps(out_dir)[-1]
     slurm(env, "scancel", "--signal=USR1", second)
-    requeued(second, 1)
+    requeued(second, 1, before)
     assert "stopped by SIGUSR1" in log_text(tmp_path, second), state_of(second)()
 
     # 3. scontrol requeue: SIGTERM to the job; the ranks checkpoint, Slurm requeues it.
     running_start(second, 1)
     checkpoint_after(checkpoint_steps(out_dir)[-1], second)
+    before = checkpoint_steps(out_dir)[-1]
     slurm(env, "scontrol", "requeue", second)
-    requeued(second, 2)
+    requeued(second, 2, before)
 
     # 4. The time limit: lowered to one minute while the job runs, Slurm sends the batch shell SIGUSR1 (the
     #    script's --signal=B:USR1@120) at its next check; the script passes it on and requeues the job. The ranks
@@ -112,6 +115,7 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
     checkpoint_after(checkpoint_steps(out_dir)[-1], second)
     ranks = [rank_pid(second, rank) for rank in (0, 1)]
     assert None not in ranks, state_of(second)()
+    before = checkpoint_steps(out_dir)[-1]
     for pid in ranks:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -121,7 +125,7 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
     finally:
         for pid in ranks:
             os.kill(pid, signal.SIGCONT)
-    requeued(second, 3)
+    requeued(second, 3, before)
     last_start = log_text(tmp_path, second).split("(restart 2)")[-1]
     assert "SIGUSR1 (time limit near)" in last_start and "requeueing" in last_start, state_of(second)()
     slurm(env, "scontrol", "update", f"JobId={second}", "TimeLimit=10")
