@@ -1,4 +1,4 @@
-"""Elementwise arithmetic with broadcasting and scalars, and unary math.
+"""Elementwise arithmetic with broadcasting and scalars (the unary math is in unary.py).
 
 Binary ops accept a Tensor or a Python/NumPy scalar on either side and promote dtypes as torch does
 (promotion.py); ``sum_to`` undoes broadcasting in backward. Each op's ``backward_graph`` (double backward,
@@ -11,10 +11,12 @@ import math
 
 import numpy as np
 
-from .. import backend
 from ..promotion import category, promote_for_compute, promote_pair
 from ..tensor import Tensor
 from .function import Op, ignore_fp_errors, op_error, sum_to
+from .unary import (  # noqa: F401 - the unary ops stay reachable as elementwise.X
+    Abs, Cos, Exp, Log, Neg, Reciprocal, Rsqrt, Sin, Sqrt, Tanh, _as_float, _constant, _raw, abs, cos, exp, log, neg,
+    reciprocal, rsqrt, sin, sqrt, tanh)
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "neg", "exp", "log",
            "tanh", "sqrt", "rsqrt", "sin", "cos", "abs", "reciprocal", "clamp", "maximum", "minimum", "where"]
@@ -23,15 +25,6 @@ __all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder
 # Backward passes route gradients with ``g * mask`` rather than ``xp.where(mask, g, 0)``: on CPU, numpy's where
 # is branch-bound on irregular masks (3.2 ms vs 0.15 ms on 256x3072 float32). They differ only where g itself
 # is inf/nan at a masked-out position.
-
-
-def _constant(like, array):
-    """A mask or other array as a gradient-free factor beside ``like`` (a Tensor under create_graph)."""
-    return Tensor._make(array, like.device) if isinstance(like, Tensor) else array
-
-
-def _raw(x):
-    return x.array if isinstance(x, Tensor) else x
 
 
 _NO_CONSTS = (None, None)
@@ -80,11 +73,6 @@ def _rounded(out, low):
         return out
     with np.errstate(over="ignore"):
         return out.astype(low)
-
-
-def _as_float(a):
-    # float-valued math on integer/bool input gives the default float dtype, as in torch
-    return a.astype(backend.get_default_dtype()) if a.dtype.kind in "biu" else a
 
 
 class Add(Op):
@@ -270,131 +258,6 @@ def _log_scalar(a):
     return math.log(a) if a > 0 else (float("-inf") if a == 0 else float("nan"))
 
 
-class Neg(Op):
-    def forward(self, a):
-        return -a
-
-    def backward(self, g):
-        return -g
-
-    backward_graph = backward
-
-
-class _SavesOutput(Op):
-    def setup_context(self, inputs, output):
-        self.save_for_backward(output)
-
-
-class _SavesInput(Op):
-    def setup_context(self, inputs, output):
-        self.save_for_backward(inputs[0])
-
-
-class Exp(_SavesOutput):
-    def forward(self, a):
-        return self.xp.exp(_as_float(a))
-
-    def backward(self, g):
-        (out,) = self.saved_arrays
-        return g * out
-
-    backward_graph = backward
-
-
-class Log(_SavesInput):
-    def forward(self, a):
-        return self.xp.log(_as_float(a))
-
-    def backward(self, g):
-        (a,) = self.saved_arrays
-        return g / a
-
-    backward_graph = backward
-
-
-class Tanh(_SavesOutput):
-    def forward(self, a):
-        return self.xp.tanh(_as_float(a))
-
-    def backward(self, g):
-        (out,) = self.saved_arrays
-        return g * (1 - out * out)
-
-    backward_graph = backward
-
-
-class Sqrt(_SavesOutput):
-    def forward(self, a):
-        return self.xp.sqrt(_as_float(a))
-
-    def backward(self, g):
-        (out,) = self.saved_arrays
-        return g / (2 * out)
-
-    backward_graph = backward
-
-
-class Rsqrt(_SavesOutput):
-    def forward(self, a):
-        return 1 / self.xp.sqrt(_as_float(a))
-
-    def backward(self, g):
-        (out,) = self.saved_arrays
-        return g * (-0.5 * out * out * out)
-
-    backward_graph = backward
-
-
-class Sin(_SavesInput):
-    def forward(self, a):
-        return self.xp.sin(_as_float(a))
-
-    def backward(self, g):
-        (a,) = self.saved_arrays
-        return g * self.xp.cos(a)
-
-    def backward_graph(self, g):
-        (a,) = self.saved_tensors
-        return g * cos(a)
-
-
-class Cos(_SavesInput):
-    def forward(self, a):
-        return self.xp.cos(_as_float(a))
-
-    def backward(self, g):
-        (a,) = self.saved_arrays
-        return -(g * self.xp.sin(a))
-
-    def backward_graph(self, g):
-        (a,) = self.saved_tensors
-        return -(g * sin(a))
-
-
-class Abs(_SavesInput):
-    def forward(self, a):
-        return self.xp.abs(a)
-
-    def backward(self, g):
-        (a,) = self.saved_arrays
-        return g * self.xp.sign(_raw(a))  # 0 at a == 0, as torch
-
-    def backward_graph(self, g):
-        (a,) = self.saved_tensors
-        return g * _constant(g, self.xp.sign(a.array))
-
-
-class Reciprocal(_SavesOutput):
-    def forward(self, a):
-        return 1 / _as_float(a)
-
-    def backward(self, g):
-        (out,) = self.saved_arrays
-        return -(g * out * out)
-
-    backward_graph = backward
-
-
 class Clamp(_Binary):
     """Bounds are scalars, tensors or None. Gradients follow torch's clamp backward: x gets the gradient
     where min <= x <= max; a tensor bound gets it where it was the one selected."""
@@ -539,50 +402,6 @@ def remainder(a, b):
 def pow(a, b):  # noqa: A001 - mirrors the operator's name
     """a ** b: tensor base with scalar or tensor exponent, or scalar base with tensor exponent."""
     return Pow().apply(a, b)
-
-
-def neg(a):
-    return Neg().apply(a)
-
-
-def exp(a):
-    return Exp().apply(a)
-
-
-def log(a):
-    """Natural logarithm."""
-    return Log().apply(a)
-
-
-def tanh(a):
-    return Tanh().apply(a)
-
-
-def sqrt(a):
-    return Sqrt().apply(a)
-
-
-def rsqrt(a):
-    """1 / sqrt(a)."""
-    return Rsqrt().apply(a)
-
-
-def sin(a):
-    return Sin().apply(a)
-
-
-def cos(a):
-    return Cos().apply(a)
-
-
-def abs(a):  # noqa: A001 - mirrors torch.abs
-    """|a|; the gradient at 0 is 0, as in torch."""
-    return Abs().apply(a)
-
-
-def reciprocal(a):
-    """1 / a."""
-    return Reciprocal().apply(a)
 
 
 def clamp(x, min=None, max=None):  # noqa: A002 - torch's argument names
