@@ -61,7 +61,13 @@ def _ragged_example(data):
 
 
 def tensor(data, dtype=None, device=None, requires_grad=False):
-    """A new tensor holding a copy of ``data``. Python floats give float32; numpy arrays keep their dtype."""
+    """A new tensor holding a copy of ``data``. Python floats give float32; numpy arrays keep their dtype. Given no
+    ``device``: a Tensor's or a GPU array's own device, else the default device (``with it.device(...)``), as
+    torch.tensor."""
+    if device is None and not isinstance(data, Tensor):
+        default = backend.Device.parse(None)
+        if default is not backend.CPU and backend.device_of_array(data) is backend.CPU:
+            device = default
     return Tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
 
 

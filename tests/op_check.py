@@ -56,9 +56,9 @@ def _run_it(fn, arrays, dtype, grad_mask):
     ts = []
     for a, g in zip(arrays, grad_mask):
         if _is_float(a):
-            ts.append(it.tensor(a.astype(dtype), requires_grad=g))
+            ts.append(it.tensor(a.astype(dtype), requires_grad=g, device=DEVICE))
         else:
-            ts.append(it.tensor(a))
+            ts.append(it.tensor(a, device=DEVICE))
     return ts, _as_tuple(fn(*ts))
 
 

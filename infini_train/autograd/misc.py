@@ -166,12 +166,13 @@ def is_basic(index):
 
 def host_index(t, index):
     """Index tensors of ``index`` as raw arrays on ``t``'s device; a uint8 index is a mask, as in torch.
-    An index tensor on another device is refused, except a host index for a GPU tensor (torch allows it)."""
+    An index tensor on another device is refused, except a host index for a GPU tensor (torch allows it) or for a
+    logical CPU device's (they stand for GPUs)."""
     items = _items(index)
     out = []
     for item in items:
         if isinstance(item, Tensor):
-            if item.device is not t.device and not (item.device is backend.CPU and t.device.type == "cuda"):
+            if item.device is not t.device and not (item.device is backend.CPU and t.device.type != "meta"):
                 raise op_error("index", f"index tensors on the indexed tensor's device ({t.device})",
                                f"an index tensor on {item.device}", "move the index with .to(device) first")
             item = backend.to_device_array(item.array, t.device)

@@ -168,6 +168,8 @@ def test_indexing_refuses_logical_device_mixes():
         (it.zeros(4, device="cpu:0", requires_grad=True) * 1)[:2] = it.ones(2, device="cpu:1", requires_grad=True)
     x[it.tensor([0, 1])] = it.tensor(3.0)  # same device: fine
     np.testing.assert_array_equal(x.numpy(), [3, 3, 0, 0])
+    y = it.arange(4.0, device="cpu:1")  # a host index for a logical device's tensor, as torch for a GPU's
+    np.testing.assert_array_equal(y[it.tensor([2, 2, 0])].numpy(), [2, 2, 0])
 
 
 # --------------------------------------------------------------------------------------- clear errors
