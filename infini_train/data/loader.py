@@ -21,10 +21,23 @@ import numpy as np
 from .shards import ShardError, find_shards, read_header, read_shard
 
 
-def _check_int(name, value, low):
+_NAME = "DistributedDataLoader"
+
+
+def check_int(owner, name, value, low):
+    """``value`` as an int >= ``low``; else a ValueError naming ``owner`` (the loader) and the argument."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-        raise ValueError(f"DistributedDataLoader: expected {name} to be an integer >= {low}, got {value!r}")
+        raise ValueError(f"{owner}: expected {name} to be an integer >= {low}, got {value!r}")
     return int(value)
+
+
+def check_rank(owner, rank, world_size):
+    """(rank, world_size) of a loader's reader, checked: world_size >= 1 and rank in [0, world_size)."""
+    world_size = check_int(owner, "world_size", world_size, 1)
+    checked = check_int(owner, "rank", rank, 0)
+    if checked >= world_size:
+        raise ValueError(f"{owner}: expected rank in [0, {world_size}), got {rank}")
+    return checked, world_size
 
 
 class ShardTooSmall(ShardError):
@@ -46,11 +59,8 @@ class DistributedDataLoader:
 
     def __init__(self, pattern, B, T, rank=0, world_size=1, *, lazy=False, config_key=None):
         self.pattern = pattern
-        self.B, self.T = _check_int("B", B, 1), _check_int("T", T, 1)
-        self.world_size = _check_int("world_size", world_size, 1)
-        self.rank = _check_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"DistributedDataLoader: expected rank in [0, {self.world_size}), got {rank}")
+        self.B, self.T = check_int(_NAME, "B", B, 1), check_int(_NAME, "T", T, 1)
+        self.rank, self.world_size = check_rank(_NAME, rank, world_size)
         self.files = find_shards(pattern, config_key)
         if not lazy:
             for path in self.files:

@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .loader import check_int, check_rank
 from .sft import SampleTable, labels_of, pad_id
 from .sft_records import SFTDataError, check_format
 from .sft_shards import SFT_SUFFIX, read_sft_shard
@@ -54,12 +55,6 @@ class SFTBatch(NamedTuple):
     targets: np.ndarray
     positions: np.ndarray
     segments: np.ndarray
-
-
-def _check_int(name, value, low):
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-        raise ValueError(f"SFTDataLoader: expected {name} to be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 def pack_rows(lengths, T, packing):
@@ -105,6 +100,9 @@ def _is_token_shard(path):
     return len(head) == 4 and int(np.frombuffer(head, dtype="<i4")[0]) == TOKEN_SHARD_MAGIC
 
 
+_NAME = "SFTDataLoader"
+
+
 class SFTDataLoader:
     """Batches of (B, T) rows of SFT samples; rank ``rank`` of ``world_size`` reads its B rows of each global batch.
 
@@ -117,12 +115,9 @@ class SFTDataLoader:
     def __init__(self, path_or_pattern, tokenizer, B, T, rank=0, world_size=1, *, format, packing=True,
                  train_on_prompt=False, seed=0, shuffle=True, config_key=None):
         self.pattern = path_or_pattern
-        self.B, self.T = _check_int("B", B, 1), _check_int("T", T, 2)
-        self.world_size = _check_int("world_size", world_size, 1)
-        self.rank = _check_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"SFTDataLoader: expected rank in [0, {self.world_size}), got {rank}")
-        self.seed = _check_int("seed", seed, 0)
+        self.B, self.T = check_int(_NAME, "B", B, 1), check_int(_NAME, "T", T, 2)
+        self.rank, self.world_size = check_rank(_NAME, rank, world_size)
+        self.seed = check_int(_NAME, "seed", seed, 0)
         self.format = check_format(format, config_key.rpartition(".")[0] + ".format" if config_key else "format")
         self.packing, self.train_on_prompt, self.shuffle = bool(packing), bool(train_on_prompt), bool(shuffle)
         self.files, self.kind = find_sft_files(path_or_pattern, config_key)

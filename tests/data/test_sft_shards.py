@@ -1,5 +1,4 @@
 import glob
-import importlib.util
 import json
 import os
 
@@ -14,8 +13,8 @@ from infini_train.data.sft_records import SFTDataError
 from infini_train.data.sft_shards import HEADER_BYTES, SFT_MAGIC, read_sft_header, read_sft_shard, write_sft_shard
 from infini_train.data.shards import ShardError, write_shard
 from infini_train.data.tokenizer import ByteTokenizer
+from tests.data.test_corpus import load_prepare_data
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def table(samples):
@@ -146,13 +145,6 @@ def test_the_loader_checks_the_shards_format_and_vocabulary(tmp_path, llama_tok)
     open(os.path.join(out, "extra.jsonl"), "w").write("{}\n")
     with pytest.raises(SFTDataError, match=r"matches both SFT shards .* and other files"):
         SFTDataLoader(os.path.join(out, "*"), llama_tok, 1, 64, format="chat")
-
-
-def load_prepare_data():
-    spec = importlib.util.spec_from_file_location("prepare_data", os.path.join(REPO, "examples/gpt2/prepare_data.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_prepare_data_cli_writes_sft_shards_and_meta(tmp_path, capsys):
