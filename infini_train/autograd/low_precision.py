@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cublas_gemm import batched_matmul
+
 __all__ = ["is_low_precision", "has_low_precision_gemm", "widen", "narrow", "matmul"]
 
 _F16_MIN_NORMAL = np.float32(2.0 ** -14)
@@ -57,7 +59,6 @@ def matmul(xp, a, b):
     if a.dtype != b.dtype or not is_low_precision(a.dtype):
         return xp.matmul(a, b)
     if xp is not np and a.dtype.kind == "V" and (a.ndim > 2 or b.ndim > 2) and a.ndim > 1 and b.ndim > 1:
-        from .cublas_gemm import batched_matmul
         return batched_matmul(xp, a, b)
     wide_a, wide_b = widen(xp, a, b)
     return narrow(xp, xp.matmul(wide_a, wide_b), a.dtype)

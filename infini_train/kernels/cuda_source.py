@@ -102,13 +102,14 @@ def register(family, roles, source):
 def function(family, name, **roles):
     """The compiled kernel ``name`` of ``family`` for these dtypes, or None (after one warning) where it does not
     compile here: the caller then runs its array code."""
-    if sorted(roles) != sorted(ROLES[family]):
-        raise ValueError(f"fused kernel {family}: expected dtypes for the roles {ROLES[family]}, got {sorted(roles)}")
     key = (family, tuple(sorted(roles.items())))
-    if key in _FAILED:
-        return None
     module = _MODULES.get(key)
     if module is None:
+        if key in _FAILED:
+            return None
+        if sorted(roles) != sorted(ROLES[family]):  # (a cached module's roles were checked when it compiled)
+            raise ValueError(f"fused kernel {family}: expected dtypes for the roles {ROLES[family]}, got "
+                             f"{sorted(roles)}")
         import cupy
 
         try:
