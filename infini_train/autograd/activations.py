@@ -8,10 +8,12 @@ computed on in float32 and their results (gradients too) rounded once, as torch 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
+from .. import host_threads
 from ..kernels import gelu as gelu_kernels
 from .function import Op, op_error
 from .low_precision import narrow
@@ -167,17 +169,10 @@ class GELU(Op):
     def forward(self, x):
         xp = self.xp
         xw = upcast(x)
-        if self.approximate == "tanh":
-            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); tanh kept for backward
-            t = xp.multiply(xw, xw, out=_new(xp, xw))
-            t *= _SQRT_2_OVER_PI * _GELU_CUBIC
-            t += _SQRT_2_OVER_PI
-            t *= xw
-            xp.tanh(t, out=t)
+        if self.approximate == "tanh":  # tanh kept for backward
+            t, out = _new(xp, xw), _new(xp, xw)
+            host_threads.elementwise(functools.partial(_gelu_tanh_forward, xp), (xw, t, out))
             self.stash(t)
-            out = xp.multiply(xw, t, out=_new(xp, xw))
-            out += xw
-            out *= 0.5
         else:
             cdf = normal_cdf(xp, xw)
             self.stash(cdf)
@@ -197,26 +192,16 @@ class GELU(Op):
                 return fused
         x = upcast(x)
         if self.approximate == "tanh":
-            t = aux
-            # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-            #      = (1 + t) (0.5 + x (1 - t) (0.5 sqrt(2/pi) + 1.5 sqrt(2/pi) 0.044715 x^2))
-            grad = xp.multiply(x, x, out=_new(xp, x))
-            grad *= 1.5 * _SQRT_2_OVER_PI * _GELU_CUBIC
-            grad += 0.5 * _SQRT_2_OVER_PI
-            grad *= x
-            one_pm_t = xp.subtract(1, t, out=_new(xp, t))
-            grad *= one_pm_t
-            grad += 0.5
-            xp.add(t, 1, out=one_pm_t)
-            grad *= one_pm_t
-        else:
-            # d/dx = Phi(x) + x phi(x)
-            grad = xp.multiply(x, x, out=_new(xp, x))
-            grad *= -0.5
-            xp.exp(grad, out=grad)
-            grad *= _INV_SQRT_2PI
-            grad *= x
-            grad += aux
+            grad = _new(xp, x)
+            host_threads.elementwise(functools.partial(_gelu_tanh_backward, xp), (x, aux, g, grad))
+            return narrow(xp, grad, g.dtype)
+        # d/dx = Phi(x) + x phi(x)
+        grad = xp.multiply(x, x, out=_new(xp, x))
+        grad *= -0.5
+        xp.exp(grad, out=grad)
+        grad *= _INV_SQRT_2PI
+        grad *= x
+        grad += aux
         grad *= g  # a float16/bfloat16 g is widened inside the ufunc, chunk by chunk
         return narrow(xp, grad, g.dtype)
 
@@ -228,6 +213,34 @@ class GELU(Op):
         else:
             slope = NormalCdf().apply(x) + x * (-0.5 * x * x).exp() * _INV_SQRT_2PI
         return g * slope
+
+
+def _gelu_tanh_forward(xp, x, t, out):
+    """t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), out = 0.5 x (1 + t)."""
+    xp.multiply(x, x, out=t)
+    t *= _SQRT_2_OVER_PI * _GELU_CUBIC
+    t += _SQRT_2_OVER_PI
+    t *= x
+    xp.tanh(t, out=t)
+    xp.multiply(x, t, out=out)
+    out += x
+    out *= 0.5
+
+
+def _gelu_tanh_backward(xp, x, t, g, grad):
+    """grad = g * d/dx, d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+                             = (1 + t) (0.5 + x (1 - t) (0.5 sqrt(2/pi) + 1.5 sqrt(2/pi) 0.044715 x^2))
+    (a float16/bfloat16 g is widened inside the last ufunc)."""
+    xp.multiply(x, x, out=grad)
+    grad *= 1.5 * _SQRT_2_OVER_PI * _GELU_CUBIC
+    grad += 0.5 * _SQRT_2_OVER_PI
+    grad *= x
+    one_pm_t = xp.subtract(1, t, out=xp.empty_like(t))
+    grad *= one_pm_t
+    grad += 0.5
+    xp.add(t, 1, out=one_pm_t)
+    grad *= one_pm_t
+    grad *= g
 
 
 class NormalCdf(Op):

@@ -5,10 +5,12 @@
     param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
 Each step runs in the state arrays and the optimizer's workspace (one scratch row, a second for Adam's L2
-weight decay or ``maximize``, which must not touch ``.grad``), piecewise on CPU (see optimizer.py): no
-allocation in the hot loop.
+weight decay or ``maximize``, which must not touch ``.grad``), piecewise on CPU and shared among the host
+threads (see optimizer.py): no allocation in the hot loop.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -61,39 +63,46 @@ class Adam(Optimizer):
                     p._version[0] += 1
                     continue
                 rows = 2 if l2 or maximize else 1
-                step_size = lr / (1.0 - b1 ** step)
-                bias_correction2_sqrt = (1.0 - b2 ** step) ** 0.5
-                for pieces in self._pieces(p, arrays, rows):
-                    param, grad, m, v = pieces[:4]
-                    scratch = pieces[4 + amsgrad]
-                    g = grad
-                    if l2 or maximize:
-                        g = pieces[-1]
-                        if l2:
-                            xp.multiply(param, wd, out=g)  # grad + wd * param, without touching .grad
-                            if maximize:
-                                g -= grad
-                            else:
-                                g += grad
-                        else:
-                            xp.negative(grad, out=g)
-                    if wd and decoupled:
-                        param *= 1.0 - lr * wd
-                    _lerp_(xp, m, g, 1.0 - b1, scratch)
-                    v *= b2
-                    xp.multiply(g, 1.0 - b2, out=scratch)  # addcmul: (value * g) * g
-                    scratch *= g
-                    v += scratch
-                    if amsgrad:
-                        v = xp.maximum(pieces[4], v, out=pieces[4])
-                    xp.sqrt(v, out=scratch)  # denom = sqrt(v) / sqrt(1 - b2^t) + eps
-                    scratch /= bias_correction2_sqrt
-                    scratch += eps
-                    xp.divide(m, scratch, out=scratch)
-                    scratch *= step_size
-                    param -= scratch
+                update = functools.partial(
+                    _adam_update, xp, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, l2=l2, decoupled=decoupled,
+                    amsgrad=amsgrad, maximize=maximize, step_size=lr / (1.0 - b1 ** step),
+                    bias_correction2_sqrt=(1.0 - b2 ** step) ** 0.5)
+                self._update_pieces(p, arrays, rows, update)
                 p._version[0] += 1
         return loss
+
+
+def _adam_update(xp, pieces, lr, b1, b2, eps, wd, l2, decoupled, amsgrad, maximize, step_size,
+                 bias_correction2_sqrt):
+    """One piece of the update: param, grad, exp_avg, exp_avg_sq (, max_exp_avg_sq), then the scratch rows."""
+    param, grad, m, v = pieces[:4]
+    scratch = pieces[4 + amsgrad]
+    g = grad
+    if l2 or maximize:
+        g = pieces[-1]
+        if l2:
+            xp.multiply(param, wd, out=g)  # grad + wd * param, without touching .grad
+            if maximize:
+                g -= grad
+            else:
+                g += grad
+        else:
+            xp.negative(grad, out=g)
+    if wd and decoupled:
+        param *= 1.0 - lr * wd
+    _lerp_(xp, m, g, 1.0 - b1, scratch)
+    v *= b2
+    xp.multiply(g, 1.0 - b2, out=scratch)  # addcmul: (value * g) * g
+    scratch *= g
+    v += scratch
+    if amsgrad:
+        v = xp.maximum(pieces[4], v, out=pieces[4])
+    xp.sqrt(v, out=scratch)  # denom = sqrt(v) / sqrt(1 - b2^t) + eps
+    scratch /= bias_correction2_sqrt
+    scratch += eps
+    xp.divide(m, scratch, out=scratch)
+    scratch *= step_size
+    param -= scratch
 
 
 def _lerp_(xp, start, end, weight, scratch):

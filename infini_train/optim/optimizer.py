@@ -6,7 +6,9 @@ private and left out of ``state_dict``).
 Steps allocate nothing: updates are ``out=`` ufuncs on the state arrays and on a scratch workspace that the
 optimizer keeps per (device, dtype). On CPU devices the update runs over ``CPU_CHUNK``-element pieces of
 each parameter, so a piece of every array stays in cache across the update's passes (about 1.8x faster
-than whole-array passes for Adam) and the workspace stays small; on GPUs a parameter is one piece.
+than whole-array passes for Adam) and the workspace stays small, and a large parameter's pieces are shared
+among the host threads (``it.set_num_threads``; the same bits, each element's update is unchanged); on GPUs
+a parameter is one piece.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import functools
 
 import numpy as np
 
-from .. import backend
+from .. import backend, host_threads
 from ..autograd import observers
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..nn.utils import zero_grad
@@ -57,7 +59,7 @@ class Optimizer:
                             "\nHINT: pass [tensor] or model.parameters()")
         self.defaults = dict(defaults)
         self.state = {}  # param -> dict (Tensor hashes by identity)
-        self._workspaces = {}  # (device, dtype) -> 2-D scratch array, grown on demand
+        self._workspaces = {}  # (device, dtype, host thread) -> 2-D scratch array, grown on demand
         self.param_groups = []
         params = list(params)
         if not params:
@@ -124,9 +126,10 @@ class Optimizer:
         with enable_grad():
             return closure()
 
-    def _workspace(self, param, rows, length):
-        """A (rows, length) scratch array on the parameter's device and dtype, kept across steps."""
-        key = (param.device, param.array.dtype)
+    def _workspace(self, param, rows, length, worker=0):
+        """A (rows, length) scratch array on the parameter's device and dtype, kept across steps (one per host
+        thread working on a parameter's pieces)."""
+        key = (param.device, param.array.dtype, worker)
         ws = self._workspaces.get(key)
         if ws is None or ws.shape[0] < rows or ws.shape[1] < length:
             old_rows, old_length = ws.shape if ws is not None else (0, 0)
@@ -135,22 +138,35 @@ class Optimizer:
             self._workspaces[key] = ws
         return ws
 
-    def _pieces(self, param, arrays, scratch_rows):
-        """Yield lists of matching pieces of ``arrays`` (each shaped like ``param``) followed by
-        ``scratch_rows`` scratch pieces, covering the parameter; see the module docstring."""
+    def _update_pieces(self, param, arrays, scratch_rows, update):
+        """Call ``update(pieces)`` on matching pieces of ``arrays`` (each shaped like ``param``) followed by
+        ``scratch_rows`` scratch pieces, covering the parameter; see the module docstring. On CPU devices a
+        large parameter's pieces are shared among the host threads (host_threads.py), each in its own span of
+        the arrays with its own scratch rows."""
         size = param.array.size
         if not size:
             return
-        if all(a.flags.c_contiguous for a in arrays):
-            chunk = min(size, CPU_CHUNK) if param.device.type == "cpu" else size
-            ws = self._workspace(param, scratch_rows, chunk)
-            flat = [a.reshape(-1) for a in arrays]
-            for start in range(0, size, chunk):
-                stop = min(start + chunk, size)
-                yield [a[start:stop] for a in flat] + [ws[i, :stop - start] for i in range(scratch_rows)]
-        else:  # strided arrays (a broadcast gradient, a transposed parameter): one whole-array piece
+        if not all(a.flags.c_contiguous for a in arrays):  # a broadcast gradient, a transposed parameter
             ws = self._workspace(param, scratch_rows, size)
-            yield list(arrays) + [ws[i, :size].reshape(param.array.shape) for i in range(scratch_rows)]
+            update(list(arrays) + [ws[i, :size].reshape(param.array.shape) for i in range(scratch_rows)])
+            return
+        flat = [a.reshape(-1) for a in arrays]
+        if param.device.type != "cpu":
+            ws = self._workspace(param, scratch_rows, size)
+            update(flat + [ws[i, :size] for i in range(scratch_rows)])
+            return
+        shared = host_threads.THREADED_BLOCK  # larger pieces when shared: each ufunc call hands the GIL around
+        spans = host_threads.spans(size, shared, shared)
+        chunk = min(size, CPU_CHUNK if len(spans) == 1 else shared)
+
+        def run_span(worker, start, stop):
+            ws = self._workspace(param, scratch_rows, chunk, worker)
+            for begin in range(start, stop, chunk):
+                end = min(begin + chunk, stop)
+                update([a[begin:end] for a in flat] + [ws[i, :end - begin] for i in range(scratch_rows)])
+
+        host_threads.run([functools.partial(run_span, worker, start, stop)
+                          for worker, (start, stop) in enumerate(spans)])
 
     # ------------------------------------------------------------------------------- state dict
     def state_dict(self):

@@ -11,6 +11,8 @@ optimizer.py); the gradient itself is never modified.
 """
 from __future__ import annotations
 
+import functools
+
 from ..autograd.grad_mode import no_grad
 from .optimizer import Optimizer
 
@@ -46,8 +48,7 @@ class SGD(Optimizer):
                         first = True
                     arrays.append(state["momentum_buffer"])
                 rows = 2 if options["nesterov"] and (options["wd"] or options["maximize"]) else 1
-                for pieces in self._pieces(p, arrays, rows):
-                    _sgd_update(xp, pieces, first=first, **options)
+                self._update_pieces(p, arrays, rows, functools.partial(_sgd_update, xp, first=first, **options))
                 p._version[0] += 1
         return loss
 

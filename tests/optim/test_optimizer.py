@@ -176,3 +176,36 @@ def test_step_with_closure_matches_torch(cls, tcls, kw):
     assert opt.step() is None  # without a closure, as torch
     with pytest.raises(TypeError, match="closure must be a callable"):
         opt.step(3.0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+    lambda ps: optim.Adam(ps, lr=0.01, weight_decay=0.1, amsgrad=True),
+    lambda ps: optim.Adam(ps, lr=0.01, weight_decay=0.1, maximize=True),
+    lambda ps: optim.SGD(ps, lr=0.01, momentum=0.9, nesterov=True, weight_decay=0.1),
+], ids=["adamw", "adam-amsgrad-l2", "adam-maximize-l2", "sgd-nesterov-l2"])
+def test_an_update_shared_among_host_threads_is_bitwise_the_one_thread_update(make):
+    """A parameter of 2.6 threaded pieces: split between two threads, each with its own scratch rows."""
+    from infini_train import host_threads
+    rng = np.random.default_rng(0)
+    shapes = [(int(2.6 * host_threads.THREADED_BLOCK) // 100, 100), (7,)]
+    weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    before = host_threads.get_num_threads()
+    finals = []
+    try:
+        for threads in (1, 2):
+            host_threads.set_num_threads(threads)
+            ps = [it.nn.Parameter(it.tensor(w.copy())) for w in weights]
+            opt = make(ps)
+            for step_grads in grads:
+                for p, g in zip(ps, step_grads):
+                    p.grad = it.tensor(g)
+                opt.step()
+            assert {key[2] for key in opt._workspaces} == set(range(threads))  # each thread's scratch rows
+            finals.append([p.numpy().copy() for p in ps])
+    finally:
+        host_threads.set_num_threads(before)
+    for one, two, w in zip(*finals, weights):
+        assert not np.array_equal(one, w)
+        np.testing.assert_array_equal(one, two)
