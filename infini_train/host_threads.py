@@ -1,10 +1,12 @@
 """Host threads for large element-wise work on CPU devices (torch's intra-op pool, ``set_num_threads``).
 
 NumPy's ufuncs run on one core and release the GIL inside their loops, while its BLAS products already use
-every core. Work that is many passes of ufuncs over large arrays (the optimizers' updates) is split into
-contiguous spans, one per thread, so it uses the cores the products use. Tasks handed to ``run`` must be
-pure array work: grad mode, autocast, the default device and NumPy's errstate are thread-local and a pool
-thread has their defaults.
+every core. Work that is many passes of ufuncs over large arrays and does not follow a product (the
+optimizers' updates) is split into contiguous spans, one per thread, so it uses the cores the products use.
+Right after a product, OpenBLAS's workers spin on the other cores for a while: an activation shared among
+threads there measured no faster inside a model, so activations run in cache-sized blocks in one thread
+(autograd/blocked.py). Tasks handed to ``run`` must be pure array work: grad mode, autocast, the default
+device and NumPy's errstate are thread-local and a pool thread has their defaults.
 
 The thread count starts at ``OMP_NUM_THREADS`` when set (launchers set it to one per rank), else the cores
 this process may run on. ``set_num_threads(n)`` sets it, and NumPy's OpenBLAS thread count with it.
@@ -12,12 +14,9 @@ this process may run on. ``set_num_threads(n)`` sets it, and NumPy's OpenBLAS th
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 
 _lock = threading.Lock()
 _num_threads = None  # resolved on first use
@@ -121,40 +120,3 @@ def spans(size, align, min_span):
     runs = -(-size // align)
     bounds = [min(size, align * (i * runs // parts)) for i in range(parts)] + [size]
     return list(zip(bounds[:-1], bounds[1:]))
-
-
-# Elements per block of a kernel run by ``over_rows``: the few arrays of a block stay in cache across the
-# kernel's passes. Shared among threads, a block must be larger: each ufunc call hands the GIL back and forth.
-BLOCK = 1 << 15
-THREADED_BLOCK = 1 << 17
-
-
-def over_rows(kernel, arrays, row_elements=1):
-    """Call ``kernel(*pieces)`` over matching blocks of rows (the leading axis) of ``arrays``, the blocks shared
-    among the host threads: for row-wise kernels written as ``out=`` ufuncs over whole arrays (``row_elements``:
-    the elements in one row of the widest array). Device arrays, and host work too small to split, run in one
-    call over the whole arrays: the same kernel, the same bits."""
-    rows = arrays[0].shape[0] if arrays[0].ndim else 0
-    total = rows * row_elements
-    if total < 2 * BLOCK or not isinstance(arrays[0], np.ndarray):
-        kernel(*arrays)
-        return
-    shared = get_num_threads() > 1 and total >= 2 * THREADED_BLOCK
-    block_rows = max(1, (THREADED_BLOCK if shared else BLOCK) // row_elements)
-    parts = spans(rows, block_rows, block_rows) if shared else [(0, rows)]
-
-    def run_span(start, stop):
-        for begin in range(start, stop, block_rows):
-            end = min(begin + block_rows, stop)
-            kernel(*(a[begin:end] for a in arrays))
-
-    run([functools.partial(run_span, start, stop) for start, stop in parts])
-
-
-def elementwise(kernel, arrays):
-    """``over_rows`` for element-wise kernels over same-shaped arrays: C-contiguous ones are split as flat runs
-    of elements; others (strided, broadcast) run in one call."""
-    if len({a.shape for a in arrays}) == 1 and all(a.flags.c_contiguous for a in arrays):
-        over_rows(kernel, [a.reshape(-1) for a in arrays])
-    else:
-        kernel(*arrays)

@@ -1,15 +1,12 @@
-"""Host threads: large element-wise work split among threads gives the bits of one call on the whole arrays."""
+"""Host threads: the thread count (ours and NumPy's BLAS), spans of work, the pool."""
 import ctypes
 import multiprocessing
 import threading
 
-import numpy as np
 import pytest
 
 import infini_train as it
 from infini_train import host_threads
-
-BIG = 3 * host_threads.THREADED_BLOCK + 1234  # several threaded blocks and a ragged last one
 
 
 @pytest.fixture
@@ -76,62 +73,6 @@ def test_run_returns_in_order_and_raises_after_every_task_ended(threads):
     with pytest.raises(RuntimeError, match="task 1 failed"):
         host_threads.run([slow, fails, slow])
     assert ended == ["slow", "slow"]
-
-
-def _kernel(x, out):
-    np.multiply(x, x, out=out)
-    out *= 0.25
-    np.tanh(out, out=out)
-    out += x
-
-
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_elementwise_gives_the_bits_of_one_whole_call_and_shares_the_work(threads, n):
-    threads(n)
-    x = np.random.default_rng(0).standard_normal(BIG).astype(np.float32)
-    whole = np.empty_like(x)
-    _kernel(x, whole)
-    seen = []
-
-    def recorded(*pieces):
-        seen.append((threading.get_ident(), pieces[0].size))
-        _kernel(*pieces)
-
-    out = np.empty_like(x)
-    host_threads.elementwise(recorded, (x, out))
-    np.testing.assert_array_equal(out, whole)
-    assert sum(size for _, size in seen) == BIG and len(seen) > 1
-    assert len(host_threads.spans(BIG, host_threads.THREADED_BLOCK, host_threads.THREADED_BLOCK)) == n
-    # the first span runs in this thread, the others in the pool (which may run two spans in one thread)
-    assert min(n, 2) <= len({ident for ident, _ in seen}) <= n
-
-
-def test_over_rows_splits_rows_and_leaves_strided_or_small_work_whole(threads):
-    threads(2)
-    rng = np.random.default_rng(1)
-    rows = rng.standard_normal((4096, 200)).astype(np.float32)
-    sums = np.empty((4096, 1), np.float32)
-    calls = []
-
-    def row_sums(block, block_sums):
-        calls.append(block.shape[0])
-        np.sum(block, axis=1, keepdims=True, out=block_sums)
-
-    host_threads.over_rows(row_sums, (rows, sums), row_elements=200)
-    np.testing.assert_array_equal(sums, rows.sum(axis=1, keepdims=True))
-    assert sum(calls) == 4096 and max(calls) <= host_threads.THREADED_BLOCK // 200 + 1 and len(calls) > 2
-    calls.clear()
-    host_threads.over_rows(row_sums, (rows[:8], sums[:8]), row_elements=200)  # 1,600 elements: one call
-    assert calls == [8]
-    strided = rows[:, :100].T.copy().T  # Fortran order: not C-contiguous
-    out = np.empty_like(strided)
-    def negate(a, b):
-        calls.append("whole")
-        np.negative(a, out=b)
-
-    host_threads.elementwise(negate, (strided, out))
-    assert calls[-1] == "whole"
-    np.testing.assert_array_equal(out, -strided)
 
 
 def _child_runs_tasks(queue):

@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from .. import host_threads
 from ..kernels import gelu as gelu_kernels
+from .blocked import elementwise
 from .function import Op, op_error
 from .low_precision import narrow
 from .softmax import ignore_overflow, upcast
@@ -171,7 +171,7 @@ class GELU(Op):
         xw = upcast(x)
         if self.approximate == "tanh":  # tanh kept for backward
             t, out = _new(xp, xw), _new(xp, xw)
-            host_threads.elementwise(functools.partial(_gelu_tanh_forward, xp), (xw, t, out))
+            elementwise(functools.partial(_gelu_tanh_forward, xp), (xw, t, out))
             self.stash(t)
         else:
             cdf = normal_cdf(xp, xw)
@@ -193,7 +193,7 @@ class GELU(Op):
         x = upcast(x)
         if self.approximate == "tanh":
             grad = _new(xp, x)
-            host_threads.elementwise(functools.partial(_gelu_tanh_backward, xp), (x, aux, g, grad))
+            elementwise(functools.partial(_gelu_tanh_backward, xp), (x, aux, g, grad))
             return narrow(xp, grad, g.dtype)
         # d/dx = Phi(x) + x phi(x)
         grad = xp.multiply(x, x, out=_new(xp, x))

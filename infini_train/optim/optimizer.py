@@ -26,6 +26,8 @@ from ..tensor import Tensor
 # set by schedulers (OneCycleLR keeps its bounds in the groups, as torch does) / users for bookkeeping
 _EXTRA_GROUP_KEYS = {"initial_lr", "name", "max_lr", "min_lr", "max_momentum", "base_momentum"}
 CPU_CHUNK = 1 << 16  # elements per piece on CPU devices (5 float32 arrays x 256 kB: fits in L2 cache)
+# per piece when host threads share a parameter: smaller pieces spend the time handing the GIL back and forth
+THREADED_CPU_CHUNK = 1 << 17
 
 
 def _observed_step(step):
@@ -155,9 +157,8 @@ class Optimizer:
             ws = self._workspace(param, scratch_rows, size)
             update(flat + [ws[i, :size] for i in range(scratch_rows)])
             return
-        shared = host_threads.THREADED_BLOCK  # larger pieces when shared: each ufunc call hands the GIL around
-        spans = host_threads.spans(size, shared, shared)
-        chunk = min(size, CPU_CHUNK if len(spans) == 1 else shared)
+        spans = host_threads.spans(size, THREADED_CPU_CHUNK, THREADED_CPU_CHUNK)
+        chunk = min(size, CPU_CHUNK if len(spans) == 1 else THREADED_CPU_CHUNK)
 
         def run_span(worker, start, stop):
             ws = self._workspace(param, scratch_rows, chunk, worker)

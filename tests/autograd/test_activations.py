@@ -82,31 +82,28 @@ def test_gelu_matches_torch_over_a_wide_range(approximate):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_tanh_gelu_in_blocks_over_host_threads_is_bitwise_one_pass_and_matches_torch(dtype):
-    """GPT-2's MLP activation at its size runs in cache-sized blocks shared among the host threads: the same bits
-    with one thread or two (each element's formula is unchanged), torch's values and gradients."""
-    from infini_train import host_threads
+def test_tanh_gelu_in_cache_sized_blocks_is_bitwise_one_whole_pass_and_matches_torch(dtype):
+    """GPT-2's MLP activation at its size runs block by block (autograd/blocked.py): the bits of the same kernels
+    over the whole arrays at once, and torch's values and gradients."""
+    from infini_train.autograd.activations import _gelu_tanh_backward, _gelu_tanh_forward
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((256, 3072)) * 2).astype(np.float32)
     g = rng.standard_normal((256, 3072)).astype(np.float32)
-    before, results = host_threads.get_num_threads(), []
-    try:
-        for threads in (1, 2):
-            host_threads.set_num_threads(threads)
-            xt = it.tensor(x).to(dtype).requires_grad_(True)
-            y = it.gelu(xt, approximate="tanh")
-            y.backward(it.tensor(g).to(dtype))
-            results.append((y.detach().to("float32").numpy(), xt.grad.to("float32").numpy()))
-    finally:
-        host_threads.set_num_threads(before)
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_array_equal(results[0][1], results[1][1])
+    xt = it.tensor(x).to(dtype).requires_grad_(True)
+    y = it.gelu(xt, approximate="tanh")
+    y.backward(it.tensor(g).to(dtype))
+    x_wide, g_low = xt.detach().to("float32").numpy(), it.tensor(g).to(dtype).numpy()
+    t, whole, whole_grad = (np.empty_like(x_wide) for _ in range(3))
+    _gelu_tanh_forward(np, x_wide, t, whole)
+    _gelu_tanh_backward(np, x_wide, t, g_low, whole_grad)
+    np.testing.assert_array_equal(y.detach().numpy(), whole.astype(y.detach().numpy().dtype))
+    np.testing.assert_array_equal(xt.grad.numpy(), whole_grad.astype(xt.grad.numpy().dtype))
     tx = torch.tensor(x).to(getattr(torch, dtype)).requires_grad_(True)
     ty = F.gelu(tx, approximate="tanh")
     ty.backward(torch.tensor(g).to(getattr(torch, dtype)))
     tol = dict(rtol=1e-5, atol=5e-6) if dtype == "float32" else dict(rtol=1e-2, atol=1e-2)
-    np.testing.assert_allclose(results[1][0], ty.detach().float().numpy(), **tol)
-    np.testing.assert_allclose(results[1][1], tx.grad.float().numpy(), **tol)
+    np.testing.assert_allclose(y.detach().to("float32").numpy(), ty.detach().float().numpy(), **tol)
+    np.testing.assert_allclose(xt.grad.to("float32").numpy(), tx.grad.float().numpy(), **tol)
 
 
 def test_normal_cdf_accuracy_in_both_tails():

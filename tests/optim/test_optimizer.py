@@ -187,8 +187,9 @@ def test_step_with_closure_matches_torch(cls, tcls, kw):
 def test_an_update_shared_among_host_threads_is_bitwise_the_one_thread_update(make):
     """A parameter of 2.6 threaded pieces: split between two threads, each with its own scratch rows."""
     from infini_train import host_threads
+    from infini_train.optim.optimizer import THREADED_CPU_CHUNK
     rng = np.random.default_rng(0)
-    shapes = [(int(2.6 * host_threads.THREADED_BLOCK) // 100, 100), (7,)]
+    shapes = [(int(2.6 * THREADED_CPU_CHUNK) // 100, 100), (7,)]
     weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
     before = host_threads.get_num_threads()
