@@ -16,6 +16,8 @@ Two flavours share this machinery:
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ..backend import CPU, Device
@@ -23,6 +25,7 @@ from .autocast import _state as _autocast
 from .grad_mode import _state
 from ..lazy_mode.mode import ACTIVE as _LAZY
 from ..lazy_mode.mode import _state as _lazy_state
+from .grad_sum import RowUpdates, add_gradients, dense
 from .observers import ACTIVE as _OBSERVERS
 from .observers import observed_apply, observed_backward
 from . import saved_hooks
@@ -107,6 +110,7 @@ class Function:
     _input_shapes = ()
     _input_dtypes = ()
     _pre_hooks = None
+    _row_updates = False  # set by an embedding's backward on the node its RowUpdates goes to (grad_sum.py)
     _create_graph = False  # True while backward runs with create_graph (saved tensors come back connected)
     retain_graph = False  # True while backward runs on a graph that will be reused (stashes must survive)
 
@@ -275,9 +279,17 @@ class Function:
                 grads[idx] = grad_output
                 self.grad_outputs_reached += 1
             else:
-                grads[idx] = prev + grad_output
+                grads[idx] = None
+                unshared = sys.getrefcount(prev) == 2  # the local and getrefcount's argument: nothing else holds it
+                grads[idx] = add_gradients(prev, grad_output, unshared)
         self.dependencies_reached += 1
-        return self.dependencies_reached >= self.dependencies_number
+        if self.dependencies_reached < self.dependencies_number:
+            return False
+        if self._row_updates:  # an embedding sent RowUpdates here: what runs next sees arrays only (grad_sum.py)
+            self._row_updates = False
+            if self.grad_outputs is not None:
+                self.grad_outputs = [dense(g) for g in self.grad_outputs]
+        return True
 
     def _run_backward(self, retain_graph, create_graph=False):
         grads = self.grad_outputs
@@ -330,7 +342,7 @@ class Function:
                 if create_graph:
                     g = self._fix_graph_grad(g, k)
                 else:
-                    if g.__class__ is not _ndarray and self.xp is np:
+                    if g.__class__ is not _ndarray and self.xp is np and g.__class__ is not RowUpdates:
                         g = np.asarray(g)  # numpy turns 0-d results into scalars, which later in-place adds reject
                     if g.shape != shapes[k]:
                         g = self._fix_grad_shape(g, k)

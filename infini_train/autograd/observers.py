@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import threading
 
+from .grad_sum import RowUpdates, dense
+
 ACTIVE = []  # the installed observers, in installation order
 _lock = threading.Lock()
 
@@ -73,8 +75,11 @@ def observed_backward(fn, run):
     grad_outputs = list(fn.grad_outputs) if fn.grad_outputs is not None else []
     tokens = [o.backward_begin(fn, grad_outputs) for o in observers]
     grad_inputs = run()
+    seen = grad_inputs
+    if any(type(g) is RowUpdates for _, g, _ in grad_inputs):  # observers see an embedding's gradient dense
+        seen = [(nxt, dense(g), i) for nxt, g, i in grad_inputs]
     for o, token in zip(reversed(observers), reversed(tokens)):
-        o.backward_end(token, fn, grad_inputs)
+        o.backward_end(token, fn, seen)
     return grad_inputs
 
 

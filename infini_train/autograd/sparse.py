@@ -7,25 +7,21 @@ import numbers
 from ..tensor import Tensor
 from .double_backward import LinearAdjoint
 from .function import Op, op_error
+from .grad_sum import RowUpdates, dense
 from .low_precision import narrow
 from .softmax import upcast
 
 
-def scatter_add_rows(xp, table, ids, rows):
-    """table[ids[i]] += rows[i] for every i, summing over repeated ids; ``table`` (V, C) is updated in place.
+def sum_rows_by_id(xp, ids, rows):
+    """(distinct ids, the sum of ``rows`` for each), for ``rows[i]`` belonging to ``ids[i]``.
 
     On the host, numpy's ``add.at`` costs ~5 ms for 1024 rows of 768 (GPT-2's ids); sorting the ids and
-    summing each run of equal ids by a segmented tree reduction (log2(longest run) vectorised rounds), then
-    one fancy assignment per distinct id, takes ~0.5 ms whatever the repetition pattern (np.add.reduceat:
-    1.5-3.8 ms). GPUs take the same path rather than an atomic scatter: the sums are then added in a fixed order,
-    so a run (and its resume) is bitwise reproducible, as torch's sorted embedding backward.
-
-    ``rows`` may be wider than ``table`` (float32 rows for a float16/bfloat16 table): sums are taken in the rows'
-    dtype and each touched row of the table is rounded once.
+    summing each run of equal ids by a segmented tree reduction (log2(longest run) vectorised rounds) takes
+    ~0.5 ms whatever the repetition pattern (np.add.reduceat: 1.5-3.8 ms). GPUs take the same path rather than
+    an atomic scatter: the sums are then added in a fixed order, so a run (and its resume) is bitwise
+    reproducible, as torch's sorted embedding backward.
     """
     n = ids.shape[0]
-    if n == 0:
-        return table
     order = xp.argsort(ids, kind="stable")
     sorted_ids = ids[order]
     summed = rows[order]  # a fresh copy: reduced in place below
@@ -44,11 +40,23 @@ def scatter_add_rows(xp, table, ids, rows):
             summed[dst] += summed[dst + step]
             step *= 2
             active = active[left[active] > step]
-    touched = sorted_ids[starts]
-    if table.dtype == summed.dtype:
-        table[touched] += summed[starts]
+    return sorted_ids[starts], summed[starts]
+
+
+def scatter_add_rows(xp, table, ids, rows):
+    """table[ids[i]] += rows[i] for every i, summing over repeated ids (``sum_rows_by_id``); ``table`` (V, C) is
+    updated in place.
+
+    ``rows`` may be wider than ``table`` (float32 rows for a float16/bfloat16 table): sums are taken in the rows'
+    dtype and each touched row of the table is rounded once.
+    """
+    if ids.shape[0] == 0:
+        return table
+    touched, sums = sum_rows_by_id(xp, ids, rows)
+    if table.dtype == sums.dtype:
+        table[touched] += sums
     else:
-        table[touched] = narrow(xp, table[touched] + summed[starts], table.dtype)
+        table[touched] = narrow(xp, table[touched] + sums, table.dtype)
     return table
 
 
@@ -78,8 +86,17 @@ class Embedding(Op):
         xp = self.xp
         (ids,) = self.stashed
         vocab, dim = self._input_shapes[1]
-        grad = xp.zeros((vocab, dim), dtype=self._input_dtypes[1])  # lazily zeroed pages: only touched rows cost
-        scatter_add_rows(xp, grad, ids.reshape(-1), upcast(g).reshape(-1, dim))  # float16/bfloat16: float32 sums
+        ids, rows = ids.reshape(-1), upcast(g).reshape(-1, dim)  # float16/bfloat16: float32 sums
+        if ids.shape[0] and rows.dtype == self._input_dtypes[1] and self.next_functions[1][0] is not None:
+            touched, sums = sum_rows_by_id(xp, ids, rows)
+            if self.padding_idx is not None:
+                keep = touched != self.padding_idx
+                touched, sums = touched[keep], sums[keep]
+            # the weight's node adds these rows into another gradient of the weight, or makes them dense
+            self.next_functions[1][0]._row_updates = True
+            return None, RowUpdates(xp, (vocab, dim), touched, sums)
+        grad = xp.zeros((vocab, dim), dtype=self._input_dtypes[1])
+        scatter_add_rows(xp, grad, ids, rows)
         if self.padding_idx is not None:
             grad[self.padding_idx] = 0
         return None, grad
@@ -99,7 +116,7 @@ class Embedding(Op):
                 gg = gg * Tensor._make(keep, gg.device)
             return gg[Tensor._make(ids, gg.device)]
 
-        return None, LinearAdjoint(lambda grad: self.backward(grad)[1], look_up).apply(g)
+        return None, LinearAdjoint(lambda grad: dense(self.backward(grad)[1]), look_up).apply(g)
 
 
 def embedding(ids, weight, padding_idx=None):
