@@ -1,6 +1,6 @@
 """GPT-2 training step (forward, backward, AdamW) in infini_train and in torch eager, side by side.
 
-    python benchmarks/bench_gpt2.py [--configs tiny d12-T64 d12-T256] [--steps 5] [--warmup 2] [--threads 2]
+    python benchmarks/bench_gpt2.py [--configs tiny d12-T64 d12-T256] [--steps 5] [--warmup 2] [--threads 2] [--phases]
     python benchmarks/bench_gpt2.py --device cuda:0 [--configs d12-B8-T1024 d12-B16-T1024] --precision fp32 bf16-mixed
         [--precision fp32 bf16-mixed fp16-mixed]   (one or more; each config runs in each)
         [--recompute none block]   (block: every transformer block recomputed in backward; torch: HF's
@@ -80,6 +80,21 @@ def _timed(fn):
     return time.perf_counter() - t0
 
 
+def _phase_marks(phases):
+    """mark() appends the seconds since the previous mark to ``phases`` (synchronised); a no-op for None."""
+    if phases is None:
+        return lambda: None
+    last = [time.perf_counter()]
+
+    def mark():
+        _sync()
+        now = time.perf_counter()
+        phases.append(now - last[0])
+        last[0] = now
+
+    return mark
+
+
 DEVICE = "cpu"  # --device; "cuda" runs both frameworks on the GPU (infini_train through cupy)
 PRECISION = "fp32"  # --precision: bf16-mixed / fp16-mixed run each forward under the framework's autocast
 LOW = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
@@ -111,18 +126,24 @@ def build_it(spec):
     low = LOW.get(PRECISION)
     scaler = it.amp.GradScaler(device=DEVICE.split(":")[0]) if PRECISION == "fp16-mixed" else None
 
-    def step():
+    def step(phases=None):
+        mark = _phase_marks(phases)
         opt.zero_grad()
         with it.autocast(DEVICE.split(":")[0], dtype=getattr(it, low or "bfloat16"), enabled=low is not None):
             _, loss = model(xt, yt)
+        mark()
         if scaler is None:
             loss.backward()
+            mark()
             opt.step()
         else:
             scaler.scale(loss).backward()
+            mark()
             scaler.step(opt)
             scaler.update()
-        return loss.item()
+        value = loss.item()
+        mark()
+        return value
 
     return model, step
 
@@ -158,19 +179,25 @@ def build_torch(spec, state):
     low = LOW.get(PRECISION)
     scaler = torch.amp.GradScaler(dev) if PRECISION == "fp16-mixed" else None
 
-    def step():
+    def step(phases=None):
+        mark = _phase_marks(phases)
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev, dtype=getattr(torch, low or "bfloat16"), enabled=low is not None):
             logits = hf(x).logits
             loss = torch.nn.functional.cross_entropy(logits.view(-1, V), y.view(-1))
+        mark()
         if scaler is None:
             loss.backward()
+            mark()
             opt.step()
         else:
             scaler.scale(loss).backward()
+            mark()
             scaler.step(opt)
             scaler.update()
-        return loss.item()
+        value = loss.item()
+        mark()
+        return value
 
     return hf, step
 
@@ -205,7 +232,7 @@ def _memory_child(framework, name, steps):
     return (device_peak.peak if device_peak else torch.cuda.max_memory_allocated()) / 2 ** 20
 
 
-def run(name, steps, warmup, threads, memory):
+def run(name, steps, warmup, threads, memory, phases=False):
     import torch
 
     torch.set_num_threads(threads)
@@ -226,6 +253,15 @@ def run(name, steps, warmup, threads, memory):
               "it_tok_s": tokens / min(t_it), "torch_tok_s": tokens / min(t_th),
               "it_ms": 1000 * min(t_it), "torch_ms": 1000 * min(t_th), "flops_per_step": flops}
     result["ratio"] = result["it_tok_s"] / result["torch_tok_s"]
+    if phases:  # forward, backward, optimizer step: the median of ``steps`` more steps each, alternated
+        marks = {"it": [], "torch": []}
+        for _ in range(steps):
+            for framework, step in (("it", it_step), ("torch", th_step)):
+                times = []
+                step(times)
+                marks[framework].append(times)
+        for framework, rows in marks.items():
+            result[f"{framework}_phase_ms"] = [1000 * float(np.median(col)) for col in zip(*rows)]
     if memory:
         os.environ["BENCH_THREADS"] = str(threads)
         result["it_mem_mb"] = memory_probe("it", name, 2)
@@ -247,6 +283,8 @@ def main():
                         help="bf16-mixed / fp16-mixed: both frameworks' autocast (fp16 also a GradScaler)")
     parser.add_argument("--recompute", nargs="+", default=["none"], choices=["none", "block"],
                         help="block: activation recomputation of every transformer block, in both frameworks")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time forward, backward and the optimizer step apart (medians of --steps more)")
     args = parser.parse_args()
     global DEVICE, PRECISION, RECOMPUTE
     DEVICE = args.device
@@ -269,7 +307,7 @@ def main():
     results = []
     for name, PRECISION, RECOMPUTE in [(n, p, rc) for n in args.configs for p in args.precision
                                        for rc in args.recompute]:
-        r = run(name, args.steps, args.warmup, args.threads, not args.no_memory)
+        r = run(name, args.steps, args.warmup, args.threads, not args.no_memory, args.phases)
         r["precision"], r["recompute"] = PRECISION, RECOMPUTE
         peak = peaks.get(PRECISION, peaks.get("fp32"))  # the CPU's: float32 for every precision
         r["peak_flops"] = peak
@@ -280,6 +318,11 @@ def main():
         if not args.no_memory:
             line += f"{r['it_mem_mb']:8.0f}{r['torch_mem_mb']:10.0f}"
         print(line, flush=True)
+        if args.phases:
+            print("    ms forward / backward / optimizer: it " + " / ".join(f"{v:.1f}" for v in r["it_phase_ms"])
+                  + ", torch " + " / ".join(f"{v:.1f}" for v in r["torch_phase_ms"])
+                  + ", ratio " + " / ".join(f"{a / b:.2f}" for a, b in zip(r["it_phase_ms"], r["torch_phase_ms"])),
+                  flush=True)
         results.append(r)
     if args.json:
         with open(args.json, "w") as f:
