@@ -23,7 +23,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+# as importing infini_train first does (host_threads.py): without it numpy's OpenBLAS workers spin ~0.1 s after
+# each product on the cores torch's threads need in this same process (torch's tiny step ran 2x slower)
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
+
+import numpy as np  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)

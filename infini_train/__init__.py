@@ -1,4 +1,5 @@
 """infini_train: a distributed deep-learning training runtime on NumPy (CPU) and CuPy (GPU)."""
+from . import host_threads  # first: it sets OpenBLAS's spin time before numpy loads it
 from . import backend
 from .autograd.grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
                                   set_grad_enabled)

@@ -10,13 +10,24 @@ device and NumPy's errstate are thread-local and a pool thread has their default
 
 The thread count starts at ``OMP_NUM_THREADS`` when set (launchers set it to one per rank), else the cores
 this process may run on. ``set_num_threads(n)`` sets it, and NumPy's OpenBLAS thread count with it.
+
+OpenBLAS's workers spin for 2^28 cycles (about 0.1 s) after each product before they sleep, holding the other
+cores that the optimizer's threads (and torch's, in a process running both) need: GPT-2 124M's AdamW step on two
+cores measured 271 ms with that and 224 ms with 2^18 cycles (0.1 ms, still enough to keep back-to-back products
+warm). OpenBLAS reads ``OPENBLAS_THREAD_TIMEOUT`` (log2 of the cycles) once, as NumPy loads it: importing
+infini_train before NumPy sets it to 18 unless the environment already sets it.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+BLAS_SPIN_LOG2_CYCLES = "18"
+if "numpy" not in sys.modules:
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", BLAS_SPIN_LOG2_CYCLES)
 
 _lock = threading.Lock()
 _num_threads = None  # resolved on first use

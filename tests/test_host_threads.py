@@ -88,3 +88,20 @@ def test_a_forked_child_gets_its_own_pool(threads):
     child.start()
     child.join(30)
     assert child.exitcode == 0 and queue.get(timeout=5) == [1, 2]
+
+
+@pytest.mark.parametrize("code, env, expected", [
+    ("import infini_train", {}, "18"),  # before numpy: OpenBLAS's workers sleep after ~2^18 cycles
+    ("import numpy, infini_train", {}, "unset"),  # numpy loaded OpenBLAS already: too late, left alone
+    ("import infini_train", {"OPENBLAS_THREAD_TIMEOUT": "10"}, "10"),  # the user's own setting stays
+])
+def test_importing_infini_train_first_shortens_openblas_spinning(code, env, expected):
+    import os
+    import subprocess
+    import sys
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    out = subprocess.run([sys.executable, "-c", f"{code}; import os; "
+                          "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset'))"],
+                         env={**base, **env}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected
