@@ -125,9 +125,9 @@ def spans(size, align, min_span):
     """Split ``range(size)`` into up to ``get_num_threads()`` contiguous (start, stop) spans of nearly equal
     whole numbers of ``align``-long runs (the last run may be short), each at least ``min_span`` long: one span
     when the work is too small to share."""
-    parts = min(get_num_threads(), size // max(min_span, 1), -(-size // max(align, 1)))
+    runs = -(-size // align)
+    parts = min(get_num_threads(), size // max(min_span, 1), runs)
     if parts <= 1:
         return [(0, size)]
-    runs = -(-size // align)
     bounds = [min(size, align * (i * runs // parts)) for i in range(parts)] + [size]
     return list(zip(bounds[:-1], bounds[1:]))

@@ -1,6 +1,9 @@
 """Host threads: the thread count (ours and NumPy's BLAS), spans of work, the pool."""
 import ctypes
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -13,11 +16,7 @@ from infini_train import host_threads
 def threads():
     """Set the host thread count for one test, then restore it (and the BLAS threads with it)."""
     before = host_threads.get_num_threads()
-
-    def set_threads(n):
-        host_threads.set_num_threads(n)
-
-    yield set_threads
+    yield host_threads.set_num_threads
     host_threads.set_num_threads(before)
 
 
@@ -46,7 +45,7 @@ def test_the_default_follows_omp_num_threads(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert host_threads._default_num_threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "")
-    assert host_threads._default_num_threads() == len(__import__("os").sched_getaffinity(0))
+    assert host_threads._default_num_threads() == len(os.sched_getaffinity(0))
 
 
 def test_spans_cover_the_range_in_aligned_runs(threads):
@@ -96,9 +95,6 @@ def test_a_forked_child_gets_its_own_pool(threads):
     ("import infini_train", {"OPENBLAS_THREAD_TIMEOUT": "10"}, "10"),  # the user's own setting stays
 ])
 def test_importing_infini_train_first_shortens_openblas_spinning(code, env, expected):
-    import os
-    import subprocess
-    import sys
     base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     out = subprocess.run([sys.executable, "-c", f"{code}; import os; "
                           "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset'))"],

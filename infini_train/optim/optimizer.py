@@ -153,12 +153,11 @@ class Optimizer:
             update(list(arrays) + [ws[i, :size].reshape(param.array.shape) for i in range(scratch_rows)])
             return
         flat = [a.reshape(-1) for a in arrays]
-        if param.device.type != "cpu":
-            ws = self._workspace(param, scratch_rows, size)
-            update(flat + [ws[i, :size] for i in range(scratch_rows)])
-            return
-        spans = host_threads.spans(size, THREADED_CPU_CHUNK, THREADED_CPU_CHUNK)
-        chunk = min(size, CPU_CHUNK if len(spans) == 1 else THREADED_CPU_CHUNK)
+        if param.device.type == "cpu":
+            spans = host_threads.spans(size, THREADED_CPU_CHUNK, THREADED_CPU_CHUNK)
+            chunk = min(size, CPU_CHUNK if len(spans) == 1 else THREADED_CPU_CHUNK)
+        else:  # on GPUs a parameter is one piece
+            spans, chunk = [(0, size)], size
 
         def run_span(worker, start, stop):
             ws = self._workspace(param, scratch_rows, chunk, worker)
