@@ -47,7 +47,7 @@ from .sft_records import SFTDataError, check_format
 from .sft_shards import SFT_SUFFIX, read_sft_shard
 from .shards import MAGIC as TOKEN_SHARD_MAGIC
 
-LAYOUTS_KEPT = 4  # epochs whose row layout is cached (a global batch may span several epochs of a tiny set)
+LAYOUTS_KEPT = 4  # the most recently used epochs whose row layout is cached (a small set wraps through many)
 
 
 class SFTBatch(NamedTuple):
@@ -160,14 +160,16 @@ class SFTDataLoader:
 
     def _layout(self, epoch):
         """(order of the samples, row starts into it) of ``epoch``, computed alike on every rank."""
-        if epoch not in self._layouts:
+        layout = self._layouts.pop(epoch, None)
+        if layout is None:
             order = self.used
             if self.shuffle:
                 order = order[np.random.default_rng([self.seed, epoch]).permutation(len(order))]
-            self._layouts[epoch] = (order, pack_rows(self.kept[order], self.T, self.packing))
-            for old in sorted(self._layouts)[:-LAYOUTS_KEPT]:
-                del self._layouts[old]
-        return self._layouts[epoch]
+            layout = (order, pack_rows(self.kept[order], self.T, self.packing))
+        self._layouts[epoch] = layout  # the most recently used last (dicts keep insertion order)
+        while len(self._layouts) > LAYOUTS_KEPT:
+            del self._layouts[next(iter(self._layouts))]
+        return layout
 
     def rows_in_epoch(self, epoch=None):
         """Rows of T tokens that ``epoch`` (default: the current one) is laid out in."""

@@ -191,6 +191,39 @@ def test_state_dict_resumes_exactly_mid_epoch(tmp_path, steps_before):
         np.testing.assert_array_equal(np.concatenate([r.next_batch().inputs for r in ranks]), want.inputs)
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_set_smaller_than_a_batch_wraps_through_many_epochs(tmp_path, shuffle):
+    # one conversation, batch 8: one global batch spans 8 epochs of one row each (more than the layouts kept)
+    path = texts(tmp_path, ["abc"])
+    loader = SFTDataLoader(path, ByteTokenizer(), 8, 6, format="text", shuffle=shuffle, seed=2)
+    for _ in range(3):
+        batch = loader.next_batch()
+        np.testing.assert_array_equal(batch.inputs, [b("abc") + [EOS, PAD, PAD]] * 8)
+        np.testing.assert_array_equal(batch.targets, [b("bc") + [EOS, -1, -1, -1]] * 8)
+    assert loader.state_dict()["epoch"] == 24
+    # a validation pass asks for the first epochs again after many later ones were laid out
+    loader.reset()
+    np.testing.assert_array_equal(loader.next_batch().inputs, batch.inputs)
+    loader.load_state_dict({**loader.state_dict(), "epoch": 3, "row": 0})
+    np.testing.assert_array_equal(loader.next_batch().inputs, batch.inputs)
+
+
+def test_reset_after_many_epochs_reads_the_first_batches_again(tmp_path):
+    # 3 rows an epoch, 2 ranks x batch 4: each global batch reaches over 2-3 epochs
+    path = texts(tmp_path, ["ab", "cdefg", "hi", "jklm"])
+    ranks = [SFTDataLoader(path, ByteTokenizer(), 4, 6, rank=r, world_size=2, format="text", shuffle=False)
+             for r in range(2)]
+    first = [[r.next_batch().inputs for r in ranks] for _ in range(2)]
+    for _ in range(10):
+        for r in ranks:
+            r.next_batch()
+    for r in ranks:
+        r.reset()
+    for want in first:
+        for r, expected in zip(ranks, want):
+            np.testing.assert_array_equal(r.next_batch().inputs, expected)
+
+
 def test_reset_and_state_errors(tmp_path):
     path, _ = many_texts(tmp_path)
     tok = ByteTokenizer()
