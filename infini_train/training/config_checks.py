@@ -373,10 +373,30 @@ def _check_model_run(cfg, c, errors, model):
     if c.ok("train.sequence_length") and t.sequence_length > model.context_length:
         errors.append(f"train.sequence_length: expected <= model block_size ({model.context_length}), "
                       f"got {t.sequence_length}")
-    need = TOKENIZER_VOCAB.get(cfg.data.tokenizer)
-    if need and c.ok("data.tokenizer") and model.vocab_size < need:
+    need = _tokenizer_vocab(cfg.data.tokenizer, c, errors) if c.ok("data.tokenizer") else None
+    if need and model.vocab_size < need:
+        hint = "" if cfg.data.tokenizer in TOKENIZER_VOCAB else (
+            f"; HINT: set model.vocab_size={-(-need // 64) * 64} (>= {need}; a multiple of 64 runs faster), or use "
+            "the tokenizer the model was made for")
         errors.append(f"model.vocab_size: expected >= {need} for data.tokenizer {cfg.data.tokenizer!r}, "
-                      f"got {model.vocab_size}")
+                      f"got {model.vocab_size}{hint}")
+
+
+def _tokenizer_vocab(name, c, errors):
+    """The number of token ids ``name`` produces (byte, gpt2, or an hf:PATH tokenizer read here, so that a tokenizer
+    larger than the model's vocabulary stops the run before it starts, not at the first sample holding a large id);
+    None when it is not known before the run (auto)."""
+    if not name.startswith(HF_PREFIX):
+        return TOKENIZER_VOCAB.get(name)
+    from ..data.hf_tokenizer import HFTokenizerError
+    from ..data.tokenizer import get_tokenizer
+
+    try:
+        return get_tokenizer(name).vocab_size
+    except HFTokenizerError as exc:
+        errors.append(f"data.tokenizer: {str(exc).partition(chr(10))[0]}; HINT: {exc.hint or 'check its files'}")
+        c.bad.add("data.tokenizer")
+        return None
 
 
 def _model_error(m, exc):

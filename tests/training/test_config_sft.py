@@ -77,3 +77,31 @@ def test_sft_config_round_trips_through_the_saved_yaml(tmp_path):
                              str(tmp_path)] + SFT)
     again = load_config(cfg.save_resolved())
     assert again.data == cfg.data
+
+
+@pytest.fixture(scope="module")
+def tokenizer_of_261(tmp_path_factory):
+    """A Hugging Face tokenizer of 261 tokens (256 bytes + 5 special): 4 more than the byte-sized model."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    from tests.data.sft_tokenizers import train_tiny_llama3
+
+    directory = str(tmp_path_factory.mktemp("tokenizer_261"))
+    assert len(train_tiny_llama3(directory, vocab_size=261)) == 261
+    return directory
+
+
+def test_an_hf_tokenizer_larger_than_the_vocabulary_is_refused_before_the_run(tokenizer_of_261, tmp_path):
+    from tests.training.tiny_run import CONFIG, run
+
+    tokenizer = f"data.tokenizer=hf:{tokenizer_of_261}"
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIG, [tokenizer])
+    assert info.value.errors == [
+        f"model.vocab_size: expected >= 261 for data.tokenizer 'hf:{tokenizer_of_261}', got 257; HINT: set "
+        "model.vocab_size=320 (>= 261; a multiple of 64 runs faster), or use the tokenizer the model was made for"]
+    assert load_config(CONFIG, [tokenizer, "model.vocab_size=261"]).model.vocab_size == 261
+    proc = run([tokenizer, f"out_dir={tmp_path}/run", "train.num_iterations=1"], check=False)
+    assert proc.returncode == 1 and proc.stdout == ""  # refused before any work: no corpus, no step line
+    assert proc.stderr.startswith("error: invalid run configuration") and "expected >= 261" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
