@@ -28,6 +28,7 @@ CHECKPOINT_DIR = "checkpoints"
 STEP_PATTERN = re.compile(r"^step_(\d{6,})$")
 TMP_PREFIX = ".tmp-step_"
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
+DAMAGED_SUFFIX = ".damaged"  # a checkpoint found damaged, set aside (set_aside)
 
 
 class CheckpointError(ValueError):
@@ -121,6 +122,18 @@ def _dedupe(arrays):
         out[k] = v.copy() if key in seen else v
         seen[key] = k
     return out
+
+
+def set_aside(path):
+    """Rename the damaged checkpoint ``path`` (step_XXXXXX) to ``step_XXXXXX.damaged`` (``.damaged-2``, ... when that
+    is taken): out of list_checkpoints, so it neither counts toward train.keep_last (which would prune a good
+    checkpoint in its place) nor is resumed or pruned, and kept for inspection. Returns the new path."""
+    target, n = path + DAMAGED_SUFFIX, 2
+    while os.path.exists(target):
+        target, n = f"{path}{DAMAGED_SUFFIX}-{n}", n + 1
+    os.replace(path, target)
+    _fsync_dir(os.path.dirname(path))
+    return target
 
 
 def list_checkpoints(out_dir, run_id=None):

@@ -1,9 +1,10 @@
 """Where a run starts: fresh, or from a verified checkpoint; and which checkpoints belong to the run.
 
 - ``resume=auto``: the newest checkpoint in out_dir that verifies; damaged or incomplete ones are skipped with a
-  warning naming them and why. Only an out_dir with no checkpoints at all starts fresh: when checkpoints exist and
-  none verifies, the run stops with one error listing each and why, and touches nothing (a requeued job must not
-  train from step 0 over a finished run's files).
+  warning naming them and why, and set aside (``step_XXXXXX.damaged``) so that pruning never counts them toward
+  ``train.keep_last`` and deletes a good checkpoint instead. Only an out_dir with no checkpoints at all starts
+  fresh: when checkpoints exist and none verifies, the run stops with one error listing each and why, and touches
+  nothing (a requeued job must not train from step 0 over a finished run's files).
 - ``resume=PATH`` (a step directory, its state.json, or an out_dir): that checkpoint, which must verify.
 - no resume: a fresh run, refused when out_dir already holds another run's checkpoints (pruning by step alone
   would delete the new run's checkpoints and keep the old run's higher-numbered ones).
@@ -56,13 +57,13 @@ def _choose_on_rank0(cfg):
             try:
                 ckpt.verify_checkpoint(path)
             except ckpt.CheckpointError as exc:
-                failures.append(str(exc).split("\nHINT")[0])
+                failures.append((path, str(exc).split("\nHINT")[0]))
                 continue
-            for failure in failures:
-                _warn(f"resume=auto: skipping {failure}")
+            for damaged, failure in failures:
+                _warn(f"resume=auto: skipping {failure}; {_set_aside(damaged)}")
             return path
         if found:
-            listing = "\n  ".join(failures)
+            listing = "\n  ".join(failure for _, failure in failures)
             raise ckpt.CheckpointError(
                 f"resume=auto: none of the {len(found)} checkpoint(s) in {cfg.out_dir} verifies, so there is nothing "
                 f"to resume from and the run stops without touching them:\n  {listing}\nHINT: restore a good copy "
@@ -80,6 +81,15 @@ def _choose_on_rank0(cfg):
             f"{os.path.basename(existing[-1])})\nHINT: pass resume=auto to continue that run, choose another "
             "out_dir, or move its checkpoints/ away to start over there")
     return None
+
+
+def _set_aside(path):
+    """Move a damaged checkpoint out of the run's list (checkpoints.set_aside); says where, or why it stayed."""
+    try:
+        return (f"moved it to {ckpt.set_aside(path)} so that train.keep_last does not count it (a good checkpoint "
+                "would be pruned in its place)")
+    except OSError as exc:
+        return f"could not move it aside ({exc}), so train.keep_last still counts it"
 
 
 def run_id_of(state):

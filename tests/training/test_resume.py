@@ -141,3 +141,26 @@ def test_resume_auto_in_an_out_dir_without_checkpoints_starts_fresh(data_dir, tm
     proc = run(tiny_args(data_dir, out, "train.num_iterations=2", "resume=auto"))
     assert "resumed from" not in proc.stdout
     assert [r["step"] for r in metrics(out)] == [0, 1, 2]
+
+
+def test_resume_auto_sets_a_damaged_checkpoint_aside_so_pruning_keeps_the_good_ones(tmp_path, capsys):
+    import numpy as np
+
+    from infini_train.training.checkpoints import save_checkpoint
+    from infini_train.training.config import load_config
+    from infini_train.training.resume import choose_checkpoint
+
+    def save(step):
+        return save_checkpoint(tmp_path, step, {"w": np.full(3, step, np.float32)}, {}, {}, keep_last=2, run_id="r")
+
+    good, damaged = save(10), save(20)
+    why = _damage(damaged, "truncated")
+    assert choose_checkpoint(load_config(None, [f"out_dir={tmp_path}", "resume=auto"])) == good
+    aside = damaged + ".damaged"
+    err = capsys.readouterr().err
+    assert f"warning: resume=auto: skipping checkpoint {damaged} is damaged: {why}" in err
+    assert f"; moved it to {aside} so that train.keep_last does not count it" in err
+    assert os.path.isdir(aside) and not os.path.exists(damaged)
+    save(12)  # the resumed run's next checkpoint: train.keep_last=2 keeps step 10, never the damaged step 20
+    assert [os.path.basename(p) for p in list_checkpoints(tmp_path)] == ["step_000010", "step_000012"]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000010", "step_000012", "step_000020.damaged"]
