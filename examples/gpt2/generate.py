@@ -33,10 +33,12 @@ import infini_train as it
 class StreamPrinter:
     """Writes each new token as it comes, holding back bytes that do not yet form whole characters; ``hide``: ids
     not shown (a chat reply's end-of-turn token); ``stop_text``: text that ends what is shown (an end-of-turn marker
-    a tokenizer writes as text), held back while it may be starting."""
+    a tokenizer writes as text), held back while it may be starting; ``skip_special``: decode without the special
+    tokens (a chat reply's <|im_start|>; Hugging Face tokenizers)."""
 
-    def __init__(self, tokenizer, out=sys.stdout, hide=(), stop_text=None):
+    def __init__(self, tokenizer, out=sys.stdout, hide=(), stop_text=None, skip_special=False):
         self.tokenizer = tokenizer
+        self.decode_options = {"skip_special_tokens": True} if skip_special else {}
         self.out = out
         self.pending = []
         self.hide = set(hide)
@@ -49,12 +51,12 @@ class StreamPrinter:
             self.ended = True  # (a stopped row repeats its stop token)
             return
         self.pending.append(int(token_ids[0]))
-        text = self.tokenizer.decode(self.pending)
+        text = self.tokenizer.decode(self.pending, **self.decode_options)
         if not text.endswith("\ufffd"):
             self._emit(text)
 
     def flush(self):
-        self._emit(self.tokenizer.decode(self.pending) if self.pending else "", final=True)
+        self._emit(self.tokenizer.decode(self.pending, **self.decode_options) if self.pending else "", final=True)
 
     def _emit(self, text, final=False):
         self.pending = []
@@ -80,8 +82,9 @@ def main(argv=None):
     p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0, help="0 picks the most likely token (greedy)")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens (0: all of them)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the likeliest tokens holding this "
+                                                             "much probability, in (0, 1]")
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="cpu", help=f"{DEVICE_FORMS} (default cpu)")
@@ -95,6 +98,7 @@ def main(argv=None):
     p.add_argument("--tensor-parallel", type=int, default=None,
                    help="under mpirun: ranks the model is split over (default and only value: all of them)")
     args = p.parse_args(argv)
+    check_sampling_args(p, args)
     tp_group, device_name = join_tensor_parallel(args.tensor_parallel, args.device)
     device, dtype = parse_device(device_name), parse_dtype(args.dtype)  # before the (slow) model load
     amp = parse_precision(args.precision, device)
@@ -135,6 +139,19 @@ def main(argv=None):
     return 0
 
 
+def check_sampling_args(parser, args):
+    """Sampling options out of range: an argparse error (usage, exit status 2) before the model loads."""
+    if not args.temperature >= 0:
+        parser.error(f"argument --temperature: expected a number >= 0 (0: greedy), got {args.temperature:g}")
+    if args.top_k is not None and args.top_k < 0:
+        parser.error(f"argument --top-k: expected an integer >= 0 (0: no top-k), got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        parser.error(f"argument --top-p: expected a number in (0, 1], got {args.top_p:g}")
+    for option, value, least in (("--max-new-tokens", args.max_new_tokens, 0), ("--num-samples", args.num_samples, 1)):
+        if value < least:
+            parser.error(f"argument {option}: expected an integer >= {least}, got {value}")
+
+
 END_OF_TURN_TEXT = "<|im_end|>"  # the built-in ChatML template's, as text for tokenizers without it as a token
 
 
@@ -145,6 +162,10 @@ def chat(model, tok, args, device, out):
 
     messages = [{"role": "system", "content": args.system}] if args.system else []
     stops = list(getattr(tok, "stop_token_ids", None) or [tok.eot_token])
+    hf = hasattr(tok, "apply_chat_template")  # special tokens are left out of the reply, shown and kept
+    end_of_turn = tok.token_to_id(END_OF_TURN_TEXT) if hf else None
+    if end_of_turn is not None and end_of_turn not in stops:  # a ChatML turn ends there, also when EOS is another
+        stops.append(end_of_turn)
     block = model.config.context_length
     interactive = sys.stdin.isatty()
     turn = 0
@@ -158,7 +179,7 @@ def chat(model, tok, args, device, out):
         if room < 1:
             raise SystemExit(f"error: the conversation is {len(ids)} tokens, the model's context is {block}\n"
                              "HINT: start a new chat, or use a shorter --system message")
-        stream = StreamPrinter(tok, out, hide=stops, stop_text=END_OF_TURN_TEXT)
+        stream = StreamPrinter(tok, out, hide=stops, stop_text=END_OF_TURN_TEXT, skip_special=hf)
         tokens = model.generate(to_tensor([ids], device), min(args.max_new_tokens, room),
                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.seed + turn, use_cache=not args.no_cache, stream=stream,
@@ -168,7 +189,7 @@ def chat(model, tok, args, device, out):
         out.flush()
         while tokens and tokens[-1] in stops:
             tokens.pop()
-        reply = tok.decode(tokens).split(END_OF_TURN_TEXT)[0]
+        reply = tok.decode(tokens, **({"skip_special_tokens": True} if hf else {})).split(END_OF_TURN_TEXT)[0]
         messages.append({"role": "assistant", "content": reply})
         turn += 1
 

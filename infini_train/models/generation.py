@@ -14,16 +14,17 @@ from ..tensor import Tensor
 
 
 def sample_next(logits: np.ndarray, temperature=1.0, top_k=None, top_p=None, rng=None) -> np.ndarray:
-    """Pick one token id per row of ``logits`` (B, V): greedy at temperature 0, else top-k / nucleus sampling."""
+    """Pick one token id per row of ``logits`` (B, V): greedy at temperature 0, else top-k / nucleus sampling
+    (``top_k`` None or 0: no top-k, as in Hugging Face's generate)."""
     if temperature == 0:
         return logits.argmax(axis=-1)
     if temperature < 0:
         raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
     logits = logits.astype(np.float64) / temperature
-    if top_k is not None:
+    if top_k is not None and int(top_k) < 0:
+        raise ValueError(f"generate: top_k must be >= 0 (0: no top-k), got {top_k}")
+    if top_k:
         k = min(int(top_k), logits.shape[-1])
-        if k < 1:
-            raise ValueError(f"generate: top_k must be >= 1, got {top_k}")
         kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]
         logits = np.where(logits < kth, -np.inf, logits)
     probs = np.exp(logits - logits.max(axis=-1, keepdims=True))

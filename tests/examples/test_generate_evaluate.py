@@ -48,6 +48,21 @@ def test_generate_errors_are_clear(trained, tmp_path):
     assert proc.returncode != 0 and "more than the model's block_size 32" in proc.stderr
 
 
+def test_top_k_0_is_no_top_k_and_bad_sampling_options_are_usage_errors(trained):
+    args = ("generate.py", "--checkpoint", str(trained), "--prompt", "def ", "--max-new-tokens", "12", "--seed", "5")
+    plain, no_top_k = script(*args), script(*args, "--top-k", "0")
+    assert no_top_k.returncode == 0, no_top_k.stderr
+    assert no_top_k.stdout == plain.stdout and len(plain.stdout) > len("def \n")  # top_k=0 means none, as in HF
+    for option, value, expected in (("--temperature", "-1", "expected a number >= 0 (0: greedy), got -1"),
+                                    ("--top-k", "-2", "expected an integer >= 0 (0: no top-k), got -2"),
+                                    ("--top-p", "1.5", "expected a number in (0, 1], got 1.5"),
+                                    ("--num-samples", "0", "expected an integer >= 1, got 0")):
+        proc = script(*args, option, value)
+        assert proc.returncode == 2 and proc.stdout == "", (option, proc.stdout, proc.stderr)  # before the prompt
+        assert proc.stderr.startswith("usage: generate.py")
+        assert proc.stderr.endswith(f"generate.py: error: argument {option}: {expected}\n"), proc.stderr
+
+
 def test_evaluate_loss_equals_the_training_loss_function(trained, data_dir):  # noqa: F811
     proc = script("evaluate.py", "--checkpoint", str(trained), "--data", f"{data_dir}/val_*.bin",
                   "--batch-size", "2", "--seq-len", "32", "--max-batches", "3")
