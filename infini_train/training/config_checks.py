@@ -74,7 +74,8 @@ def check_ranges(cfg, errors, bad):
     formats = ("auto", "whole", "sharded")
     c.need("train.checkpoint_format", lambda v: v in formats,
            f"one of {formats}{_closest(cfg.train.checkpoint_format, formats)}")
-    c.need("train.learning_rate", lambda v: _finite(v) and v > 0, "a number > 0")
+    c.need("train.learning_rate", lambda v: _finite(v) and v >= 0, "a number >= 0 (0: the weights stay as they are, "
+           "as for evaluation-only runs)")
     c.need("train.eps", lambda v: _finite(v) and v > 0, "a number > 0")
     c.need("train.weight_decay", lambda v: _finite(v) and v >= 0, "a number >= 0")
     c.need("train.grad_clip", lambda v: _finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")

@@ -74,14 +74,15 @@ def test_ints_are_accepted_for_float_fields(tmp_path):
 
 def test_out_of_range_values_are_all_reported_in_one_error():
     msg, errors = errors_of(None, [
-        "train.batch_size=0", "train.learning_rate=0", "train.warmup_iters=-3", "train.weight_decay=-1",
+        "train.batch_size=0", "train.learning_rate=-1e-3", "train.warmup_iters=-3", "train.weight_decay=-1",
         "train.grad_clip=-0.5", "train.beta1=1.0", "train.beta2=-0.1", "model.dropout=1.0", "train.eps=.inf",
         "train.learning_rate_decay_frac=1.5", "dtype=float16", "device=gpu:0", "backend=gloo", "seed=-1",
         "train.val_loss_every=-1", "data.tokenizer=bpe", "data.source=web"])
     assert msg.startswith("invalid run configuration (defaults), 17 problems:")
     assert len(errors) == 17 and len(msg.splitlines()) == 18  # one line per problem
     for line in ["train.batch_size: expected an integer >= 1, got 0",
-                 "train.learning_rate: expected a number > 0, got 0.0",
+                 "train.learning_rate: expected a number >= 0 (0: the weights stay as they are, as for "
+                 "evaluation-only runs), got -0.001",
                  "train.warmup_iters: expected an integer >= 0, got -3",
                  "train.weight_decay: expected a number >= 0, got -1.0",
                  "train.grad_clip: expected a number >= 0 (0 disables clipping), got -0.5",

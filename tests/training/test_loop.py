@@ -58,6 +58,21 @@ def test_the_final_validation_loss_is_the_saved_models(data_dir, tmp_path):
     assert evaluate(model, loader, cfg.train.val_max_steps, it.device("cpu")) == final["val_loss"]
 
 
+def test_a_run_at_learning_rate_0_keeps_the_weights(data_dir, tmp_path):
+    out = tmp_path / "run"
+    cfg = _config(data_dir, out, "train.learning_rate=0", "train.weight_decay=0.1", "train.num_iterations=2",
+                  "train.val_loss_every=0")
+    run = Run(cfg)
+    before = {k: v.numpy().copy() for k, v in run.raw_model.state_dict().items()}
+    assert run.train() == 0
+    weights, _, state = load_checkpoint(list_checkpoints(out)[-1])
+    assert state["step"] == 2 and set(weights) == set(before)
+    for name, value in before.items():
+        np.testing.assert_array_equal(weights[name], value, err_msg=name)  # bitwise: no update, no decay
+    steps = metrics(out)
+    assert [r["lr"] for r in steps] == [0.0, 0.0] and all(math.isfinite(r["loss"]) for r in steps)
+
+
 def _poisoned_norms(monkeypatch, bad_steps):
     """Make clip_grad_norm_ report nan at the given steps, as a gradient overflow would."""
     real = grad_sync.clip_grad_norm_
