@@ -425,6 +425,11 @@ def _load_hint(missing, unexpected):
                 {k[len(wrapper):] for k in unexpected} >= set(missing):
             return f"the checkpoint's keys carry a {wrapper!r} prefix (saved from a wrapped model); strip it, " \
                    f"or load into the wrapper"
+        if missing and all(k.startswith(wrapper) for k in missing) and \
+                {k[len(wrapper):] for k in missing} <= set(unexpected):
+            return f"this model is a wrapper whose keys carry a {wrapper!r} prefix (DistributedDataParallel, " \
+                   f"DataParallel) and the checkpoint's do not; load it into the wrapped model (ddp.module), or " \
+                   f"add the prefix"
     return "was the checkpoint saved from a model with the same configuration? strict=False ignores missing " \
            "and unexpected keys (shapes must still match)"
 

@@ -133,9 +133,3 @@ class DataParallel(Module):
         replicas = replicate(self.module, used)
         outputs = parallel_apply(replicas, per_device, used)
         return gather_outputs(outputs, self.output_device, self.dim)
-
-    def state_dict(self, prefix=""):
-        return self.module.state_dict(prefix)
-
-    def load_state_dict(self, state_dict, strict=True):
-        return self.module.load_state_dict(state_dict, strict)

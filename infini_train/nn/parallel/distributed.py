@@ -156,6 +156,9 @@ class DistributedDataParallel(Module):
     the ranks owning its elements, which keep just their gradient shard (see zero_reducer.py).
     ``ignored_parameters`` are neither broadcast nor reduced (an expert-parallel run's local experts, which the
     caller reduces over their own group; under a zero_optimizer they keep their whole gradients).
+
+    ``state_dict()`` / ``load_state_dict()`` are Module's: the keys carry the wrapped module's attribute name
+    (``module.``), as torch's do; ``ddp.module.state_dict()`` gives the plain model's keys.
     """
 
     def __init__(self, module, process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
@@ -215,13 +218,6 @@ class DistributedDataParallel(Module):
         that only a chunk's last backward of a step reduces (while it runs, overlapping the rest of the schedule)."""
         self.reducer.sync = bool(sync)
         self.reducer.prepare_for_backward()
-
-    def state_dict(self, prefix=""):
-        """The wrapped module's state dict (no "module." prefix), so checkpoints load with or without DDP."""
-        return self.module.state_dict(prefix)
-
-    def load_state_dict(self, state_dict, strict=True):
-        return self.module.load_state_dict(state_dict, strict)
 
     @property
     def bucket_sizes(self):
