@@ -355,7 +355,7 @@ class Run:
                      resume_step, enabled=self.rank == 0)
         bar = self._progress_bar()
         profiler = RunProfiler(cfg, self.raw_model)  # the profile section's steps
-        check = numerics_checker_for(cfg, self.raw_model, self.rank, resume_step)  # detached when the loop ends
+        check = numerics_checker_for(cfg, self.raw_model, self.rank, resume_step, self.scaler)  # detached at the end
         recording = contextlib.nullcontext(stops) if stops is not None else StopSignals()
         with recording as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):

@@ -18,6 +18,11 @@ Each line: ``{"step", "phase", "name", "shape", "dtype", "min", "max", "mean", "
   backward hands to its inputs ("backward", ``<op name>:grad<input index>``). Ops outside the model's modules
   are under ``(outside)``.
 
+Under loss scaling (fp16-mixed: a GradScaler multiplies the loss before backward) the "backward" and "grad" entries
+hold the values the scaler's unscale gives back: min, max, mean and absmax divided by the step's loss scale, which
+the entry records as "loss_scale" (its hash is of the tensor as backward produced it), so that an fp16-mixed run
+compares by value with an fp32 one (``compare_numerics --ignore-dtype``).
+
 Under activation recomputation a block's forward runs again in backward: those forwards write no entries, but
 their gradients are the ones recorded, so the entries equal a run without recomputation. A name repeats when a
 module runs several times in a step (micro-batches); the compare tool matches the k-th occurrence with the k-th.
@@ -36,6 +41,7 @@ from ..autograd import observers
 from .tensor_stats import dtype_name, tensor_stats
 
 LEVELS = (0, 1, 2)
+STATS = ("min", "max", "mean", "absmax")  # the statistics a loss scale divides
 OUTSIDE = "(outside)"
 
 
@@ -68,9 +74,10 @@ class NumericsChecker(observers.OpObserver):
     """Records the statistics of ``model``'s tensors at ``level`` (0 off, 1 modules, 2 every op) into the JSONL
     file ``path``. ``start()`` (or ``with``) attaches it; entries are taken while ``active`` (True by default; a
     run turns it on only inside ``recording(step)``, so validation passes are left out); ``close()`` detaches.
-    ``keep_before``: keep the lines of an existing file with steps before this (a resumed run), else start empty."""
+    ``keep_before``: keep the lines of an existing file with steps before this (a resumed run), else start empty.
+    ``loss_scale``: a callable giving the loss scale of the step ``recording`` starts (a GradScaler's get_scale)."""
 
-    def __init__(self, level, path, rank=0, model=None, active=True, keep_before=None):
+    def __init__(self, level, path, rank=0, model=None, active=True, keep_before=None, loss_scale=None):
         if level not in LEVELS:
             raise ValueError(f"NumericsChecker: expected level 0 (off), 1 (module outputs and gradients) or 2 "
                              f"(every op too), got {level!r}\nHINT: numerics.level=1 is the usual start")
@@ -80,6 +87,7 @@ class NumericsChecker(observers.OpObserver):
         self.level, self.path, self.rank, self.model = level, path, rank, model
         self.active, self.step = active, 0
         self.keep_before = keep_before
+        self.loss_scale, self._scale = loss_scale, None
         self._entries, self._lock, self._local = [], threading.Lock(), threading.local()
         self._handles, self._file, self._started = [], None, False
 
@@ -128,10 +136,11 @@ class NumericsChecker(observers.OpObserver):
         was = self.active
         self.set_step(step)
         self.active = True
+        self._scale = self.loss_scale() if self.loss_scale is not None else None
         try:
             yield self
         finally:
-            self.active = was
+            self.active, self._scale = was, None
             self.flush()
 
     def set_step(self, step):
@@ -161,6 +170,8 @@ class NumericsChecker(observers.OpObserver):
         entry = {"step": self.step, "phase": phase, "name": name, "shape": list(array.shape),
                  "dtype": dtype_name(array.dtype)}
         entry.update(tensor_stats(array))
+        if self._scale is not None and phase in ("backward", "grad"):  # scaled by the loss scale: unscaled here
+            entry.update({k: entry[k] / self._scale for k in STATS if entry[k] is not None}, loss_scale=self._scale)
         with self._lock:
             self._entries.append(entry)
 

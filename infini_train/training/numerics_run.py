@@ -28,10 +28,12 @@ def numerics_file(out_dir, rank):
     return os.path.join(out_dir, "numerics", f"rank{rank}.jsonl")
 
 
-def numerics_checker_for(cfg, model, rank, resume_step=None):
-    """The run's checker on ``model`` (attached now, recording only inside ``recording(step)``), or a no-op."""
+def numerics_checker_for(cfg, model, rank, resume_step=None, scaler=None):
+    """The run's checker on ``model`` (attached now, recording only inside ``recording(step)``), or a no-op;
+    ``scaler``: the run's GradScaler (fp16-mixed), whose loss scale the gradients' entries are divided by."""
     level = cfg.numerics.level
     if not level:
         return _Off()
     return NumericsChecker(level, numerics_file(cfg.out_dir, rank), rank=rank, model=model, active=False,
-                            keep_before=resume_step).start()
+                            keep_before=resume_step, loss_scale=scaler.get_scale if scaler is not None else None
+                            ).start()

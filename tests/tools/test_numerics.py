@@ -279,3 +279,24 @@ def test_an_fp32_run_compares_with_a_bf16_mixed_run_across_dtypes(data_dir, tmp_
     # the values still have to agree: bfloat16 rounding is beyond 1e-4 of the magnitudes
     assert compare([runs["fp32"], runs["bf16-mixed"], "--ignore-dtype", "--rtol", "1e-4"]) == 1
     assert "HINT: the runs hold" not in capsys.readouterr().out
+
+
+def test_an_fp16_mixed_run_records_unscaled_gradients_and_compares_with_fp32(data_dir, tmp_path, capsys):
+    runs = {}
+    for precision in ("fp32", "fp16-mixed"):
+        runs[precision] = str(tmp_path / precision)
+        run(tiny_args(data_dir, runs[precision], "numerics.level=1", "train.num_iterations=1",
+                      "train.val_loss_every=0", f"precision={precision}"))
+    fp32, fp16 = ({(e["phase"], e["name"]): e for e in read(os.path.join(runs[p], "numerics", "rank0.jsonl"))}
+                  for p in ("fp32", "fp16-mixed"))
+    scaled = [e for e in fp16.values() if e["phase"] in ("backward", "grad")]
+    assert scaled and all(e["loss_scale"] == 65536.0 for e in scaled)
+    assert not any("loss_scale" in e for e in fp16.values() if e["phase"] == "forward")
+    loss_grad = fp16["backward", "model[1]"]  # d(loss)/d(loss), unscaled: 1
+    assert (loss_grad["min"], loss_grad["max"], loss_grad["mean"]) == (1.0, 1.0, 1.0)
+    head = fp16["grad", "transformer.wte.weight"]
+    assert head["absmax"] == pytest.approx(fp32["grad", "transformer.wte.weight"]["absmax"], rel=2e-2)
+    assert compare([runs["fp32"], runs["fp16-mixed"], "--ignore-dtype", "--rtol", "2e-2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"no divergence: \d+ entries agree \(rtol 0.02, atol 0; \d+ of them float32 in A, float16 "
+                     r"in B\)", out), out
