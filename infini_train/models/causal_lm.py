@@ -16,11 +16,11 @@ from __future__ import annotations
 from .. import backend
 from .. import nn
 from ..autograd import grad_mode
-from ..nn import functional as F
 from .attention import KVCache, whole_numel
 from .documents import check_layout
 from .lm_config import LMConfig
 from .recompute import run_block
+from .token_loss import token_loss
 
 
 class CausalLM(nn.Module):
@@ -72,7 +72,7 @@ class CausalLM(nn.Module):
         return ((int(k), b) for k, b in blocks.items()) if isinstance(blocks, nn.ModuleDict) else enumerate(blocks)
 
     def head(self, x, targets=None, last_only=False):
-        """Final norm, logits and (given ``targets``) the mean cross-entropy."""
+        """Final norm, logits and (given ``targets``) the cross-entropy over the trained tokens (token_loss.py)."""
         x = self.body[self.FINAL_NORM](x)
         if last_only:
             x = x[:, -1:, :]
@@ -81,7 +81,7 @@ class CausalLM(nn.Module):
             return self.tp.logits_and_loss(logits, targets, self.config.vocab_size)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
+            loss = token_loss(logits.view(-1, logits.shape[-1]), targets.view(-1))
         return logits, loss
 
     def check_length(self, end):

@@ -10,6 +10,7 @@ from ..nn.module import Module
 from ..nn.parallel import (ColumnParallelLinear, RowParallelLinear, copy_to_tensor_parallel_region,
                            gather_from_sequence_parallel_region, gather_from_tensor_parallel_region,
                            scatter_to_sequence_parallel_region, vocab_parallel_cross_entropy)
+from .token_loss import tokens_counted
 
 
 class TensorParallelError(ValueError):
@@ -41,7 +42,8 @@ class TensorParallel:
         return scatter_to_sequence_parallel_region(x, self.group, dim=1)
 
     def logits_and_loss(self, logits, targets, vocab_size):
-        """Training (``targets`` given): this rank's logits and the mean cross-entropy over the whole vocabulary.
+        """Training (``targets`` given): this rank's logits and the cross-entropy over the whole vocabulary (the mean
+        over the trained tokens, or their sum over token_loss.loss_over_tokens' count).
         Inference: the whole logits, gathered over the group, without the vocabulary padding."""
         if targets is None:
             full = gather_from_tensor_parallel_region(logits, self.group)
@@ -49,8 +51,10 @@ class TensorParallel:
         flat_targets = targets.view(-1)
         losses = vocab_parallel_cross_entropy(logits.view(-1, logits.shape[-1]), flat_targets, self.group,
                                               vocab_size, ignore_index=-1)
-        counted = max(int((flat_targets.numpy() != -1).sum()), 1)
-        return logits, losses.sum() / counted
+        count = tokens_counted()
+        if count is None:
+            count = max(int((flat_targets.numpy() != -1).sum()), 1)
+        return logits, losses.sum() / count
 
 
 class VocabParallelHead(Module):

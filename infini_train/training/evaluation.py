@@ -39,20 +39,44 @@ def batch_on_device(batch, device):
 
 
 @no_grad()
-def evaluate(model, loader, steps, device, amp=None):
-    """Mean loss over ``steps`` batches from the start of ``loader``, averaged over the ranks; the forward runs
-    under ``amp()`` when given (the run's autocast)."""
+def evaluate(model, loader, steps, device, amp=None, group=None):
+    """The validation loss over the first ``steps`` batches of ``loader``'s batch size (``steps * B`` sequences from
+    its start), the same sequences and the same figure whatever the data-parallel size: the loader's ``world_size``
+    ranks (``group``, default the world) share the batches -- rank r takes batches r, r + world_size, ... -- and each
+    runs as many forwards (an all-gathering layout needs every rank in each), the last ones past ``steps`` unused.
+    The batch losses are combined in batch order as token_weighted_mean does. The forward runs under ``amp()`` when
+    given (the run's autocast)."""
     loader.reset()
-    losses = []
+    ranks, rank = loader.world_size, loader.rank
+    per_rank = -(-steps // ranks)
+    losses_and_tokens = np.zeros((2, per_rank * ranks), np.float64)  # each batch's slot filled by its rank alone
     with eval_mode(model), amp() if amp is not None else contextlib.nullcontext():
-        for _ in range(steps):
-            x, y, context = batch_on_device(loader.next_batch(), device)
+        for j in range(per_rank):
+            batch = loader.next_batch()
+            x, y, context = batch_on_device(batch, device)
             with context():
                 _, loss = model(x, y)
-            losses.append(loss.item())
-    mean = to_device_tensor(np.array([float(np.mean(losses))], np.float64), device)
-    dist.all_reduce(mean, "avg")
-    return float(mean.numpy()[0])
+            losses_and_tokens[:, j * ranks + rank] = loss.item(), trained_tokens(batch)
+    if ranks > 1:
+        summed = to_device_tensor(losses_and_tokens, device)
+        dist.all_reduce(summed, "sum", group=group)
+        losses_and_tokens = np.asarray(backend.to_device_array(summed.array, backend.CPU))
+    losses, tokens = losses_and_tokens[:, :steps]
+    return token_weighted_mean(losses, tokens)
+
+
+def trained_tokens(batch):
+    """The targets of a loader's batch that count in the loss (not -1)."""
+    return int((np.asarray(batch[1]) != -1).sum())
+
+
+def token_weighted_mean(losses, tokens):
+    """The mean loss per trained token from each batch's mean loss and trained-token count: the plain mean of the
+    batch losses when every batch trains as many tokens (token batches: as one process computed it always)."""
+    losses, tokens = np.ascontiguousarray(losses, np.float64), np.asarray(tokens, np.float64)
+    if (tokens == tokens[0]).all():
+        return float(np.mean(losses))
+    return float(np.dot(losses, tokens) / tokens.sum())
 
 
 @no_grad()

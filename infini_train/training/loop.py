@@ -440,7 +440,8 @@ class Run:
     def _evaluate_and_sample(self, step, last, record):
         t = self.cfg.train
         if self.val_loader is not None and (step % t.val_loss_every == 0 or last):
-            record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device, self.amp)
+            record["val_loss"] = evaluate(self.model, self.val_loader, t.val_max_steps, self.device, self.amp,
+                                          self.dims.dp_group)
             print0(f"step {step}: val loss {record['val_loss']:.4f}")
         if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
             # rank 0's tensor group (or expert group) generates together: its layers are split; under ZeRO-3 every

@@ -102,5 +102,13 @@ class ParallelDims:
         dist.all_reduce(mean, "avg", group=self.grad_group)
         return float(mean.numpy()[0])
 
+    def sum_over_data(self, count):
+        """The sum of an integer over the data-parallel ranks and, under context parallelism, the context ranks."""
+        if self.grad_size == 1:
+            return int(count)
+        total = Tensor(np.array([count], np.int64))
+        dist.all_reduce(total, "sum", group=self.grad_group)
+        return int(total.numpy()[0])
+
 
 __all__ = ["ParallelDims", "step_seed"]

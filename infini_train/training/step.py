@@ -1,6 +1,8 @@
 """One optimizer step of a run, the same for every layout: the plan's forward-backward over the micro-batches
 (DDP all-reduces only the last one; a pipeline runs its schedule), the loss averaged over ranks, the plan's
-gradient synchronisation and clipping, the learning-rate schedule, and the non-finite check.
+gradient synchronisation and clipping, the learning-rate schedule, and the non-finite check. With masked targets
+(SFT) every micro-batch's loss is its summed token losses over the same count, derived from the whole global batch,
+so the objective is the mean over the global batch's trained tokens whatever the split.
 
 A step whose loss or gradient norm is not finite is skipped (no update); every rank sees the same loss and the
 same all-reduced gradients, so they all skip together.
@@ -11,6 +13,8 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+from ..data.sft_loader import SFTBatch
+from ..models.token_loss import loss_over_tokens
 from ..nn.parallel.context_parallel import context_parallel, local_chunks
 from ..optim.lr_scheduler import cosine_with_warmup
 from .evaluation import batch_on_device, to_device_tensor
@@ -69,6 +73,18 @@ def _stacked(*contexts):
         yield
 
 
+def tokens_per_micro_batch(batches, dims):
+    """For a step's SFT batches (masked targets), the count every micro-batch divides its summed token losses by:
+    the trained tokens of the whole global batch over the micro-batches that share it (this rank's times the
+    data-parallel ranks), so the step averages over every trained token alike however the batch is split
+    (models/token_loss.py). None for token batches, where every target is trained and each micro-batch's mean
+    already weighs every token alike."""
+    if not isinstance(batches[0], SFTBatch):
+        return None
+    trained = dims.sum_over_data(sum(int((batch.targets != -1).sum()) for batch in batches))
+    return max(trained, 1) / (len(batches) * dims.grad_size)
+
+
 def train_step(plan, loader, train_cfg, step, seed):
     """One optimizer step: forward and backward over ``plan.grad_accum`` micro-batches (the loss scaled by the
     plan's GradScaler when there is one), gradient synchronisation, unscale, clip, schedule and (when finite)
@@ -82,13 +98,20 @@ def train_step(plan, loader, train_cfg, step, seed):
         (loss if scaler is None else scaler.scale(loss)).backward()
         return loss
 
+    batches = [_next_batch(loader, train_cfg) for _ in range(plan.grad_accum)]
+    count = tokens_per_micro_batch(batches, dims)
+    batches = iter(batches)
+
     def next_batch():
-        batch = _next_batch(loader, train_cfg)
+        batch = next(batches)
         if dims.context_parallel:  # this rank's two chunks of every sequence (token batches only: config_checks)
             x, y = batch
             return (to_device_tensor(local_chunks(x, dims.cp_group), plan.device),
                     to_device_tensor(local_chunks(y, dims.cp_group), plan.device), contextlib.nullcontext)
-        return batch_on_device(batch, plan.device)
+        x, y, context = batch_on_device(batch, plan.device)
+        if count is None:
+            return x, y, context
+        return x, y, lambda: _stacked(context(), loss_over_tokens(count))
 
     if scaler is not None and dims.pipeline_parallel:  # only the last stage scales a loss; the others
         scaler.expect_scaled_gradients()                  # backpropagate its scaled gradient

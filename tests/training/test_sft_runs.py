@@ -45,14 +45,14 @@ def _train(setup, out, *extra, ranks=1):
     return run(args(setup, out, *extra), ranks=ranks, config=CONFIG)
 
 
-def test_first_step_loss_is_hf_on_the_packed_samples_one_by_one(setup, tmp_path):
-    proc = _train(setup, tmp_path / "run", "lora.rank=0", f"train.total_batch_size={B * T}")
-    assert "chat data" in proc.stdout and "packed rows per epoch" in proc.stdout
+def hf_loss_over_rows(setup, rows):
+    """HF's cross-entropy summed over every trained token of the first ``rows`` packed rows (each sample run alone),
+    over the count of those tokens."""
     tok = get_tokenizer(f"hf:{setup / 'model'}")
-    batch = SFTDataLoader(str(setup / "train.jsonl"), tok, B, T, format="chat", seed=1337).next_batch()
+    batch = SFTDataLoader(str(setup / "train.jsonl"), tok, rows, T, format="chat", seed=1337).next_batch()
     hf = LlamaForCausalLM.from_pretrained(setup / "model").eval()
     total, count = 0.0, 0
-    for r in range(B):
+    for r in range(rows):
         for segment in range(1, batch.segments[r].max() + 1):
             at = batch.segments[r] == segment
             logits = hf(torch.tensor(batch.inputs[r][at][None])).logits[0]
@@ -60,8 +60,26 @@ def test_first_step_loss_is_hf_on_the_packed_samples_one_by_one(setup, tmp_path)
             total += torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1, reduction="sum").item()
             count += int((batch.targets[r][at] != -1).sum())
     assert (batch.segments.max(axis=1) > 1).any()  # rows hold several samples
-    np.testing.assert_allclose(losses_by_step(tmp_path / "run")[0], total / count, rtol=1e-5)
+    trained = (batch.targets != -1).sum(axis=1)
+    assert len(set(trained.tolist())) > 1  # rows train different numbers of tokens: a mean of row means would differ
+    return total / count
+
+
+def test_first_step_loss_is_hf_on_the_packed_samples_one_by_one(setup, tmp_path):
+    proc = _train(setup, tmp_path / "run", "lora.rank=0", f"train.total_batch_size={B * T}")
+    assert "chat data" in proc.stdout and "packed rows per epoch" in proc.stdout
+    np.testing.assert_allclose(losses_by_step(tmp_path / "run")[0], hf_loss_over_rows(setup, B), rtol=1e-5)
     assert [r["step"] for r in metrics(tmp_path / "run") if "val_loss" in r] == [0, 3, 6]
+
+
+@pytest.mark.parametrize("ranks,batch_size", [(1, 4), (1, 1), pytest.param(2, 2, marks=needs_mpiexec),
+                                              pytest.param(2, 1, marks=needs_mpiexec)])
+def test_the_loss_is_over_every_trained_token_of_the_global_batch_however_it_is_split(setup, tmp_path, ranks,
+                                                                                        batch_size):
+    # a global batch of 4 packed rows: B4; B1 x 4 micro-batches; 2 ranks x B2; 2 ranks x B1 x 2 micro-batches
+    _train(setup, tmp_path / "run", "lora.rank=0", f"train.batch_size={batch_size}", f"train.total_batch_size={4 * T}",
+           "train.num_iterations=1", "train.val_loss_every=0", ranks=ranks)
+    np.testing.assert_allclose(losses_by_step(tmp_path / "run")[0], hf_loss_over_rows(setup, 4), rtol=1e-5)
 
 
 def test_lora_adapter_loads_in_peft_and_chat_replies_as_hf_generate(setup, tmp_path):
@@ -106,10 +124,9 @@ def test_full_fine_tuning_layouts_equal_one_process(setup, tmp_path, layout):
     assert "world 2" in proc.stdout
     one, two = losses_by_step(tmp_path / "one"), losses_by_step(tmp_path / "two")
     np.testing.assert_allclose([two[s] for s in sorted(two)], [one[s] for s in sorted(one)], rtol=2e-5)
-    if "zero" not in layout:  # (data-parallel ranks each evaluate their own val_max_steps batches: more rows)
-        val = [r["val_loss"] for r in metrics(tmp_path / "two") if "val_loss" in r]
-        np.testing.assert_allclose(val, [r["val_loss"] for r in metrics(tmp_path / "one") if "val_loss" in r],
-                                   rtol=2e-5)
+    val = [r["val_loss"] for r in metrics(tmp_path / "two") if "val_loss" in r]  # the same rows, whatever the layout
+    np.testing.assert_allclose(val, [r["val_loss"] for r in metrics(tmp_path / "one") if "val_loss" in r], rtol=2e-5)
+    assert len(val) == 3
 
 
 def test_resume_mid_epoch_continues_the_uninterrupted_run(setup, tmp_path):
