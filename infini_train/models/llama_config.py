@@ -52,6 +52,12 @@ class LlamaConfig(LMConfig):
     mlp_bias: bool = False
     pad_token_id: int | None = None  # HF's padding_idx: the token embedding row that gets no gradient
     qk_norm = False  # (not a field) Qwen3Config makes it one: RMSNorm on each head's queries and keys
+    # (not a field) the run config key (model.<key>) setting each field whose name differs; messages name the key
+    RUN_KEYS = {"dim": "n_embd", "n_layers": "n_layer", "n_heads": "n_head", "n_kv_heads": "n_kv_head",
+                "max_seq_len": "block_size", "tie_word_embeddings": "tie_embeddings", "attention_bias": "bias",
+                "mlp_bias": "bias", "pad_token_id": "pretrained", "qk_norm": "arch",
+                "rope_scaling": ("rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                                 "rope_original_context")}
 
     def __post_init__(self):
         if self.n_kv_heads is None:

@@ -207,6 +207,8 @@ class RunConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     out_dir: str = _key("runs/default", "config.yaml, metrics.jsonl, loss.png, checkpoints/")
     resume: str = _key("", '"" (fresh), "auto" (newest checkpoint in out_dir, else fresh) or a checkpoint path')
+    resume_allow_changes: bool = _key(False, "resume under a config that changes the run (learning rate, batch, seed, "
+                                             "data, ...: listed at the start); false: such a resume is refused")
     seed: int = _key(1337, "seeds parameter init, dropout and sampling")
     device: str = _key("auto", "auto (cuda:<local rank> when available, else cpu), cpu, cpu:N, cuda, cuda:N")
     dtype: str = _key("float32", "parameter and activation dtype: float32 | float64")
@@ -250,18 +252,24 @@ class RunConfig:
 
     __str__ = pretty
 
-    def save_resolved(self, out_dir=None):
-        """Write ``out_dir/config.yaml`` (default self.out_dir) atomically (temp file + os.replace); returns
-        its path. load_config(path) gives back an equal RunConfig."""
+    def save_resolved(self, out_dir=None, resumed_at=None):
+        """Write ``out_dir/config.yaml`` (default self.out_dir) atomically; returns its path. load_config(path) gives
+        back an equal RunConfig. A run resumed at step ``resumed_at`` writes ``config.resume-<step>.yaml`` instead,
+        keeping the run's first config.yaml (written too when missing: a run resumed from elsewhere)."""
+        from ..atomic_file import write_text_atomically
+
         out_dir = out_dir or self.out_dir
         os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "config.yaml")
-        tmp = os.path.join(out_dir, f".config.yaml.tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.write("# resolved run configuration (defaults, config file and overrides merged)\n")
-            f.write(self.to_yaml())
-        os.replace(tmp, path)
-        return path
+        def text(what):
+            return f"# resolved run configuration{what} (defaults, config file and overrides merged)\n" + self.to_yaml()
+
+        first = os.path.join(out_dir, "config.yaml")
+        if resumed_at is None or not os.path.exists(first):
+            write_text_atomically(first, text(""))
+        if resumed_at is None:
+            return first
+        return write_text_atomically(os.path.join(out_dir, f"config.resume-{resumed_at:06d}.yaml"),
+                                     text(f" of the resume at step {resumed_at}"))
 
 
 RENAMED_SECTIONS = {"precision_check": "numerics"}  # earlier name -> name now: older configs and checkpoints load

@@ -45,7 +45,7 @@ from .lora_run import (BaseWeights, apply_run_lora, base_source, check_same_lora
 from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
-from .resume import check_same_model, choose_checkpoint, run_id_of
+from .resume import check_config_changes, check_same_model, choose_checkpoint, run_id_of
 from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
 from .sharded_state import ShardedState
 from .state_io import state_io_for
@@ -240,6 +240,7 @@ class Run:
             resume_state = ckpt.read_state(self.resumed_from)
             check_same_model(resume_state, cfg.model.arch, cfg.model.to_model_config().to_dict(), self.resumed_from)
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
+            check_config_changes(resume_state, cfg, self.resumed_from)  # lists them; refuses what alters the run
         self.experts = None  # expert parallelism: the experts split over expert groups of the data-parallel ranks
         if p.expert > 1:
             if dims.grad_size % p.expert:
@@ -340,7 +341,7 @@ class Run:
             print(f"run config:\n{cfg.to_yaml()}")
             for warning in cfg.warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
-            cfg.save_resolved()
+            cfg.save_resolved(resumed_at=self.start_step if self.resumed_from else None)  # keeps config.yaml
         tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.dims.dp_size
         library = mpi_library() if self.world > 1 else None  # the MPI that carries the job (or bootstraps NCCL)
         backend = f"{dist.get_backend()}, {library}" if library else dist.get_backend()

@@ -22,8 +22,10 @@ import uuid
 import numpy as np
 
 from .. import distributed as dist
+from ..models import registry
 from . import checkpoints as ckpt
 from .config import ConfigError
+from .resume_config import check_config_changes  # noqa: F401  (the run's entry: resume.check_config_changes)
 
 
 def _warn(message):
@@ -83,6 +85,15 @@ def _choose_on_rank0(cfg):
     return None
 
 
+def _run_key(arch, field):
+    """The run config key (``model.n_layer``) that sets the model config's ``field`` (LLaMA's ``n_layers``): the
+    config class names the fields whose key differs (RUN_KEYS: a key, or several)."""
+    if field == "arch":
+        return "model.arch"
+    keys = getattr(registry.model_class(arch)[1], "RUN_KEYS", {}).get(field, field)
+    return "/".join(f"model.{k}" for k in ((keys,) if isinstance(keys, str) else keys))
+
+
 def _set_aside(path):
     """Move a damaged checkpoint out of the run's list (checkpoints.set_aside); says where, or why it stayed."""
     try:
@@ -104,7 +115,8 @@ def check_same_model(state, arch, model_config, path):
     if state.get("arch", "gpt2") != arch:
         differ = {"arch": (state.get("arch", "gpt2"), arch), **differ}
     if differ:
-        listing = ", ".join(f"model.{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differ.items())
+        listing = "; ".join(dict.fromkeys(f"{_run_key(arch, k)}: checkpoint {a!r}, config {b!r}"
+                                          for k, (a, b) in differ.items()))
         run_config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "config.yaml")
         raise ConfigError(f"resume: checkpoint {path} was trained with another model shape ({listing})\n"
                           f"HINT: resume with the run's own config ({run_config}), or start a new run in another "

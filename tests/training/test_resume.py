@@ -164,3 +164,94 @@ def test_resume_auto_sets_a_damaged_checkpoint_aside_so_pruning_keeps_the_good_o
     save(12)  # the resumed run's next checkpoint: train.keep_last=2 keeps step 10, never the damaged step 20
     assert [os.path.basename(p) for p in list_checkpoints(tmp_path)] == ["step_000010", "step_000012"]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000010", "step_000012", "step_000020.damaged"]
+
+
+def _stopped_after_step_8(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "checkpoints" / "step_000012")
+    return out, str(out / "checkpoints" / "step_000008")
+
+
+def test_resume_refuses_a_config_that_changes_the_run_and_lists_every_change(data_dir, finished, tmp_path):
+    out, newest = _stopped_after_step_8(finished, tmp_path)
+    first_config = (out / "config.yaml").read_bytes()
+    one_shard = f"{data_dir}/train_000000.bin"
+    proc = run(tiny_args(data_dir, out, *COMMON, "resume=auto", "train.learning_rate=2e-3",
+                         "train.total_batch_size=256", "seed=7", f"data.train={one_shard}",
+                         "train.num_iterations=16"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (f"error: resume: checkpoint {newest} was trained with another config; resuming under these changes would "
+            "continue another run than the one it recorded:\n"
+            f"  data.train: checkpoint '{data_dir}/train_*.bin', config '{one_shard}'\n"
+            "  train.total_batch_size: checkpoint 128, config 256\n"
+            "  train.learning_rate: checkpoint 0.001, config 0.002\n"
+            "  seed: checkpoint 1337, config 7\n"
+            "also changed, which keeps the run:\n"
+            "  train.num_iterations: checkpoint 12, config 16 (the run's length; the learning-rate schedule follows "
+            "the new length from here)\n"
+            f"  out_dir: checkpoint '{finished}', config '{out}' (where the run writes)\n"
+            f"HINT: resume with the run's own config ({out / 'config.yaml'}), set resume_allow_changes=true to "
+            "continue under these changes on purpose, or start a new run in another out_dir") in proc.stderr
+    assert "step     9/" not in proc.stdout
+    assert (out / "config.yaml").read_bytes() == first_config
+    assert not list(out.glob("config.resume-*"))
+
+
+def test_resume_lists_changes_that_keep_the_run_and_keeps_each_resumes_config(data_dir, finished, tmp_path):
+    from infini_train.training.config import load_config
+
+    out, newest = _stopped_after_step_8(finished, tmp_path)
+    first_config = (out / "config.yaml").read_bytes()
+    proc = run(tiny_args(data_dir, out, *COMMON, "resume=auto", "train.log_every=2", "train.keep_last=4"))
+    assert (f"resume: the config differs from checkpoint {newest}'s:\n"
+            "  train.keep_last: checkpoint 3, config 4 (checkpoints)\n"
+            "  train.log_every: checkpoint 1, config 2 (reporting)\n"
+            f"  out_dir: checkpoint '{finished}', config '{out}' (where the run writes)\n") in proc.stdout
+    assert "warning: resume" not in proc.stderr
+    same_run(finished, out)  # bitwise the uninterrupted run
+    assert (out / "config.yaml").read_bytes() == first_config  # the run's record stays
+    resumed = load_config(str(out / "config.resume-000008.yaml"))
+    assert (resumed.train.log_every, resumed.train.keep_last, resumed.resume) == (2, 4, "auto")
+
+
+def test_resume_allow_changes_continues_under_a_changed_config_with_a_warning(data_dir, finished, tmp_path):
+    from infini_train.training.config import load_config
+
+    out, newest = _stopped_after_step_8(finished, tmp_path)
+    first_config = (out / "config.yaml").read_bytes()
+    proc = run(tiny_args(data_dir, out, *COMMON, "resume=auto", "train.learning_rate=2e-3", "seed=7",
+                         "resume_allow_changes=true"))
+    assert (f"warning: resume: continuing under a changed config (resume_allow_changes=true); from checkpoint "
+            f"{newest} on the run differs from the one it recorded:\n"
+            "  train.learning_rate: checkpoint 0.001, config 0.002\n"
+            "  seed: checkpoint 1337, config 7\n") in proc.stderr
+    assert f"resumed from {newest} at step 8" in proc.stdout
+    assert (out / "config.yaml").read_bytes() == first_config
+    resumed = load_config(str(out / "config.resume-000008.yaml"))
+    assert (resumed.train.learning_rate, resumed.seed, resumed.resume_allow_changes) == (2e-3, 7, True)
+
+
+def test_resume_allow_changes_is_a_validated_config_key():
+    from infini_train.training.config import ConfigError, load_config
+
+    assert load_config(None, []).resume_allow_changes is False
+    with pytest.raises(ConfigError, match=r"resume_allow_changes: expected bool, got 'maybe' \(str\)"):
+        load_config(None, ["resume_allow_changes=maybe"])
+    with pytest.raises(ConfigError, match=r"resume_allow_change: unknown key \(did you mean 'resume_allow_changes'"):
+        load_config(None, ["resume_allow_change=true"])
+
+
+def test_a_model_shape_mismatch_names_the_run_config_keys():
+    from infini_train.models.llama_config import LlamaConfig
+    from infini_train.training.config import ConfigError
+    from infini_train.training.resume import check_same_model
+
+    saved = LlamaConfig(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=96, vocab_size=300)
+    config = dict(saved.to_dict(), n_layers=3, dim=64, max_seq_len=4096, attention_bias=True, mlp_bias=True)
+    with pytest.raises(ConfigError) as info:
+        check_same_model({"arch": "llama3", "model_config": saved.to_dict()}, "llama3", config, "/r/checkpoints/step_4")
+    assert str(info.value).startswith(
+        "resume: checkpoint /r/checkpoints/step_4 was trained with another model shape (model.n_embd: checkpoint 48, "
+        "config 64; model.n_layer: checkpoint 2, config 3; model.block_size: checkpoint 2048, config 4096; "
+        "model.bias: checkpoint False, config True)\nHINT: resume with the run's own config (/r/config.yaml)")
