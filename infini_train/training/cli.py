@@ -17,6 +17,7 @@ from ..distributed.mesh import MeshError
 from ..models.tensor_parallel_lm import TensorParallelError
 from .checkpoints import CheckpointError
 from .config import ConfigError, parse_args
+from .config_checks import backend_problem
 from .loop import Run, TrainingDiverged
 from .signals import StopSignals
 
@@ -54,7 +55,8 @@ def _config_agreed_by_every_rank(argv):
     error is printed once, by the lowest failing rank, naming the ranks only where they disagree, and no rank starts
     work while another stops."""
     try:
-        cfg, message = parse_args(argv), None
+        cfg = parse_args(argv)
+        message = backend_problem(cfg)  # (this rank's hardware: agreed on with the config, printed once)
     except ConfigError as exc:
         cfg, message = None, str(exc)
     MPI = import_mpi() if (launcher_world_size() or 1) > 1 else None

@@ -122,11 +122,17 @@ class TrainConfig:
         total = self.total_batch_size or per_step
         if total % per_step:
             lower = max(total // per_step, 1) * per_step
+            span = self.sequence_length * world_size
+            rows = total // span if total % span == 0 else 0  # sequences per rank and step, when whole
+            fits = max((b for b in range(1, min(rows, self.batch_size) + 1) if rows % b == 0), default=None)
+            steps = rows // fits if fits else 0
+            batch = (f", or train.batch_size={fits} (the same total in {steps} micro-batch{'es' if steps > 1 else ''})"
+                     if fits else "")
             raise ConfigError(
                 f"train.total_batch_size: expected a multiple of batch_size * sequence_length * world_size = "
                 f"{self.batch_size} * {self.sequence_length} * {world_size} = {per_step}, got {total}\n"
-                f"HINT: set train.total_batch_size={lower} (or {lower + per_step}), or change batch_size / the "
-                "number of ranks")
+                f"HINT: set train.total_batch_size={lower} (or {lower + per_step}){batch}, or change batch_size / "
+                "the number of ranks")
         return total // per_step
 
 

@@ -489,3 +489,18 @@ def _check_model_parallel(cfg, c, errors, model):
         errors.append(f"parallel.sequence: expected true for model.arch={arch} with parallel.tensor={p.tensor} (the "
                       "gradients of the per-head q_norm / k_norm weights are partial sums over the tensor group, which "
                       "the sequence-parallel gradient sum completes), got false; HINT: add parallel.sequence=true")
+
+
+def backend_problem(cfg):
+    """The config error of ``backend: nccl`` on a rank that has no GPU (or no CuPy), or None. Checked where the ranks
+    agree on their configs, before the world starts, so that it is printed once and no rank starts a process group
+    that cannot form."""
+    if cfg.backend != "nccl" or cfg.device.startswith("cpu"):  # (nccl with device cpu is check_ranges' error)
+        return None
+    from ..backend import cuda_available
+
+    if cuda_available():
+        return None
+    return ("invalid run configuration, 1 problem:\n  backend: expected 'auto' or 'mpi' on ranks without a GPU "
+            f"(NCCL runs between GPUs; this rank has no GPU CuPy can use), got 'nccl' with device {cfg.device!r}; "
+            "HINT: set backend=auto (NCCL where every rank has a GPU, else MPI) or backend=mpi")
