@@ -68,6 +68,12 @@ def _format_of_keys(obj):
     return None
 
 
+def guess_format(path):
+    """The format whose fields the first record of the JSONL file ``path`` has (chat | instruction | text), or None."""
+    for _, obj in iter_jsonl(path):
+        return _format_of_keys(obj)
+
+
 def _missing_field(path, line, obj, fmt, fields):
     other = _format_of_keys(obj)
     keys = ", ".join(map(repr, list(obj)[:8])) or "none"

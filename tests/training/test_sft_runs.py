@@ -82,6 +82,60 @@ def test_the_loss_is_over_every_trained_token_of_the_global_batch_however_it_is_
     np.testing.assert_allclose(losses_by_step(tmp_path / "run")[0], hf_loss_over_rows(setup, 4), rtol=1e-5)
 
 
+def hf_answer_loss(setup, name):
+    """HF's mean cross-entropy over every trained (answer) token of the samples of ``name``, each sample alone."""
+    tok = get_tokenizer(f"hf:{setup / 'model'}")
+    loader = SFTDataLoader(str(setup / name), tok, 1, T, format="chat", packing=False, shuffle=False)
+    hf = LlamaForCausalLM.from_pretrained(setup / "model").eval()
+    total, count = 0.0, 0
+    for _ in range(loader.rows_in_epoch(0)):
+        batch = loader.next_batch()
+        at = batch.segments[0] == 1
+        logits = hf(torch.tensor(batch.inputs[0][at][None])).logits[0]
+        targets = torch.tensor(batch.targets[0][at])
+        total += torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1, reduction="sum").item()
+        count += int((targets != -1).sum())
+    return total / count, count
+
+
+def evaluate_script(*args):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "gpt2", "evaluate.py"), *args],
+                          capture_output=True, text=True, cwd=REPO, env=job_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    fields = dict(part.split() for part in proc.stdout.strip().splitlines()[-1].split(" | "))
+    return float(fields["loss"]), int(fields["tokens"])
+
+
+@pytest.mark.parametrize("batch_size", ["1", "3"])
+def test_evaluate_gives_the_answer_loss_of_chat_data(setup, tmp_path, batch_size):
+    expected, count = hf_answer_loss(setup, "val.jsonl")
+    model = ["--pretrained", str(setup / "model"), "--seq-len", str(T), "--batch-size", batch_size]
+    loss, tokens = evaluate_script(*model, "--data", str(setup / "val.jsonl"))  # the format read off the records
+    assert tokens == count  # each sample once, though the last batch wraps into the next pass's rows
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    assert evaluate_script(*model, "--data", str(setup / "val.jsonl"), "--format", "chat") == (loss, tokens)
+    subprocess.run([sys.executable, os.path.join(REPO, "examples", "gpt2", "prepare_data.py"), str(setup / "val.jsonl"),
+                    "--format", "chat", "--tokenizer", f"hf:{setup / 'model'}", "--val-samples", "0", "--out-dir",
+                    str(tmp_path / "shards")], check=True, capture_output=True, cwd=REPO, env=job_env(), timeout=120)
+    shards = str(tmp_path / "shards" / "*.sft")
+    assert evaluate_script(*model, "--data", shards) == (loss, tokens)
+
+
+def test_evaluate_help_and_sft_errors(setup):
+    script = os.path.join(REPO, "examples", "gpt2", "evaluate.py")
+    help_text = " ".join(subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, cwd=REPO,
+                                        env=job_env(), timeout=60).stdout.split())
+    assert "or fine-tuning data (JSONL or .sft shards" in help_text and "--data val.jsonl --format chat" in help_text
+    for option in ("--checkpoint CHECKPOINT a run's out_dir", "--pretrained PRETRAINED a Hugging Face directory",
+                   "--format {text,chat,instruction} how fine-tuning JSONL records read"):
+        assert option in help_text
+    proc = subprocess.run([sys.executable, script, "--pretrained", str(setup / "model"), "--data",
+                           str(setup / "val.jsonl"), "--format", "instruction"], capture_output=True, text=True,
+                          cwd=REPO, env=job_env(), timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "this record looks like data.format=chat (set data.format: chat, or --format chat)" in proc.stderr
+
+
 def test_lora_adapter_loads_in_peft_and_chat_replies_as_hf_generate(setup, tmp_path):
     out = tmp_path / "lora"
     _train(setup, out)
