@@ -249,6 +249,54 @@ def load_checkpoint(path, verify=True):
     return model_state, optimizer_state, state
 
 
+def checkpoint_candidates(path):
+    """(named, checkpoints to try, newest first) for ``path``: a step directory or its state.json is the one named
+    checkpoint (it must verify); a run's out_dir gives every checkpoint in it. Raises CheckpointError for a missing
+    path or an out_dir without checkpoints."""
+    path = os.fspath(path)
+    if os.path.basename(path) == "state.json":
+        path = os.path.dirname(path) or "."
+    if not os.path.exists(path):
+        resolve_checkpoint(path)  # raises: the path does not exist
+    if STEP_PATTERN.match(os.path.basename(os.path.normpath(path))) or os.path.exists(os.path.join(path,
+                                                                                                   "state.json")):
+        return True, [path]
+    resolve_checkpoint(path)  # an out_dir without checkpoints: one clear error
+    return False, list(reversed(list_checkpoints(path)))
+
+
+def _none_verified(path, named, failures, model_only):
+    """The CheckpointError when no candidate verified: a named one's, with a hint at the run's newest good one; or
+    one listing every checkpoint of the out_dir and why."""
+    if named:
+        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        good = [p for p in reversed(list_checkpoints(run_dir)) if _verifies(p, model_only)]
+        hint = (f"use the newest good one, {good[0]}, or pass the run's out_dir to take it" if good
+                else "resume training to write a new checkpoint, or restore a good copy")
+        return CheckpointError(f"{failures[0]}\nHINT: {hint}")
+    what = "has a model file that verifies" if model_only else "verifies"
+    return CheckpointError(f"none of the {len(failures)} checkpoint(s) in {path} {what}:\n  " + "\n  ".join(failures)
+                           + "\nHINT: restore a good copy of one of them")
+
+
+def verified_checkpoint(path, model_only=False, warn=None):
+    """(step directory, its verified state) of ``path``: a step directory or its state.json (which must verify), or
+    a run's out_dir, whose newest checkpoint that verifies is taken, ``warn(message)`` naming each newer one skipped
+    and why. ``model_only``: as verify_checkpoint. Raises CheckpointError naming every checkpoint tried and why."""
+    named, candidates = checkpoint_candidates(path)
+    failures = []
+    for candidate in candidates:
+        try:
+            state = verify_checkpoint(candidate, model_only)
+        except CheckpointError as exc:
+            failures.append(str(exc))
+            continue
+        for skipped in failures:
+            (warn or print)(f"skipping {skipped}; using {candidate}")
+        return candidate, state
+    raise _none_verified(candidates[0] if named else os.fspath(path), named, failures, model_only)
+
+
 def load_model_checkpoint(path, warn=None):
     """(model_state, state) for inference: only state.json and model.safetensors are verified and read, so a
     damaged optimizer file does not matter. ``path``: a step directory (which must verify), its state.json, or a
@@ -257,17 +305,7 @@ def load_model_checkpoint(path, warn=None):
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    path = os.fspath(path)
-    if os.path.basename(path) == "state.json":
-        path = os.path.dirname(path) or "."
-    if not os.path.exists(path):
-        resolve_checkpoint(path)  # raises: the path does not exist
-    if STEP_PATTERN.match(os.path.basename(os.path.normpath(path))) or os.path.exists(os.path.join(path,
-                                                                                                   "state.json")):
-        candidates = [path]  # one named checkpoint: it must verify
-    else:
-        resolve_checkpoint(path)  # a missing path or an out_dir without checkpoints: one clear error
-        candidates = list(reversed(list_checkpoints(path)))
+    named, candidates = checkpoint_candidates(path)
     failures = []
     for candidate in candidates:
         try:
@@ -281,14 +319,7 @@ def load_model_checkpoint(path, warn=None):
                 (warn or print)(f"skipping {skipped}")
             state.pop("optimizer", None)
             return model_state, state
-    if candidates == [path]:
-        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-        good = [p for p in reversed(list_checkpoints(run_dir)) if _model_verifies(p)]
-        hint = (f"use the newest good one, {good[0]}, or pass the run's out_dir to take it" if good
-                else "resume training to write a new checkpoint, or restore a good copy")
-        raise CheckpointError(f"{failures[0]}\nHINT: {hint}")
-    raise CheckpointError(f"none of the {len(candidates)} checkpoint(s) in {path} has a model file that verifies:\n  "
-                          + "\n  ".join(failures) + "\nHINT: restore a good copy of one of them")
+    raise _none_verified(candidates[0] if named else os.fspath(path), named, failures, model_only=True)
 
 
 def mapped_model_checkpoint(path):
@@ -330,9 +361,9 @@ def _whole_sharded(path, state, model_only=False):
                               "resume from an earlier one") from exc
 
 
-def _model_verifies(path):
+def _verifies(path, model_only):
     try:
-        verify_checkpoint(path, model_only=True)
+        verify_checkpoint(path, model_only=model_only)
         return True
     except CheckpointError:
         return False
