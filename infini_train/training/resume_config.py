@@ -32,6 +32,7 @@ UNCHANGED_VALUES = {
     "train.save_every": "checkpoints", "train.keep_last": "checkpoints", "train.checkpoint_format": "checkpoints",
     "train.num_iterations": "the run's length; the learning-rate schedule follows the new length from here",
     "train.skip_nonfinite": "how many non-finite steps are skipped before the run stops",
+    "train.initial_loss_scale": "the checkpoint's loss scale wins on resume",
     "data.source": "only whether a missing corpus is built",
     "parallel.": "the layout: the checkpoint is resharded", "device": "the layout", "backend": "the layout",
     "train.recompute": "the layout: activations recomputed instead of kept",
