@@ -490,8 +490,10 @@ class Run:
             path = self.save(step)
         if step == self.cfg.train.num_iterations:  # stopped at the last step boundary: the model is final
             self._export_adapter()
-        print0(f"stopped by {signal_name(number)} at step {step}, checkpoint {path}\n"
-               f"HINT: resume=auto continues the run (exit status {EXIT_STOPPED})")
+        total = self.cfg.train.num_iterations  # (after N steps: the last step line was N/total, metrics' step N-1)
+        print0(f"stopped by {signal_name(number)} after {step} of {total} steps, checkpoint {path}\nHINT: resume=auto "
+               f"continues the run{f' with step {step + 1}/{total}' if step < total else ''} (exit status "
+               f"{EXIT_STOPPED})")
         return EXIT_STOPPED
 
     def _progress_bar(self):

@@ -19,7 +19,8 @@ def json_safe(record):
 
 class MetricsLog:
     """Appends one JSON object per line to ``out_dir/metrics.jsonl`` (strict JSON: see ``json_safe``). On resume,
-    lines at or after the resumed step are dropped first, so the file reads like one uninterrupted run."""
+    lines at or after the resumed step are dropped first, so the file reads like one uninterrupted run. A record's
+    "step" counts the steps trained before it (as checkpoints and resume do): the log's "step 1/30" is step 0."""
 
     def __init__(self, out_dir, resume_step=None, enabled=True):
         self.path = os.path.join(out_dir, "metrics.jsonl")

@@ -12,8 +12,8 @@ from infini_train.training import EXIT_INTERRUPTED, EXIT_STOPPED, Run, StopSigna
 from infini_train.training.checkpoints import list_checkpoints
 from infini_train.training.config import parse_args
 from tests.distributed.mpi_jobs import needs_mpiexec
-from tests.training.tiny_run import (CONFIG, REPO, command, job_env, rank_pids, run, same_run, signal_after_steps,
-                                     tiny_args)
+from tests.training.tiny_run import (CONFIG, REPO, command, job_env, metrics, rank_pids, run, same_run,
+                                     signal_after_steps, tiny_args)
 
 COMMON = ["train.num_iterations=30", "train.save_every=0", "model.dropout=0.1", "train.val_loss_every=4"]
 
@@ -33,9 +33,14 @@ def _start(args, ranks=1):
 def _stopped(proc, name):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_STOPPED, f"rc {proc.returncode}\n{out[-2000:]}\n{err[-2000:]}"
-    found = re.search(rf"stopped by {name} at step (\d+), checkpoint (\S+)", out)
+    found = re.search(rf"stopped by {name} after (\d+) of (\d+) steps, checkpoint (\S+)\nHINT: resume=auto continues "
+                      rf"the run with step (\d+)/\2 \(exit status 75\)", out)
     assert found, out[-2000:]
-    return int(found.group(1)), found.group(2)
+    step, path = int(found.group(1)), found.group(3)
+    assert int(found.group(4)) == step + 1 and f"step {step:5d}/{found.group(2)} |" in out  # the last step line
+    trained = [r["step"] for r in metrics(os.path.dirname(os.path.dirname(path))) if "loss" in r]
+    assert trained == list(range(step)), trained  # metrics.jsonl's records of those steps: 0 .. N-1
+    return step, path
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT], ids=lambda n: n.name)
@@ -88,13 +93,14 @@ def test_a_signal_while_the_run_is_built_stops_it_at_its_first_step_boundary(dat
         os.kill(os.getpid(), signal.SIGUSR1)
         assert Run(parse_args(args)).train(stops) == EXIT_STOPPED
     (first,) = list_checkpoints(tmp_path / "run")
-    assert first.endswith("step_000000") and "stopped by SIGUSR1 at step 0" in capsys.readouterr().out
+    assert first.endswith("step_000000") and "stopped by SIGUSR1 after 0 of 6 steps" in capsys.readouterr().out
     state = os.path.join(first, "state.json")
     written = os.stat(state).st_mtime_ns
     with StopSignals() as stops:  # resumed and stopped again before a step: the checkpoint it resumed is current
         os.kill(os.getpid(), signal.SIGTERM)
         assert Run(parse_args([*args, "resume=auto"])).train(stops) == EXIT_STOPPED
-    assert f"stopped by SIGTERM at step 0, checkpoint {first}" in capsys.readouterr().out
+    assert f"stopped by SIGTERM after 0 of 6 steps, checkpoint {first}\nHINT: resume=auto continues the run with " \
+           "step 1/6 (exit status 75)" in capsys.readouterr().out
     assert list_checkpoints(tmp_path / "run") == [first] and os.stat(state).st_mtime_ns == written
     assert Run(parse_args([*args, "resume=auto"])).train() == 0
     assert os.path.basename(list_checkpoints(tmp_path / "run")[-1]) == "step_000006"
