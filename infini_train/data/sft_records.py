@@ -18,6 +18,7 @@ and content (name, tool_call_id, ...) are passed on to the chat template as they
 """
 from __future__ import annotations
 
+import codecs
 import difflib
 import json
 from typing import NamedTuple, Optional
@@ -92,8 +93,9 @@ def _string(path, line, obj, key, where=None):
 
 
 def iter_jsonl(path):
-    """(line number, object) for every non-blank line of ``path``; an SFTDataError for invalid UTF-8, invalid
-    JSON, a line that is not a JSON object, or a file with no line at all."""
+    """(line number, object) for every non-blank line of ``path`` (a UTF-8 byte-order mark at its start is skipped);
+    an SFTDataError for invalid UTF-8, invalid JSON, a line that is not a JSON object, or a file with no line at
+    all."""
     count = 0
     try:
         f = open(path, "rb")
@@ -102,6 +104,8 @@ def iter_jsonl(path):
                            "data.val (a .jsonl file or a glob of them)", path) from None
     with f:
         for number, raw in enumerate(f, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM, as Windows editors write it
+                raw = raw[len(codecs.BOM_UTF8):]
             if not raw.strip():
                 continue
             try:

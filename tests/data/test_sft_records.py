@@ -119,3 +119,13 @@ def test_the_loader_reports_the_bad_line_of_the_right_file(tmp_path):
     with pytest.raises(SFTDataError) as info:
         SFTDataLoader(str(tmp_path / "*.jsonl"), ByteTokenizer(), 1, 64, format="chat")
     assert str(info.value).startswith(f"{bad}:4: expected messages[0].content to be a string")
+
+
+def test_a_utf8_byte_order_mark_at_the_start_is_skipped(tmp_path):
+    plain = list(read_records(write(tmp_path, [GOOD_CHAT, GOOD_CHAT]), "chat"))
+    bom = write(tmp_path, [b"\xef\xbb\xbf" + GOOD_CHAT.encode(), GOOD_CHAT], "bom.jsonl")
+    assert [(r.line, r.messages) for r in read_records(bom, "chat")] == [(r.line, r.messages) for r in plain]
+    alone = write(tmp_path, [b"\xef\xbb\xbf", GOOD_CHAT], "bom_line.jsonl")  # a BOM on a line of its own
+    assert [r.line for r in read_records(alone, "chat")] == [2]
+    later = write(tmp_path, [GOOD_CHAT, b"\xef\xbb\xbf" + GOOD_CHAT.encode()], "bom_later.jsonl")
+    assert str(error_of(later, "chat")).startswith(f"{later}:2: invalid JSON: Unexpected UTF-8 BOM")
