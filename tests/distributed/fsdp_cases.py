@@ -7,6 +7,7 @@ from infini_train.distributed.fsdp import fully_shard
 from infini_train.models.gpt2 import GPT2, GPT2Config
 
 CONFIG = GPT2Config(block_size=16, vocab_size=64, n_layer=3, n_head=2, n_embd=32)
+LR = 1e-3
 
 
 def build(seed=0, config=CONFIG):
@@ -25,7 +26,7 @@ def batches(steps, batch=6, seed=1, vocab=64, length=16):
     return [(rng.integers(0, vocab, (batch, length)), rng.integers(0, vocab, (batch, length))) for _ in range(steps)]
 
 
-def reference_steps(model, data, lr=1e-3, clip=0.5):
+def reference_steps(model, data, lr=LR, clip=0.5):
     """(losses, grad norms) of plain AdamW with clipping over the whole batches."""
     opt = it.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     losses, norms = [], []
@@ -39,7 +40,7 @@ def reference_steps(model, data, lr=1e-3, clip=0.5):
     return losses, norms
 
 
-def sharded_steps(model, data, rank, world, lr=1e-3, clip=0.5, reduce_loss=None):
+def sharded_steps(model, data, rank, world, lr=LR, clip=0.5, reduce_loss=None):
     """The same with ``model`` fully sharded: this rank runs its slice of each batch."""
     opt = it.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     losses, norms = [], []

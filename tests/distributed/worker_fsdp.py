@@ -1,11 +1,13 @@
 """Under ``mpiexec -n N``: a GPT-2 fully sharded over N ranks (each running its slice of every batch) gives the
-one-process losses and clipped gradient norms for 6 steps (rtol 1e-5) and the same weights; each rank holds about
-1/N of the parameters. Prints "rank R: fsdp ok"."""
+one-process losses and clipped gradient norms for 6 steps (rtol 1e-5) and the same weights (up to what Adam makes of
+last-bit gradient differences: tests/adam_bounds.py); each rank holds about 1/N of the parameters. Prints
+"rank R: fsdp ok"."""
 import numpy as np
 
 import infini_train as it
 from infini_train import distributed as dist
-from tests.distributed.fsdp_cases import batches, build, reference_steps, sharded, sharded_steps
+from tests.adam_bounds import assert_close_after_adam
+from tests.distributed.fsdp_cases import LR, batches, build, reference_steps, sharded, sharded_steps
 
 dist.init_process_group("mpi")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -30,5 +32,5 @@ np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
 np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
 with model.unsharded():
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+        assert_close_after_adam(p.numpy(), q.numpy(), LR, len(data), err_msg=name)
 print(f"rank {rank}: fsdp ok", flush=True)

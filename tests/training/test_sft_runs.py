@@ -171,7 +171,7 @@ def test_lora_adapter_loads_in_peft_and_chat_replies_as_hf_generate(setup, tmp_p
 
 @needs_mpiexec
 @pytest.mark.parametrize("layout", ["parallel.zero_stage=0", "parallel.tensor=2", "parallel.pipeline=2",
-                                    "parallel.zero_stage=1"])
+                                    "parallel.zero_stage=1", "parallel.zero_stage=3"])
 def test_full_fine_tuning_layouts_equal_one_process(setup, tmp_path, layout):
     _train(setup, tmp_path / "one", "lora.rank=0")
     proc = _train(setup, tmp_path / "two", "lora.rank=0", layout, ranks=2)
