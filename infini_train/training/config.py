@@ -102,7 +102,8 @@ class TrainConfig:
     skip_nonfinite: int = _key(0, "skip up to K consecutive optimizer steps whose loss or gradient norm is not "
                                   "finite (0: stop the run at the first one)")
     val_loss_every: int = _key(0, "steps between validation passes (-v); 0 disables")
-    val_max_steps: int = _key(20, "batches per validation pass (-m)")
+    val_max_steps: int = _key(20, "batches of batch_size sequences per validation pass, shared by the data-parallel "
+                                  "ranks (-m)")
     sample_every: int = _key(0, "steps between generated samples (-s); 0 disables")
     sample_length: int = _key(64, "tokens per sample (-g)")
     save_every: int = _key(0, "steps between checkpoints (-n); 0: only the final one")
