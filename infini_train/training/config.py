@@ -571,7 +571,8 @@ def _key_listing():
 
 def parse_args(argv=None):
     """``train.py [--config FILE] [--print-config] [dotted.key=value ...]`` -> RunConfig (ConfigError when
-    invalid). --config defaults to configs/gpt2_tiny.yaml; --print-config prints the resolved config and exits."""
+    invalid). --config defaults to configs/gpt2_tiny.yaml; --print-config prints the resolved config (the model's
+    shape keys filled from its preset or defaults) and exits."""
     parser = argparse.ArgumentParser(
         description="Train GPT-2 with infini_train.", formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="overrides are dotted.key=value, values in YAML syntax (text settings take the text as written),\n"
@@ -583,7 +584,7 @@ def parse_args(argv=None):
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
     args = parser.parse_intermixed_args(argv)
     cfg = load_config(args.config or default_config_path(), args.overrides)
-    if args.print_config:
-        print(cfg.to_yaml(), end="")
+    if args.print_config:  # a preset's (or the arch's default) shape shown, not left null
+        print(dataclasses.replace(cfg, model=cfg.model.resolved()).to_yaml(), end="")
         raise SystemExit(0)
     return cfg

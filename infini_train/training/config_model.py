@@ -135,6 +135,28 @@ class ModelConfig:
         return [f.name for f in dataclasses.fields(self)
                 if f.name not in ("arch", "pretrained", "dropout") and getattr(self, f.name) is not None]
 
+    def resolved(self):
+        """A copy whose null keys, among those the arch has, hold the values the model is built with (the preset's,
+        else the arch's defaults): what ``train.py --print-config`` shows; it loads back to the same model. With
+        ``pretrained`` a plain copy (the pretrained model's config decides, and the keys stay unset)."""
+        copy = dataclasses.replace(self)
+        if self.pretrained:
+            return copy
+        built = self.to_model_config().to_dict()
+        if self.arch != "gpt2":
+            built.update({ours: built[theirs] for ours, theirs in self.LLAMA_NAMES.items() if isinstance(theirs, str)})
+            scaling = built["rope_scaling"] or {"factor": 0.0}  # 0: no scaling
+            built.update({ours: scaling.get(theirs[1]) for ours, theirs in self.LLAMA_NAMES.items()
+                          if isinstance(theirs, tuple)})
+            if built["attention_bias"] == built["mlp_bias"]:
+                built["bias"] = built["attention_bias"]
+        for f in dataclasses.fields(self):
+            key = f.name
+            if (key not in ("arch", "pretrained", "preset") and getattr(self, key) is None
+                    and self.arch in ARCH_KEYS.get(key, (self.arch,)) and built.get(key) is not None):
+                setattr(copy, key, built[key])
+        return copy
+
     def to_model_config(self):
         """The resolved GPT2Config, or the LlamaConfig (subclass) of the arch; a ``pretrained`` model's own
         (dropout as given)."""

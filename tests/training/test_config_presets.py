@@ -81,3 +81,28 @@ def test_lora_init_from_without_a_rank_is_refused(tmp_path):
                                           r"scratch; HINT: set lora.rank"):
         load_config(None, [f"lora.init_from={tmp_path}"])
     assert load_config(None, [f"lora.init_from={tmp_path}", "lora.rank=4"]).lora.rank == 4
+
+
+@pytest.mark.parametrize("overrides", [["model.preset=d12"], ["model.arch=llama3", "model.preset=llama3.2-1b"],
+                                       ["model.arch=qwen3_moe", "model.preset=qwen3-30b-a3b"],
+                                       ["model.arch=qwen3", "model.preset=null"]])
+def test_print_config_shows_the_presets_shape_and_loads_back_to_the_same_model(overrides, capsys, tmp_path):
+    import yaml
+
+    args = ["--config", os.path.join(REPO_ROOT, "configs", "gpt2_124m.yaml"), *overrides, "model.vocab_size=null"]
+    cfg = parse_args(args)
+    with pytest.raises(SystemExit) as info:
+        parse_args([*args, "--print-config"])
+    assert info.value.code == 0
+    printed = capsys.readouterr().out
+    model = yaml.safe_load(printed)["model"]
+    built = cfg.model.to_model_config()
+    assert model["preset"] == cfg.model.preset and model["vocab_size"] == built.vocab_size
+    assert (model["n_layer"], model["n_embd"], model["block_size"]) == \
+        ((built.n_layer, built.n_embd, built.block_size) if model["arch"] == "gpt2"
+         else (built.n_layers, built.dim, built.max_seq_len))
+    assert model["pretrained"] is None and None not in [v for k, v in model.items() if k in ("n_head", "dropout")]
+    saved = tmp_path / "printed.yaml"
+    saved.write_text(printed)
+    again = load_config(str(saved))
+    assert again.model.to_model_config() == built and again.warnings == []
