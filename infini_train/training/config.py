@@ -342,6 +342,8 @@ def _coerce(value, annotation, path, errors):
     if annotation is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and isinstance(parse_value(value), bool):  # a quoted "false", as "16" is an int
+            return parse_value(value)
     elif annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

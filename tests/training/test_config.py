@@ -65,6 +65,20 @@ def test_wrong_types_name_key_expected_type_and_value(tmp_path):
     assert "data.tokenizer: expected str, got None (NoneType); HINT: this key cannot be null" in msg
 
 
+def test_quoted_numbers_and_bools_are_read_alike_in_files_and_on_the_command_line(tmp_path):
+    path = write(tmp_path, 'train:\n  batch_size: "16"\n  overfit_single_batch: "true"\n  learning_rate: "3e-4"\n'
+                           'plot: "false"\ndata:\n  packing: \'no\'\n')
+    cfg = load_config(path)
+    assert (cfg.train.batch_size, cfg.train.overfit_single_batch, cfg.train.learning_rate, cfg.plot,
+            cfg.data.packing) == (16, True, 3e-4, False, False)
+    quoted = load_config(None, ['plot="false"', "data.train_on_prompt='true'", 'train.batch_size="4"'])
+    assert (quoted.plot, quoted.data.train_on_prompt, quoted.train.batch_size) == (False, True, 4)
+    cli = load_config(None, ["plot=false", "data.packing=no", "train.overfit_single_batch=true"])
+    assert (cli.plot, cli.data.packing, cli.train.overfit_single_batch) == (False, False, True)
+    msg, _ = errors_of(None, ["plot=maybe", 'data.packing="1"'])
+    assert "plot: expected bool, got 'maybe' (str)" in msg and "data.packing: expected bool, got '1' (str)" in msg
+
+
 def test_ints_are_accepted_for_float_fields(tmp_path):
     cfg = load_config(write(tmp_path, "train:\n  weight_decay: 0\n  learning_rate: 1\nmodel:\n  dropout: 0\n"))
     assert cfg.train.weight_decay == 0.0 and isinstance(cfg.train.weight_decay, float)
