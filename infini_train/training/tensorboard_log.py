@@ -23,6 +23,9 @@ SCALARS = {  # record key -> TensorBoard tag
     "tokens_per_s": "train/tokens_per_s",
     "mfu": "train/mfu",
     "loss_scale": "train/loss_scale",
+    "aux_loss": "train/aux_loss",  # MoE runs (moe_metrics): the load-balancing loss, the busiest expert's load over
+    "expert_load_max": "train/expert_load_max",  # the mean, and the experts no token reached
+    "experts_idle": "train/experts_idle",
 }
 
 

@@ -118,3 +118,16 @@ def test_a_run_without_tensorboardx_stops_with_one_message(data_dir, tmp_path):
     assert ("error: tensorboard: true needs the tensorboardX package, which could not be imported (tensorboardX is "
             "blocked for this test)\nHINT: pip install 'infini_train[tensorboard]'") in proc.stderr
     assert not (tmp_path / "out" / "tb").exists()
+
+
+def test_a_moe_run_logs_its_router_metrics_too(data_dir, tmp_path):
+    from tests.training.test_moe_runs import CONFIGS, MOE_KEYS, SMALL
+
+    run(tiny_args(data_dir, tmp_path, "tensorboard=true", "train.num_iterations=3", "train.val_loss_every=0",
+                  *SMALL["qwen3_moe"]), config=CONFIGS["qwen3_moe"])
+    rows = [r for r in metrics(tmp_path) if "loss" in r]
+    tb = scalars(tmp_path)
+    for key in MOE_KEYS:
+        tag = f"train/{key}"
+        assert [s for s, _ in tb[tag]] == [r["step"] for r in rows] == [0, 1, 2], tag
+        np.testing.assert_array_equal([v for _, v in tb[tag]], np.float32([r[key] for r in rows]), err_msg=tag)
