@@ -170,9 +170,12 @@ class LoraConfig:
     alpha: float = _key(16.0, "scaling numerator: adapters add B A x * alpha / rank")
     dropout: float = _key(0.0, "dropout on the adapters' input")
     target_modules: str = _key("all-linear", "all-linear (every linear layer but the output layer), or comma-"
-                                             "separated module names (c_attn,c_proj / q_proj,v_proj), or a regex")
+                                             "separated module names (c_attn,c_proj / q_proj,v_proj; or a YAML list "
+                                             "[c_attn, c_proj]), or a regex")
     init_from: Optional[str] = _key(None, "base weights: an HF directory (GPT-2 / LLaMA), an llm.c .bin, or a "
                                           "training checkpoint (step dir or out_dir); null: the seeded init")
+
+    LISTS_AS_TEXT = ("target_modules",)  # a YAML list of names, in a file or on the command line: their text
 
     def targets(self):
         """target_modules as apply_lora takes it: "all-linear", a regex string, or a list of names."""
@@ -387,6 +390,16 @@ def _text_hint(path, value):
     return f"quote the value to pass it as text, e.g. {path.rpartition('.')[2]}: '{text}'"
 
 
+def _names_as_text(value):
+    """A list of names (a YAML list, or its text ``[c_attn,c_fc]`` as a text setting takes it from the command line)
+    as comma-separated text; any other value as it is."""
+    text = value.strip() if isinstance(value, str) else ""
+    listed = parse_value(text) if text.startswith("[") and text.endswith("]") else value
+    if isinstance(listed, list) and all(isinstance(v, str) and v.strip() for v in listed):
+        return ",".join(v.strip() for v in listed)
+    return value
+
+
 def _build(cls, raw, prefix, errors, bad):
     """Instantiate ``cls`` from a dict; unknown keys and type errors go to ``errors``, their paths to ``bad``
     (those fields keep their defaults, so range checks can still run on the others)."""
@@ -408,6 +421,8 @@ def _build(cls, raw, prefix, errors, bad):
         if cls is RunConfig and key in SECTIONS:
             kwargs[key] = _build(SECTIONS[key], value, key, errors, bad)
             continue
+        if key in getattr(cls, "LISTS_AS_TEXT", ()):
+            value = _names_as_text(value)
         coerced = _coerce(value, hints[key], path, errors)
         if coerced is _BAD:
             bad.add(path)

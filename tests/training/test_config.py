@@ -476,3 +476,16 @@ def test_the_numerics_section_keeps_its_earlier_name_precision_check(tmp_path):
     assert "precision_check" in saved  # from_dict leaves its argument as it was
     with pytest.raises(ConfigError, match=r"numerics\.level: expected 0 \(off\), 1 .* or 2 .*, got 3"):
         load_config(None, ["precision_check.level=3"])
+
+
+def test_lora_target_modules_take_a_yaml_list_in_files_and_on_the_command_line(tmp_path):
+    path = write(tmp_path, "lora:\n  rank: 4\n  target_modules: [c_attn, c_fc]\n")
+    for cfg in (load_config(path), load_config(None, ["lora.rank=4", "lora.target_modules=[c_attn,c_fc]"]),
+                load_config(None, ["lora.rank=4", "lora.target_modules=[c_attn, c_fc]"]),
+                load_config(None, ["lora.rank=4", "lora.target_modules=c_attn,c_fc"])):
+        assert cfg.lora.target_modules == "c_attn,c_fc" and cfg.lora.targets() == ["c_attn", "c_fc"]
+    regex = load_config(None, ["lora.rank=4", r"lora.target_modules=.*\.attn\.c_(attn|proj)"]).lora
+    assert regex.targets() == r".*\.attn\.c_(attn|proj)"
+    assert load_config(None, ["lora.rank=4", "lora.target_modules=[ck]_attn"]).lora.targets() == "[ck]_attn"
+    _, errors = errors_of(None, ["lora.rank=4", "lora.target_modules=[]"])
+    assert errors == ["lora.target_modules: expected all-linear, module names or a regex, got ''"]
