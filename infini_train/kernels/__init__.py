@@ -7,7 +7,11 @@ cupy arrays of the dtypes a kernel takes (float32, bfloat16, float16) and keep t
 The sources are self-contained CUDA C (no headers: bfloat16 and float16 are converted bit by bit or with PTX), so
 ``nvcc`` compiles each one where there is no GPU (tests/kernels/test_kernel_sources.py). Set
 INFINI_TRAIN_FUSED_KERNELS=0 to run the array code on GPUs too.
+
+Kernels no GPU has checked yet are candidates (registry.py): off unless INFINI_TRAIN_KERNELS=candidate, each with a
+NumPy reference of its arithmetic (reference/).
 """
+from . import registry
 from .cuda_source import SOURCES, enabled, set_enabled
 
-__all__ = ["SOURCES", "enabled", "set_enabled"]
+__all__ = ["SOURCES", "enabled", "set_enabled", "registry"]
