@@ -28,6 +28,7 @@ from . import backend
 from .atomic_file import write_atomically
 from safetensors.numpy import save as _to_bytes, save_file as _save_file
 
+from .distributed.sharded_tensor import ShardedTensor
 from .nn.module import Module, Parameter
 from .tensor import Tensor
 
@@ -116,6 +117,11 @@ class _Flattener:
 
 
 def _hint_for(obj):
+    if isinstance(obj, ShardedTensor):
+        return ("it is one rank's shard of a sharded tensor (a fully_shard model's state): write the shards with "
+                "it.distributed.checkpoint.save(state, directory) on every rank, or gather whole tensors with "
+                "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) from "
+                "it.distributed.checkpoint and it.save that on rank 0")
     if hasattr(obj, "state_dict"):
         owner = "model" if isinstance(obj, Module) else "optimizer" if hasattr(obj, "param_groups") else "scheduler"
         return (f"save its state instead: it.save({{'{owner}': {owner}.state_dict()}}, f), then restore it with "

@@ -238,11 +238,13 @@ class Module:
     def state_dict(self, destination=None, prefix="", keep_vars=False):
         """Ordered {dotted name: tensor}: each module's parameters, then its persistent buffers, then its
         children's entries. Tied weights appear under every name, as in torch. Values are detached
-        tensors sharing memory with the module's (the Parameters themselves with ``keep_vars=True``)."""
+        tensors sharing memory with the module's (the Parameters themselves with ``keep_vars=True``); a parameter
+        fully_shard keeps sharded gives this rank's shard with its placement (a ShardedTensor, as FSDP2 gives a
+        DTensor)."""
         out = OrderedDict() if destination is None else destination
         for name, p in self._parameters.items():
             if p is not None:
-                out[prefix + name] = p if keep_vars else p.detach()
+                out[prefix + name] = p if keep_vars else _state_value(p)
         for name, b in self._buffers.items():
             if b is not None and name not in self._non_persistent:
                 out[prefix + name] = b if keep_vars else b.detach()
@@ -254,7 +256,8 @@ class Module:
     def load_state_dict(self, state_dict, strict=True):
         """Copy values (Tensors or arrays) into the existing parameters and buffers; they keep their identity,
         so optimizers holding them stay valid. ``strict`` requires exactly the same keys; shapes must always
-        match. Returns ``(missing_keys, unexpected_keys)``."""
+        match. A parameter fully_shard keeps sharded takes a ShardedTensor of its placement or the whole tensor
+        (this rank keeps its shard of it). Returns ``(missing_keys, unexpected_keys)``."""
         own = self.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
@@ -280,6 +283,10 @@ class Module:
         with no_grad():
             for key, value in values.items():
                 target = own[key]
+                sharded_by = getattr(target, "sharded_by", None)
+                if sharded_by is not None:
+                    sharded_by.load_param(target, value)
+                    continue
                 if not isinstance(value, Tensor):
                     value = backend.to_device_array(value, target.device)
                 target.copy_(value)
@@ -417,6 +424,13 @@ class Module:
             else:
                 text += "\n  " + "\n  ".join(lines) + "\n"
         return text + ")"
+
+
+def _state_value(p):
+    """A parameter as state_dict gives it: detached, or this rank's shard of a fully_shard parameter (unless it is
+    gathered whole, inside ``unsharded()``)."""
+    sharded_by = getattr(p, "sharded_by", None)
+    return p.detach() if sharded_by is None or sharded_by.whole_gathered else sharded_by.local_shard(p)
 
 
 def _load_hint(missing, unexpected):

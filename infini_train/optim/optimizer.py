@@ -20,6 +20,7 @@ import numpy as np
 from .. import backend, host_threads
 from ..autograd import observers
 from ..autograd.grad_mode import enable_grad, no_grad
+from ..distributed.sharded_tensor import ShardedTensor, ShardView
 from ..nn.utils import zero_grad
 from ..tensor import Tensor
 
@@ -172,7 +173,8 @@ class Optimizer:
     def state_dict(self):
         """torch's layout: ``{"state": {index: {...}}, "param_groups": [{..., "params": [indices]}]}``; indices
         number the parameters across groups in order. Array state comes as Tensors on the parameter's device
-        holding copies (a snapshot: later steps do not change it); ``step`` is an int."""
+        holding copies (a snapshot: later steps do not change it); ``step`` is an int. The state of a parameter
+        fully_shard keeps sharded is this rank's shard of it with its placement (a ShardedTensor)."""
         index = {}
         groups = []
         for g in self.param_groups:
@@ -184,14 +186,15 @@ class Optimizer:
             for p in g["params"]:
                 st = self.state.get(p)
                 if st:
-                    state[index[id(p)]] = {k: (Tensor._make(v.copy(), p.device) if hasattr(v, "shape") else v)
+                    state[index[id(p)]] = {k: (_state_copy(p, v) if hasattr(v, "shape") else v)
                                            for k, v in st.items() if not k.startswith("_")}
         return {"state": state, "param_groups": groups}
 
     @no_grad()
     def load_state_dict(self, state_dict):
         """Restore groups' options and per-parameter state (arrays or Tensors, copied onto each parameter's
-        device; floating state takes the parameter's dtype). Parameters are matched by position."""
+        device; floating state takes the parameter's dtype). Parameters are matched by position. A fully_shard
+        parameter takes a ShardedTensor of its placement or the whole state (this rank keeps its shard of it)."""
         name = type(self).__name__
         groups = state_dict["param_groups"]
         saved_sizes = [len(g["params"]) for g in groups]
@@ -224,7 +227,19 @@ class Optimizer:
         return "\n".join(lines) + "\n)"
 
 
+def _state_copy(p, array):
+    copied = Tensor._make(array.copy(), p.device)
+    return p.placed(copied) if isinstance(p, ShardView) else copied
+
+
 def _restore(value, param, key, opt_name):
+    if isinstance(param, ShardView) and key != "step" and (isinstance(value, ShardedTensor) or (
+            getattr(value, "ndim", 0) and tuple(value.shape) == param.whole_shape)):
+        value = param.local_of(value, f"{opt_name}.load_state_dict: state {key!r}")
+    elif isinstance(value, ShardedTensor):
+        raise ValueError(f"{opt_name}.load_state_dict: state {key!r} is a shard ({value!r}) but its parameter is "
+                         f"not sharded\nHINT: gather it with full_tensor(), or load with "
+                         "it.distributed.checkpoint.set_optimizer_state_dict")
     if isinstance(value, Tensor):
         value = value.array
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):

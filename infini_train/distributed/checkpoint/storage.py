@@ -9,6 +9,10 @@ map, only the parts of the saved chunks that overlap them.
 
     save({"w": LocalPieces(...), "b": array}, directory, group)  # collective
     load({"w": LocalPieces(...), "b": array}, directory)           # fills the arrays in place
+    save({"model": model.state_dict(), "optim": optimizer_state}, checkpoint_id=directory)  # nested, as torch's
+
+A fully_shard model's state dict holds ShardedTensors (each rank's shard and its placement): written as the boxes
+they cover. Nested dicts are walked (nested.py): their other values (steps, options) go into the metadata as JSON.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import numpy as np
 from ... import backend
 from ...atomic_file import write_text_atomically
 from ...safetensors_io import SafetensorsError, _code, _numpy_dtype, mapped_safetensors, write_safetensors
+from ..sharded_tensor import ShardedTensor
+from . import nested
 from .pieces import LocalPieces, overlap, region
 
 METADATA = "metadata.json"
@@ -38,6 +44,8 @@ def shard_file(rank):
 def _as_pieces(name, value):
     if isinstance(value, LocalPieces):
         return value
+    if isinstance(value, ShardedTensor):
+        return value.local_pieces()
     array = getattr(value, "array", value)  # a Tensor or an array held whole
     if not hasattr(array, "shape"):
         raise TypeError(f"sharded checkpoint: {name!r} is a {type(value).__name__}; expected LocalPieces, a Tensor or "
@@ -57,19 +65,33 @@ def file_digest(path):
     return digest.hexdigest()
 
 
-def save(state, directory, group=None, extra=None):
-    """Write ``state`` ({name: LocalPieces | Tensor | array}) as a sharded checkpoint in ``directory`` (collective
-    over ``group``, default the world). ``extra`` (JSON-serialisable, rank 0's) goes into the metadata. Returns the
-    metadata dict on every rank."""
+def _directory(directory, checkpoint_id, what):
+    if (directory is None) == (checkpoint_id is None):
+        raise TypeError(f"{what}: expected the checkpoint's directory, as directory or checkpoint_id (torch's name), "
+                        f"got directory={directory!r}, checkpoint_id={checkpoint_id!r}\nHINT: pass one of them")
+    return os.fspath(directory if directory is not None else checkpoint_id)
+
+
+def save(state, directory=None, group=None, extra=None, *, checkpoint_id=None, process_group=None):
+    """Write ``state`` ({name: ShardedTensor | LocalPieces | Tensor | array}, or dicts and lists of them with other
+    JSON values) as a sharded checkpoint in ``directory`` (``checkpoint_id``; collective over ``group``, alias
+    ``process_group``, default the world). ``extra`` (JSON-serialisable, rank 0's) goes into the metadata. Returns
+    the metadata dict on every rank."""
     from .. import all_gather_object, default_group
 
-    group = group or default_group()
-    local = {name: _as_pieces(name, value) for name, value in state.items()}
+    directory = _directory(directory, checkpoint_id, "save")
+    group = group or process_group or default_group()
+    tensors, objects = nested.walk(state)
+    local = {name: _as_pieces(name, value) for name, value in tensors.items()}
     plan = {name: (pieces.global_shape, _code(np.dtype(pieces.dtype)), pieces.boxes())
             for name, pieces in local.items()}
+    values = {path: nested.to_json(value, path) for path, _, _, value in objects}
     plans = [None] * group.size
-    all_gather_object(plans, plan, group)
-    tensors, writer = _merge_plans(plans)
+    all_gather_object(plans, (plan, values), group)
+    tensors, writer = _merge_plans([p for p, _ in plans])
+    values = {}  # every rank's other values (a step only the ranks holding a shard have), rank 0's where they differ
+    for _, held in reversed(plans):
+        values.update(held)
     mine = {}
     for name, pieces in local.items():
         for offsets, view in pieces.pieces:
@@ -86,6 +108,8 @@ def save(state, directory, group=None, extra=None):
     metadata = {"format": FORMAT, "tensors": tensors,
                 "files": {f[0]: {"bytes": f[1], "sha256": f[2]} for f in files if f is not None},
                 "extra": extra}
+    if values:
+        metadata["objects"] = values
     if group.rank == 0:
         write_text_atomically(os.path.join(directory, METADATA), json.dumps(metadata, indent=1))
     group.barrier()
@@ -173,14 +197,22 @@ class _Reader:
         return entries[key]
 
 
-def load(state, directory, group=None, metadata=None):
-    """Fill ``state`` ({name: LocalPieces | Tensor | array}, the boxes this rank holds now) from the sharded
-    checkpoint in ``directory``, reading only the overlapping parts of the saved chunks. Returns the metadata's
-    ``extra``. Not a collective (``group`` is accepted for symmetry with ``save``). ``metadata``: the checkpoint's,
-    when the caller already read it (loading tensor by tensor)."""
+def load(state, directory=None, group=None, metadata=None, *, checkpoint_id=None, process_group=None):
+    """Fill ``state`` (as ``save`` takes it: the boxes this rank holds now) from the sharded checkpoint in
+    ``directory`` (``checkpoint_id``), reading only the overlapping parts of the saved chunks; its other values are
+    replaced by the saved ones. Returns the metadata's ``extra``. Not a collective (``group`` is accepted for
+    symmetry with ``save``). ``metadata``: the checkpoint's, when the caller already read it (loading tensor by
+    tensor)."""
+    directory = _directory(directory, checkpoint_id, "load")
     metadata = metadata or read_metadata(directory)
     reader = _Reader(directory)
-    for name, value in state.items():
+    tensors, objects = nested.walk(state)
+    saved = metadata.get("objects") or {}
+    missing = [path for path, *_ in objects if path not in saved]
+    if missing:
+        raise CheckpointFormatError(f"{directory}: holds no value {missing[0]!r} ({len(missing)} missing)\nHINT: the "
+                                    "checkpoint was written for another model or optimizer")
+    for name, value in tensors.items():
         pieces = _as_pieces(name, value)
         info = metadata["tensors"].get(name)
         if info is None:
@@ -192,6 +224,8 @@ def load(state, directory, group=None, metadata=None):
                                         "written for")
         for offsets, view in pieces.pieces:
             _fill(view, tuple(offsets), info["chunks"], reader, name, directory)
+    for path, container, key, value in objects:
+        nested.restore(container, key, saved[path], value)
     return metadata.get("extra")
 
 

@@ -7,6 +7,9 @@ holds 1/N of the parameters, their gradients and optimizer state. ``unshard`` al
 ``reshard`` drops the buffer. ``reduce_grads`` copies the whole gradients into one flat buffer (in
 ``reduce_dtype``), drops them, and reduce-scatters it; the averaged shard is added to ``grad_shard`` when the
 reduction completes, so gradient accumulation sums into the shard as in one process.
+
+Outside the module, ``local_shard`` gives a parameter's shard with its placement (a ShardedTensor: what
+``model.state_dict()`` holds) and ``load_param`` writes one, or the whole tensor, back into the shard.
 """
 from __future__ import annotations
 
@@ -15,12 +18,9 @@ import numpy as np
 from ... import backend
 from ...tensor import Tensor
 from ..optim.zero_redundancy_optimizer import FlatSpace
+from ..sharded_tensor import FlatShard, ShardedError, ShardedTensor, ShardView
 
 GATHERED = {}  # id(flat buffer) -> the ShardedFlatSpace it belongs to, while gathered (saved tensors point here)
-
-
-class ShardedError(RuntimeError):
-    """A sharded parameter's values were needed while only its shard is on this rank."""
 
 
 class Placeholder:
@@ -46,11 +46,13 @@ class Placeholder:
     def nbytes(self):
         return 0
 
-    def _error(self, what="its values"):
+    def _error(self, what="read the values of"):
         return ShardedError(
-            f"fully_shard: a parameter of shape {self.shape} is sharded across the data-parallel ranks; {what} "
-            "exist only while its module runs\nHINT: read sharded parameters through the module (forward, "
-            "state_dict of a sharded checkpoint) or gather them with `with module.unsharded():`")
+            f"fully_shard: cannot {what} a parameter of shape {self.shape} that is sharded across the data-parallel "
+            "ranks: this rank holds only its shard, and the whole parameter exists only while its module runs"
+            "\nHINT: model.state_dict() gives each rank's shard with its placement; get_model_state_dict(model, "
+            "options=StateDictOptions(full_state_dict=True)) from it.distributed.checkpoint gathers whole tensors; "
+            "`with model.unsharded():` gathers the parameters in place")
 
     def __array__(self, *args, **kwargs):
         raise self._error()
@@ -59,10 +61,10 @@ class Placeholder:
         raise self._error()
 
     def __setitem__(self, key, value):
-        raise self._error("writes")
+        raise self._error("write into")
 
-    def __getattr__(self, name):
-        raise self._error(f".{name}")
+    def __getattr__(self, name):  # (.get: how a device array is read to the host, e.g. by Tensor.numpy())
+        raise self._error("read the values of" if name == "get" else f"use the array attribute .{name} of")
 
     def __len__(self):
         return self.shape[0] if self.shape else 0
@@ -106,9 +108,38 @@ class ShardedFlatSpace(FlatSpace):
         self.shard_views = {}
         for k, p in enumerate(self.params):
             a, b = self.held(k)
-            view = Tensor._make(self.shard[a - self.lo:b - self.lo] if a < b else self.shard[:0], self.device)
+            view = ShardView.of(self.shard[a - self.lo:b - self.lo] if a < b else self.shard[:0], self.device,
+                                p.shape, self.placement(k), self.group)
             view._requires_grad = p.requires_grad
             self.shard_views[id(p)] = view
+
+    def placement(self, k):
+        return FlatShard(self.offsets[k], self.shard_size)
+
+    def local_shard(self, p):
+        """This rank's shard of ``p`` with its placement (sharing memory with the shard): a state-dict entry."""
+        return ShardedTensor(self.shard_views[id(p)].detach(), p.shape, self.placement(self.position[id(p)]),
+                             self.group)
+
+    def load_param(self, p, value):
+        """Write ``value`` into this rank's shard of ``p``: a ShardedTensor placed as ``p`` (its local elements) or
+        the whole tensor (this rank's elements of it); while gathered, into the gathered copy as well (so that
+        ``unsharded()``'s write-back writes the same)."""
+        view = self.shard_views[id(p)]
+        local = view.local_of(value, "load_state_dict")
+        view.array[...] = backend.to_device_array(local, self.device)
+        if self.flat is not None:
+            if isinstance(value, ShardedTensor):
+                start, stop = view.placement.local_range(self.rank, p.numel())
+                p.array.reshape(-1)[start:stop] = view.array
+            else:
+                p.array[...] = backend.to_device_array(value.array if isinstance(value, Tensor) else value,
+                                                       self.device)
+
+    @property
+    def whole_gathered(self):
+        """Gathered in the shards' own dtype (``unsharded()``): the parameters hold their exact whole values."""
+        return self.flat is not None and self.flat.dtype == self.dtype
 
     def to_empty(self, device):
         """Give the shard storage on ``device`` (a space built from meta parameters has none): zeros."""
@@ -208,8 +239,8 @@ class ShardedFlatSpace(FlatSpace):
                 grad[...] = 0
             out /= self.world
             grad += out if out.dtype == grad.dtype else out.astype(grad.dtype)
-            for k, p in enumerate(self.params):
-                view = self.shard_views[id(p)]
-                if view.array.size and view.grad is None:
+            for k, p in enumerate(self.params):  # (an empty piece gets an empty gradient: an optimizer then counts
+                view = self.shard_views[id(p)]      # its steps on every rank alike, as FSDP2's empty shards do)
+                if view.grad is None:
                     a, b = self.held(k)
-                    view.grad = Tensor._make(grad[a - self.lo:b - self.lo], self.device)
+                    view.grad = Tensor._make(grad[a - self.lo:b - self.lo] if a < b else grad[:0], self.device)
