@@ -38,7 +38,7 @@ class ProcessMesh:
                      if len(named) > 1 else f"tensor = {tensor}")
             keys = " / ".join(f"parallel.{k}" for k, _ in named)
             raise MeshError(
-                f"parallel: the world of {world} ranks is not divisible by {sizes}\nHINT: start a multiple of "
+                f"parallel: the world of {world} rank{'s' if world != 1 else ''} is not divisible by {sizes}\nHINT: start a multiple of "
                 f"{split} ranks (mpirun -n {split * max(1, world // split)}), or change {keys}")
         self.world = world
         self.tp_size, self.pp_size, self.cp_size = tensor, pipeline, context
