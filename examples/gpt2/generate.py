@@ -1,5 +1,5 @@
-"""Generate text from a trained GPT-2 or LLaMA-3 (any training checkpoint, or HF weights), with no graph built
-(no_grad) and a KV cache.
+"""Generate text from a model (GPT-2, LLaMA-3, Qwen3, Qwen3-MoE, Mixtral: any training checkpoint, or HF weights), with
+no graph built (no_grad) and a KV cache.
 
     python examples/gpt2/generate.py --checkpoint runs/gpt2_tiny --prompt "def main(" --max-new-tokens 200
     python examples/gpt2/generate.py --pretrained path/to/gpt2_124M.bin --prompt "Hello" --top-k 40
@@ -75,10 +75,12 @@ class StreamPrinter:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoints/step_XXXXXX directory or a run's out_dir (newest)")
-    src.add_argument("--pretrained", help="an HF GPT-2 or LLaMA directory, or an llm.c .bin model file")
+    src.add_argument("--checkpoint", help="a checkpoints/step_XXXXXX directory or a run's out_dir (its newest good "
+                                          "checkpoint), whole or sharded; a LoRA run's adapters are merged")
+    src.add_argument("--pretrained", help="a Hugging Face directory (config.json + safetensors: GPT-2, LLaMA, Qwen3, "
+                                          "Qwen3-MoE, Mixtral) or an llm.c GPT-2 .bin file")
     p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0, help="0 picks the most likely token (greedy)")
@@ -93,7 +95,7 @@ def main(argv=None):
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context for every token")
     p.add_argument("--precision", default="fp32", help=f"{' | '.join(PRECISIONS)}: the forward under autocast")
     p.add_argument("--chat", action="store_true", help="talk through the chat template: each stdin line is a user "
-                                                        "turn (see above)")
+                                                        "turn (see the description above)")
     p.add_argument("--system", default=None, help="--chat: a system message before the first turn")
     p.add_argument("--tensor-parallel", type=int, default=None,
                    help="under mpirun: ranks the model is split over (default and only value: all of them)")

@@ -254,3 +254,13 @@ def test_missing_and_wholly_damaged_checkpoints_are_one_message(two_checkpoints,
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: --checkpoint: none of the 2 checkpoint(s) in {out} has a model file that verifies" in proc.stderr
     assert "model.safetensors is truncated" in proc.stderr and "model.safetensors is missing" in proc.stderr
+
+
+def test_generate_help_describes_every_option_it_names():
+    help_text = " ".join(script("generate.py", "--help").stdout.split())
+    assert "--chat talks to the model through its chat template" in help_text  # what "--chat ... (see above)" means
+    assert "each stdin line is a user turn (see the description above)" in help_text
+    assert "--pretrained PRETRAINED a Hugging Face directory (config.json + safetensors: GPT-2, LLaMA, Qwen3, " \
+           "Qwen3-MoE, Mixtral)" in help_text
+    assert "--checkpoint CHECKPOINT a checkpoints/step_XXXXXX directory or a run's out_dir (its newest good " \
+           "checkpoint)" in help_text
