@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from ..kernels import registry
 from ..kernels import softmax as softmax_kernels
 from ..tensor import Tensor
 from . import low_precision as lp
@@ -332,6 +333,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
             cls = _blocked()
     elif MATH not in allowed:
         cls = _blocked()
+    if attn_mask is None and allowed is None and registry.use("flash_attention"):  # a candidate kernel: off unless
+        from . import fused_attention  # INFINI_TRAIN_KERNELS names it (kernels/registry.py)
+
+        if fused_attention.applies(q, k, v):
+            cls = fused_attention.FusedAttention
     fn = cls(bool(is_causal), scale, float(dropout_p), bool(enable_gqa))
     if attn_mask is None:
         return fn.apply(q, k, v)

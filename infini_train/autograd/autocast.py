@@ -115,10 +115,10 @@ def policy(device_type):
     if table is None:
         from . import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization,
                        reduction, rms_norm, scan, softmax, statistics)
-        from . import conv
+        from . import conv, fused_attention
 
         low = [matmul.Matmul, matmul.Mm, matmul.Bmm, matmul.Baddbmm, linear.Linear, einsum.Einsum,
-               attention.ScaledDotProductAttention, conv.Conv2d]
+               attention.ScaledDotProductAttention, fused_attention.FusedAttention, conv.Conv2d]
         losses = [loss.CrossEntropy, loss.SoftCrossEntropy, loss.NLLLoss, loss.MSELoss,
                   loss.BinaryCrossEntropyWithLogits]
         fp32 = losses + [statistics.Prod]  # prod: CPU's float32 list, CUDA's fp32_set_opt_dtype list

@@ -1,7 +1,8 @@
 """Compiling the fused kernels: dtype preludes, a module cache per (kernel family, dtypes), and the switch.
 
 A kernel family's source uses, for each role R it declares (X, W, G, ...), ``R_t`` (the element type),
-``LOAD_R(v)`` (to float) and ``STORE_R(f)`` (from float); ``function(family, name, R=dtype, ...)`` prepends those
+``LOAD_R(v)`` (to float), ``STORE_R(f)`` (from float) and ``R_IS_<DTYPE>`` (R_IS_BFLOAT16, ...: for instructions that
+name the type, as tensor-core products); ``function(family, name, R=dtype, ...)`` prepends those
 definitions for the dtypes given (every declared role) and compiles the family once per combination. Options:
 ``--fmad=false``, so that a kernel rounds each operation as the array code's separate kernels do (the Adam update
 is then bit for bit the array code's).
@@ -90,7 +91,7 @@ def prelude(**roles):
     for role, dtype in roles.items():
         ctype, load, store = _TYPES[dtype]
         lines.append(f"typedef {ctype} {role}_t;\n#define LOAD_{role}(v) {load.format('(v)')}\n"
-                     f"#define STORE_{role}(f) {store.format('(f)')}")
+                     f"#define STORE_{role}(f) {store.format('(f)')}\n#define {role}_IS_{dtype.upper()} 1")
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from infini_train.kernels import SOURCES, cuda_source
+from infini_train.kernels import SOURCES, cuda_source, flash_attention_source  # noqa: F401 (registers its family)
 
 NVCC = shutil.which("nvcc")
 COMBINATIONS = {  # family -> the dtypes of its roles
@@ -14,6 +14,7 @@ COMBINATIONS = {  # family -> the dtypes of its roles
     "layer_norm": [dict(X="bfloat16", W="float32", G="bfloat16"), dict(X="float16", W="float16", G="float32")],
     "softmax": [dict(S="bfloat16")],
     "adam": [dict()],
+    "flash_attention": [dict(X="bfloat16"), dict(X="float16")],
 }
 
 
