@@ -37,8 +37,9 @@ def test_train_script_on_two_ranks_matches_one_rank_with_twice_the_batch(tmp_pat
     prepare_shards(stdlib_documents(200_000), str(data), "byte")
     cfg = os.path.join(REPO, "configs", "gpt2_tiny_ddp.yaml")
     common = ["train.num_iterations=4", "train.save_every=2", "train.val_loss_every=2"]
-    two = mpirun(2, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "two", *common, "train.batch_size=2"),
-                 timeout=300)
+    # validation: val_max_steps batches of batch_size sequences, here 2 x 4 on both (4 x 2 over the two ranks)
+    two = mpirun(2, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "two", *common, "train.batch_size=2",
+                                                        "train.val_max_steps=4"), timeout=300)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
     library = "Open MPI" if OPEN_MPI else "MPICH"  # the MPI the ranks loaded
     assert re.search(rf"world 2 \(mpi, {library} [\d.]+; data parallel 2\)", two.stdout), two.stdout
