@@ -17,6 +17,8 @@ from infini_train.distributed.process_group import ProcessGroup, SingleProcessGr
 from infini_train.nn.parallel import all_to_all
 from tests.distributed.mpi_jobs import assert_every_rank_checked, mpirun, needs_mpiexec, output
 
+pytestmark = pytest.mark.layouts
+
 
 @needs_mpiexec
 @pytest.mark.parametrize("ranks", [2, 3, 4])

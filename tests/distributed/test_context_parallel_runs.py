@@ -13,7 +13,7 @@ from infini_train.training.checkpoints import list_checkpoints
 from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
 from tests.training.tiny_run import grad_norms, losses_by_step, run, tiny_args
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 SHAPE = ["model.n_head=4", "train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.total_batch_size=256", "train.batch_size=2", "train.num_iterations=10"]

@@ -13,6 +13,8 @@ from infini_train.distributed.process_group import SingleProcessGroup
 from infini_train.nn.parallel import expert_parallel, expert_parameters, shard_expert_state_dict
 from tests.distributed.mpi_jobs import assert_every_rank_checked, mpirun, needs_mpiexec, output
 
+pytestmark = pytest.mark.layouts
+
 
 @needs_mpiexec
 @pytest.mark.parametrize("ranks, sizes", [(2, ["2"]), (4, ["4", "2"])])

@@ -11,6 +11,8 @@ from infini_train.distributed.fsdp.flat_shard import GATHERED
 from tests.distributed.fsdp_cases import CONFIG, batches, build, reference_steps, sharded, sharded_steps
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
 
+pytestmark = pytest.mark.layouts
+
 
 def test_one_rank_trains_exactly_as_plain_adamw():
     data = batches(4)

@@ -13,7 +13,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 LLAMA = ["model.arch=llama3", "model.n_layer=4", "model.n_head=4", "model.n_kv_head=2", "model.intermediate_size=128",
          "model.rope_scaling_factor=8", "model.rope_original_context=16", "train.total_batch_size=512",

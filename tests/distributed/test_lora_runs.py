@@ -21,7 +21,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import REPO, job_env, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 LORA = ["lora.rank=4", "lora.alpha=8", "train.learning_rate=1e-2", "train.warmup_iters=0", "train.val_loss_every=0",
         "train.sample_every=0", "train.total_batch_size=256"]

@@ -8,6 +8,8 @@ import pytest
 
 from tests.distributed.mpi_jobs import HERE, assert_every_rank_checked, mpirun, needs_mpiexec, output, python
 
+pytestmark = pytest.mark.layouts
+
 
 @needs_mpiexec
 @pytest.mark.parametrize("ranks, sequence", [(2, False), (2, True), (4, True)],

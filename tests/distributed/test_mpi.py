@@ -5,12 +5,13 @@ import re
 import subprocess
 import sys
 
+import pytest
 
 from tests.distributed.mpi_jobs import MPIEXEC, OPEN_MPI, needs_mpiexec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 
 def mpirun(n, *args, timeout=120):

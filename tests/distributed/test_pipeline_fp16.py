@@ -16,7 +16,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import metrics, run, tiny_args
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 COMMON = ["train.num_iterations=10", "train.total_batch_size=512", "train.grad_clip=0.5", "train.learning_rate=3e-3",
           "train.val_loss_every=0", "train.sample_every=0", "precision=fp16-mixed",

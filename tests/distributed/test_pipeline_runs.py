@@ -11,7 +11,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 SHAPE = ["model.n_layer=4", "train.total_batch_size=512", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.val_loss_every=5", "train.sample_every=5", "train.sample_length=24"]

@@ -4,7 +4,7 @@ import pytest
 
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

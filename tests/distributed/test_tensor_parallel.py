@@ -33,6 +33,8 @@ from infini_train.nn.parallel import (
 )
 from tests.distributed.mpi_jobs import HERE, assert_every_rank_checked, mpirun, needs_mpiexec, output, python
 
+pytestmark = pytest.mark.layouts
+
 ONE = SingleProcessGroup()
 PAIR_RANK_1 = ProcessGroup([0, 1], 1)  # shape checks only: the errors below are raised before any collective
 

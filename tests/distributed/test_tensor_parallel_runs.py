@@ -16,7 +16,7 @@ from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import MPIEXEC, REPO, job_env, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import CONFIG, metrics, run, same_run, tiny_args
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 GENERATE = os.path.join(REPO, "examples", "gpt2", "generate.py")
 # 4 heads so that tensor sizes 1, 2 and 4 all divide; clipping on (the global norm must count every shard once)

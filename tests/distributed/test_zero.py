@@ -12,7 +12,7 @@ import pytest
 from tests.distributed.mpi_jobs import assert_every_rank_checked, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, tiny_args
 
-pytestmark = needs_mpiexec
+pytestmark = [needs_mpiexec, pytest.mark.layouts]
 
 CLIPPED = ["train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3"]
 BATCH = {1: 4, 2: 2, 3: 2, 4: 2}  # sequences per rank: 256 or 384 tokens per step in 1-3 accumulation steps

@@ -14,6 +14,8 @@ from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, metrics, run, tiny_args
 
+pytestmark = pytest.mark.layouts
+
 CONFIG = os.path.join(REPO, "configs", "qwen3_moe_tiny.yaml")
 MOE_KEYS = ("aux_loss", "expert_load_max", "experts_idle")
 # top-1 of 16 experts leaves some experts without a token in some steps (their gradients stay None, as in one

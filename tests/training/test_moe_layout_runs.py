@@ -17,6 +17,8 @@ from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, metrics, run, tiny_args
 
+pytestmark = pytest.mark.layouts
+
 CONFIG = os.path.join(REPO, "configs", "qwen3_moe_tiny.yaml")
 # every layer sparse (two per stage), top-1 of 16 experts: some experts get no token in some steps
 COMMON = ["model.n_layer=4", "model.mlp_only_layers=[]", "train.total_batch_size=256", "train.batch_size=2",

@@ -16,6 +16,8 @@ from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, job_env, metrics, run, same_run, tiny_args
 
+pytestmark = pytest.mark.layouts
+
 CONFIGS = {arch: os.path.join(REPO, "configs", f"{arch}_tiny.yaml") for arch in ("qwen3", "qwen3_moe", "mixtral")}
 SMALL = {"qwen3": ["model.head_dim=32", "model.intermediate_size=128"],
          "qwen3_moe": ["model.num_experts=4", "model.moe_intermediate_size=64", "model.intermediate_size=128"],

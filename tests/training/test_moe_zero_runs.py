@@ -16,6 +16,8 @@ from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.test_expert_parallel_runs import COMMON, CONFIG, MOE_KEYS
 from tests.training.tiny_run import metrics, run, tiny_args
 
+pytestmark = pytest.mark.layouts
+
 SAVES = ["train.save_every=2", "train.keep_last=0"]  # step 2's checkpoint: some experts have no state yet
 
 

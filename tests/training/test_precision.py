@@ -13,6 +13,8 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, job_env, metrics, run, same_run, tiny_args
 
+pytestmark = pytest.mark.layouts
+
 STEPS = ["train.num_iterations=50", "train.val_loss_every=25", "train.save_every=0"]
 SCRIPTS = os.path.join(REPO, "examples", "gpt2")
 

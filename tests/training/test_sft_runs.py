@@ -20,6 +20,8 @@ from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.sft_setup import conversation, make_model_dir, write_chat_set
 from tests.training.tiny_run import REPO, job_env, losses_by_step, metrics, run
 
+pytestmark = pytest.mark.layouts
+
 CONFIG = os.path.join(REPO, "configs", "llama3_lora_sft.yaml")
 B, T = 2, 256
 

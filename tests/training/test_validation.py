@@ -9,6 +9,8 @@ from infini_train.training.evaluation import token_weighted_mean
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import run, tiny_args
 
+pytestmark = pytest.mark.layouts
+
 
 def val_losses(out):
     return [r["val_loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "val_loss" in r]
