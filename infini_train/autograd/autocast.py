@@ -115,12 +115,12 @@ def policy(device_type):
     if table is None:
         from . import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization,
                        reduction, rms_norm, scan, softmax, statistics)
-        from . import conv, fused_attention
+        from . import conv, fused_attention, fused_classifier
 
         low = [matmul.Matmul, matmul.Mm, matmul.Bmm, matmul.Baddbmm, linear.Linear, einsum.Einsum,
                attention.ScaledDotProductAttention, fused_attention.FusedAttention, conv.Conv2d]
-        losses = [loss.CrossEntropy, loss.SoftCrossEntropy, loss.NLLLoss, loss.MSELoss,
-                  loss.BinaryCrossEntropyWithLogits]
+        losses = [loss.CrossEntropy, fused_classifier.FusedCrossEntropy, loss.SoftCrossEntropy, loss.NLLLoss,
+                  loss.MSELoss, loss.BinaryCrossEntropyWithLogits]
         fp32 = losses + [statistics.Prod]  # prod: CPU's float32 list, CUDA's fp32_set_opt_dtype list
         if device_type == "cuda":
             fp32 = fp32 + [softmax.Softmax, softmax.LogSoftmax, normalization.LayerNorm, elementwise.Exp,

@@ -20,6 +20,7 @@ import warnings
 
 import numpy as np
 
+from ..kernels import registry
 from ..tensor import Tensor
 from .double_backward import graph_handle, recomputed_grads
 from .function import Op, ignore_fp_errors, op_error, sum_to
@@ -553,7 +554,13 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mea
                            f"ignore_index={ignore_index}", "ignore_index applies to class-index targets only")
         return SoftCrossEntropy(reduction, eps).apply(logits, target, weight)
     _check_class_weight("cross_entropy", weight)
-    return CrossEntropy(ignore_index, reduction, eps).apply(logits, target, weight)
+    cls = CrossEntropy
+    if weight is None and not eps and registry.use("fused_classifier"):  # a candidate kernel (kernels/registry.py)
+        from . import fused_classifier
+
+        if fused_classifier.applies(logits):
+            cls = fused_classifier.FusedCrossEntropy
+    return cls(ignore_index, reduction, eps).apply(logits, target, weight)
 
 
 def nll_loss(log_probs, target, weight=None, ignore_index=-100, reduction="mean"):

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from infini_train.kernels import SOURCES, cuda_source, flash_attention_source  # noqa: F401 (registers its family)
+from infini_train.kernels import SOURCES, classifier, cuda_source, flash_attention_source  # noqa: F401 (registers)
 
 NVCC = shutil.which("nvcc")
 COMBINATIONS = {  # family -> the dtypes of its roles
@@ -15,6 +15,7 @@ COMBINATIONS = {  # family -> the dtypes of its roles
     "softmax": [dict(S="bfloat16")],
     "adam": [dict()],
     "flash_attention": [dict(X="bfloat16"), dict(X="float16")],
+    "classifier": [dict(X="float32"), dict(X="bfloat16"), dict(X="float16")],
 }
 
 
