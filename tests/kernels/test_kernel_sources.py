@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from infini_train.kernels import SOURCES, classifier, cuda_source, flash_attention_source  # noqa: F401 (registers)
+from infini_train.kernels import (SOURCES, classifier, cuda_source, flash_attention_source,  # noqa: F401 (register)
+                                  gelu_forward, norm_forward)
 
 NVCC = shutil.which("nvcc")
 COMBINATIONS = {  # family -> the dtypes of its roles
@@ -16,6 +17,8 @@ COMBINATIONS = {  # family -> the dtypes of its roles
     "adam": [dict()],
     "flash_attention": [dict(X="bfloat16"), dict(X="float16")],
     "classifier": [dict(X="float32"), dict(X="bfloat16"), dict(X="float16")],
+    "norm_forward": [dict(X="bfloat16", W="float32"), dict(X="float32", W="float32"), dict(X="float16", W="float16")],
+    "gelu_forward": [dict(X="bfloat16"), dict(X="float32"), dict(X="float16")],
 }
 
 

@@ -55,3 +55,18 @@ def test_a_bad_value_fails_the_import_naming_it():
     proc = subprocess.run([sys.executable, "-c", "import infini_train"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and "unknown: flash_atention" in proc.stderr and "HINT" in proc.stderr
+
+
+def test_every_candidate_has_a_compiled_family_a_reference_and_a_gpu_check():
+    import pathlib
+
+    from infini_train.kernels import SOURCES, reference
+    from tests.kernels import test_kernel_sources
+
+    families = {"flash_attention": "flash_attention", "fused_classifier": "classifier",
+                "layer_norm_forward": "norm_forward", "gelu_forward": "gelu_forward"}
+    assert sorted(families) == sorted(registry.CANDIDATE) == sorted(reference.FOR_KERNEL)
+    assert set(families.values()) <= set(SOURCES) and set(families.values()) <= set(test_kernel_sources.COMBINATIONS)
+    cuda_tests = "".join(p.read_text() for p in pathlib.Path(__file__).parent.glob("test_*_cuda.py"))
+    assert all(f'"{name}"' in cuda_tests for name in registry.CANDIDATE)
+    assert set(registry.CANDIDATE).isdisjoint(registry.VERIFIED)
