@@ -4,19 +4,25 @@
 #   2. train.py on the GPU (tiny and GPT-2 124M shapes, fp32 and bf16-mixed), mpirun -n 1 with NCCL (DDP, ZeRO),
 #      two ranks sharing the GPU (NCCL, and MPI for tensor / pipeline parallelism), generate and evaluate
 #   3. one profiled step of GPT-2 124M (B8 T1024) in fp32 and bf16-mixed: the ops table by GPU time
-#   4. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager
-# Phases 1 and 2 run side by side (neither is timed); the profile and the benchmark run alone after them.
+#   4. the candidate kernels (infini_train/kernels/registry.py), alone on the GPU: their cuda checks with
+#      INFINI_TRAIN_KERNELS=candidate (tests/kernels/test_*_cuda.py: each kernel against its NumPy reference and the
+#      array path), then benchmarks/check_kernels.py's results table (kernel, dtype, shape, max error vs the array
+#      path, bitwise, time vs the array path) into the summary
+#   5. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager, with
+#      the candidate kernels off, then on (INFINI_TRAIN_KERNELS=candidate)
+# Phases 1 and 2 run side by side (neither is timed); the profile, the kernels and the benchmark run alone after them.
 #
 #   bash benchmarks/gpu_session.sh [LOG_DIR]          (default /tmp/gpu_session)
-#   PHASES="tests ops runs profile bench" (default all)   RUNS="tiny-fp32 ..." (default all the runs below)
+#   PHASES="tests ops runs profile kernels bench" (default all)   RUNS="tiny-fp32 ..." (default all the runs below)
 #   OPS_PATHS=... (the op-check files; default tests/autograd tests/nn and the tensor method tests)
 #   PYTHON=... (default: a venv over python3 with the wheels in .whl/ (mpi4py, mpich) installed, when python3 has
 #   no mpiexec beside it)   DEVICE=cuda:0   LIMIT=seconds per phase
-# Logs (at most 8 files): env.log tests.log ops.log runs.log profile.txt bench.log bench.json summary.txt.
+# Logs (at most 8 files): env.log tests.log (+ the kernels' checks and table) ops.log runs.log profile.txt bench.log
+# (both benchmark runs) bench.json (candidates off; on: $WORK/bench_candidates.json) summary.txt (+ the table).
 set -u
 cd "$(dirname "$0")/.."
 LOG=${1:-/tmp/gpu_session}
-PHASES=${PHASES:-tests ops runs profile bench}
+PHASES=${PHASES:-tests ops runs profile kernels bench}
 OPS_PATHS=${OPS_PATHS:-tests/autograd tests/nn tests/test_tensor_methods.py tests/test_promotion.py}
 DEVICE=${DEVICE:-cuda:0}
 LIMIT=${LIMIT:-240}
@@ -129,12 +135,35 @@ if on profile; then
     done
 fi
 
-# ---- 4. the benchmark, alone on the GPU
+# ---- 4. the candidate kernels against the array path, alone on the GPU (their checks, then the results table)
+if on kernels; then
+    t=$(date +%s)
+    { echo "===== kernels: INFINI_TRAIN_KERNELS=candidate pytest tests/kernels/test_*_cuda.py"
+      INFINI_TRAIN_KERNELS=candidate timeout -k 10 "$LIMIT" "$PYTHON" -m pytest -m cuda -q -rfEs --timeout=300 \
+        -p no:cacheprovider tests/kernels/test_*_cuda.py; } >> "$LOG/tests.log" 2>&1
+    echo "kernels tests rc=$? $(( $(date +%s) - t ))s: $(tail -1 "$LOG/tests.log")" >> "$LOG/summary.txt"
+    t=$(date +%s)
+    { echo "===== kernels: benchmarks/check_kernels.py (the results table)"
+      INFINI_TRAIN_KERNELS=candidate timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/check_kernels.py --device "$DEVICE" \
+        --out "$WORK/kernels.md"; } >> "$LOG/tests.log" 2>&1
+    echo "kernels table rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
+    cat "$WORK/kernels.md" >> "$LOG/summary.txt" 2>/dev/null
+fi
+
+# ---- 5. the benchmark, alone on the GPU: the candidate kernels off, then on
 if on bench; then
     t=$(date +%s)
-    timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" --configs d12-B8-T1024 \
-        --precision fp32 bf16-mixed --steps 6 --warmup 2 --json "$LOG/bench.json" > "$LOG/bench.log" 2>&1
+    env -u INFINI_TRAIN_KERNELS timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
+        --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2 --json "$LOG/bench.json" \
+        > "$LOG/bench.log" 2>&1
     echo "bench rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
+    tail -4 "$LOG/bench.log"
+    t=$(date +%s)
+    { echo "===== INFINI_TRAIN_KERNELS=candidate"
+      INFINI_TRAIN_KERNELS=candidate timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
+        --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2 \
+        --json "$WORK/bench_candidates.json"; } >> "$LOG/bench.log" 2>&1
+    echo "bench candidates rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
     tail -4 "$LOG/bench.log"
 fi
 
