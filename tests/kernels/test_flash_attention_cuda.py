@@ -11,6 +11,7 @@ from infini_train.kernels import flash_attention as flash
 from infini_train.kernels import registry
 from infini_train.kernels.reference import flash_attention as ref
 from tests.autograd.test_low_precision import assert_ulps
+from tests.kernels.attention_inputs import attention_inputs
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not it.backend.cuda_available(), reason="needs cupy and an NVIDIA GPU")]
@@ -22,13 +23,6 @@ CASES = {  # name -> (B, H, Hkv, Tq, Tk, D, causal, window, dropout_p)
     "dropout-gqa": (2, 4, 2, 130, 130, 64, True, 0, 0.2),
     "tq-lt-tk": (1, 2, 1, 70, 190, 128, False, 0, 0.0),
 }
-
-
-def _inputs(dtype, b, h, hkv, tq, tk, d, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, h, tq, d)).astype(dtype)
-    k, v = (rng.standard_normal((b, hkv, tk, d)).astype(dtype) for _ in range(2))
-    return q, k, v, rng.standard_normal(q.shape).astype(dtype)
 
 
 def run_kernel(q, k, v, g, causal, window, seed, dropout_p):
@@ -48,7 +42,7 @@ def run_kernel(q, k, v, g, causal, window, seed, dropout_p):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_kernels_give_their_reference(case, dtype):
     b, h, hkv, tq, tk, d, causal, window, p = CASES[case]
-    q, k, v, g = _inputs(getattr(it, dtype), b, h, hkv, tq, tk, d)
+    q, k, v, g = attention_inputs(getattr(it, dtype), b, h, hkv, tq, tk, d)
     seed = 12345 if p else None
     *got, got_lse = run_kernel(q, k, v, g, causal, window, seed, p)
     scale = 1.0 / np.sqrt(d)
@@ -65,7 +59,7 @@ def test_the_kernels_give_their_reference(case, dtype):
 def test_strided_rows_give_the_contiguous_results():
     import cupy as cp
 
-    q, k, v, g = _inputs(it.bfloat16, 2, 4, 4, 96, 96, 64)
+    q, k, v, g = attention_inputs(it.bfloat16, 2, 4, 4, 96, 96, 64)
     scale = 0.125
     with registry.candidates("flash_attention"):
         flat = flash.forward(cp, *(cp.asarray(a) for a in (q, k, v)), scale, True)
@@ -82,7 +76,7 @@ def test_strided_rows_give_the_contiguous_results():
 def test_the_op_with_the_kernels_against_the_array_path(dtype, dropout_p):
     from infini_train.autograd.fused_attention import FusedAttention
 
-    q, k, v, g = _inputs(getattr(it, dtype), 2, 6, 2, 257, 257, 64)
+    q, k, v, g = attention_inputs(getattr(it, dtype), 2, 6, 2, 257, 257, 64)
     results = []
     for spec in ("flash_attention", ""):
         with registry.candidates(spec):

@@ -11,6 +11,7 @@ import infini_train as it
 import infini_train.nn.functional as F
 from infini_train.autograd.attention_dropout import draw_seed
 from infini_train.kernels.reference import flash_attention as ref
+from tests.kernels.attention_inputs import attention_inputs
 
 # |reference - other| <= TOL * max|other|: P and dS are rounded to the inputs' dtype before their products
 TOL = {"bfloat16": 1.2e-2, "float16": 2e-3}
@@ -22,13 +23,6 @@ CASES = {  # name -> (B, H, Hkv, Tq, Tk, D, causal, window, dropout_p)
     "dropout": (2, 2, 2, 130, 130, 64, True, 0, 0.3),
     "dropout-gqa-tq-lt-tk": (2, 4, 2, 70, 90, 64, False, 0, 0.2),
 }
-
-
-def _inputs(dtype, b, h, hkv, tq, tk, d, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, h, tq, d)).astype(dtype)
-    k, v = (rng.standard_normal((b, hkv, tk, d)).astype(dtype) for _ in range(2))
-    return q, k, v, rng.standard_normal((b, h, tq, d)).astype(dtype)
 
 
 def _band(tq, tk, window):
@@ -64,7 +58,7 @@ def _assert_close(got, want, dtype, what):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_reference_matches_the_array_path(case, dtype):
     b, h, hkv, tq, tk, d, causal, window, p = CASES[case]
-    q, k, v, g = _inputs(getattr(it, dtype), b, h, hkv, tq, tk, d)
+    q, k, v, g = attention_inputs(getattr(it, dtype), b, h, hkv, tq, tk, d)
     it.manual_seed(3)
     seed = draw_seed(it.device("cpu")) if p else None  # the array path's first draw after manual_seed(3)
     got, _ = _reference(q, k, v, g, causal, window, seed, p)
@@ -75,7 +69,7 @@ def test_the_reference_matches_the_array_path(case, dtype):
 @pytest.mark.parametrize("case", [c for c in sorted(CASES) if CASES[c][-1] == 0.0])
 def test_the_reference_matches_torch_sdpa(case, dtype):
     b, h, hkv, tq, tk, d, causal, window, _ = CASES[case]
-    q, k, v, g = _inputs(getattr(it, dtype), b, h, hkv, tq, tk, d, seed=1)
+    q, k, v, g = attention_inputs(getattr(it, dtype), b, h, hkv, tq, tk, d, seed=1)
     got, _ = _reference(q, k, v, g, causal, window, None, 0.0)
     tensors = [torch.tensor(a.astype(np.float32), requires_grad=True) for a in (q, k, v)]
     mask = torch.tensor(_band(tq, tk, window)) if window else None
@@ -87,7 +81,7 @@ def test_the_reference_matches_torch_sdpa(case, dtype):
 
 def test_lse_is_the_rows_log_sum_exp_and_rows_without_keys_give_zeros():
     # causal with a window: queries past Tk + window - 1 see no key at all
-    q, k, v, g = _inputs(it.bfloat16, 1, 2, 2, 100, 20, 64, seed=2)
+    q, k, v, g = attention_inputs(it.bfloat16, 1, 2, 2, 100, 20, 64, seed=2)
     (out, dq, dk, dv), lse = _reference(q, k, v, g, True, 10, None, 0.0)
     scores = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) / 8.0
     seen = _band(100, 20, 10)
