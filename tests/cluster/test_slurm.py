@@ -70,14 +70,18 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
                  120, f"start {restarts} of job {job_id}", state_of(job_id))
 
     def requeued(job_id, restarts, before, timeout=90):
-        """Wait until the job has been requeued ``restarts`` times; the stop must have left a checkpoint after
-        ``before`` (the newest step saved before the stop was asked for: read later, the stop's own checkpoint may
-        already be there)."""
+        """Wait until the job has been requeued ``restarts`` times; the stop must have checkpointed its step, at or
+        after ``before`` (the newest step saved before the stop was asked for: a stop that lands at the step boundary
+        of that very save writes the same step again)."""
         wait_for(lambda: job(env, job_id)["Restarts"] == str(restarts), timeout, f"requeue {restarts} of {job_id}",
                  state_of(job_id))
         wait_for(lambda: "(exit 75)" in log_text(tmp_path, job_id).split(f"(restart {restarts - 1})")[-1], 30,
                  "the batch script to report the stop", state_of(job_id))
-        assert checkpoint_steps(out_dir)[-1] > before, "the stop wrote no checkpoint"
+        stops = re.findall(r"stopped by \S+ after (\d+) of \d+ steps, checkpoint \S+step_(\d+)",
+                           log_text(tmp_path, job_id).split(f"(restart {restarts - 1})")[-1])
+        assert stops, "the stop wrote no checkpoint"
+        step, saved = (int(v) for v in stops[-1])
+        assert step == saved >= before and saved in checkpoint_steps(out_dir), (stops, before)
 
     # 1. A task killed with SIGKILL: the other is ended within SRUN_WAIT (10 s) and the job fails, not requeued.
     first = submit(env, tmp_path, args)
