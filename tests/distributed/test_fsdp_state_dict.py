@@ -19,8 +19,6 @@ from infini_train.distributed.process_group import SingleProcessGroup
 from tests.distributed.fsdp_cases import CONFIG, batches, build, sharded
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
 
-pytestmark = pytest.mark.layouts
-
 FULL = StateDictOptions(full_state_dict=True)
 
 

@@ -21,7 +21,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import REPO, job_env, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
-pytestmark = [needs_mpiexec, pytest.mark.layouts]
+pytestmark = needs_mpiexec
 
 LORA = ["lora.rank=4", "lora.alpha=8", "train.learning_rate=1e-2", "train.warmup_iters=0", "train.val_loss_every=0",
         "train.sample_every=0", "train.total_batch_size=256"]
@@ -86,6 +86,7 @@ def test_loss_falls_and_the_base_weights_stay_bitwise_unchanged(single, base):
     assert "adapter (PEFT format)" in proc.stdout and os.path.exists(out / "adapter" / "adapter_config.json")
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("ranks,extra", [
     (2, ["train.batch_size=2"]), (2, ["train.batch_size=2", "parallel.zero_stage=2"]), (2, ["parallel.tensor=2"]),
     (2, ["parallel.tensor=2", "parallel.sequence=true"]), (2, ["train.batch_size=2", "parallel.zero_stage=3"])],

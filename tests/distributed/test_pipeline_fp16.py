@@ -16,7 +16,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import metrics, run, tiny_args
 
-pytestmark = [needs_mpiexec, pytest.mark.layouts]
+pytestmark = needs_mpiexec
 
 COMMON = ["train.num_iterations=10", "train.total_batch_size=512", "train.grad_clip=0.5", "train.learning_rate=3e-3",
           "train.val_loss_every=0", "train.sample_every=0", "precision=fp16-mixed",
@@ -74,6 +74,7 @@ def test_the_one_process_run_overflows_backs_off_and_grows(references, model):
     assert [r["skipped_steps"] for r in rows] == list(np.cumsum([r["skipped"] for r in rows]))
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_fp16_pipeline_layout_skips_and_scales_as_the_run_without_pipeline(data_dir, references, tmp_path, layout):
     model, ranks, extra = LAYOUTS[layout]

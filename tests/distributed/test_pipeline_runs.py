@@ -11,7 +11,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
-pytestmark = [needs_mpiexec, pytest.mark.layouts]
+pytestmark = needs_mpiexec
 
 SHAPE = ["model.n_layer=4", "train.total_batch_size=512", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.val_loss_every=5", "train.sample_every=5", "train.sample_length=24"]
@@ -52,6 +52,7 @@ LAYOUTS["pp2xdp2xtp2-sp-interleaved-zero1"] = (8, _pp("interleaved") + ["paralle
                                                                        "parallel.zero_stage=1"])
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_gives_the_losses_samples_and_weights_of_one_process(data_dir, single, tmp_path, layout):
     ranks, extra = LAYOUTS[layout]
@@ -77,6 +78,7 @@ def test_layout_gives_the_losses_samples_and_weights_of_one_process(data_dir, si
                                            rtol=1e-2, atol=1e-6, err_msg=f"{key} of parameter {j}")
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("first,second", [((2, ["parallel.pipeline=2"]), (1, [])),
                                           ((1, []), (2, _pp("interleaved"))),
                                           ((4, _pp("1f1b") + ["parallel.tensor=2"]), (4, ["parallel.pipeline=4"]))],
@@ -101,6 +103,7 @@ def test_dropout_run_resumes_bitwise(data_dir, tmp_path):
     same_run(whole, resumed)
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_pipeline_stages_equal_the_whole_model_for_every_schedule(ranks):
     proc = mpirun(ranks, "worker_pipeline.py", timeout=180)

@@ -12,7 +12,7 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint,
 from tests.distributed.mpi_jobs import needs_mpiexec, output
 from tests.training.tiny_run import losses_by_step, run, tiny_args
 
-pytestmark = [needs_mpiexec, pytest.mark.layouts]
+pytestmark = needs_mpiexec
 
 SHAPE = ["model.n_head=4", "train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3",
          "train.total_batch_size=256", "train.save_every=3", "train.num_iterations=6"]
@@ -69,6 +69,7 @@ def test_a_sharded_checkpoint_is_the_whole_checkpoint_written_by_every_rank(data
                                   ["lm_head.weight"])
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("first,second", [
     ((4, ["parallel.tensor=2", "parallel.zero_stage=2"]), (4, ["parallel.pipeline=2", "parallel.zero_stage=1"])),
     ((4, ["parallel.pipeline=2", "parallel.tensor=2"]), (1, [])),

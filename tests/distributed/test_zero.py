@@ -12,7 +12,7 @@ import pytest
 from tests.distributed.mpi_jobs import assert_every_rank_checked, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, tiny_args
 
-pytestmark = [needs_mpiexec, pytest.mark.layouts]
+pytestmark = needs_mpiexec
 
 CLIPPED = ["train.val_loss_every=0", "train.grad_clip=0.5", "train.learning_rate=3e-3"]
 BATCH = {1: 4, 2: 2, 3: 2, 4: 2}  # sequences per rank: 256 or 384 tokens per step in 1-3 accumulation steps
@@ -38,6 +38,7 @@ def single(data_dir, tmp_path_factory):
     return runs
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("ranks,total", [(2, 256), (3, 384), (4, 256)])
 def test_stages_0_1_2_3_give_the_losses_of_one_process(data_dir, single, tmp_path, ranks, total):
     gradient_mb, parameter_mb = {}, {}
@@ -57,6 +58,7 @@ def test_stages_0_1_2_3_give_the_losses_of_one_process(data_dir, single, tmp_pat
     np.testing.assert_allclose(parameter_mb[3], np.array(parameter_mb[0]) / ranks, atol=0.011)
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("first,second", [((2, 2), (1, 0)), ((1, 0), (2, 1)), ((2, 2), (4, 2)), ((2, 0), (2, 2)),
                                           ((2, 3), (4, 3))],
                          ids=["2x-zero2->1x", "1x->2x-zero1", "2x-zero2->4x-zero2", "2x-ddp->2x-zero2",
@@ -93,6 +95,7 @@ def test_a_stage_that_does_not_exist_is_refused_with_what_is_supported(data_dir,
     assert "parallel.zero_stage: expected 0, 1, 2 or 3" in proc.stderr
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
 def test_mixed_precision_with_zero2_and_3_follows_ddp(data_dir, tmp_path, precision):
     losses = {}

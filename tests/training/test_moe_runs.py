@@ -16,8 +16,6 @@ from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, job_env, metrics, run, same_run, tiny_args
 
-pytestmark = pytest.mark.layouts
-
 CONFIGS = {arch: os.path.join(REPO, "configs", f"{arch}_tiny.yaml") for arch in ("qwen3", "qwen3_moe", "mixtral")}
 SMALL = {"qwen3": ["model.head_dim=32", "model.intermediate_size=128"],
          "qwen3_moe": ["model.num_experts=4", "model.moe_intermediate_size=64", "model.intermediate_size=128"],
@@ -75,6 +73,7 @@ def test_qwen3_moe_run_resumes_bitwise(data_dir, tmp_path):
         np.testing.assert_array_equal(_values(resumed, key), _values(whole, key), err_msg=key)
 
 
+@pytest.mark.layouts
 @needs_mpiexec
 def test_qwen3_moe_data_parallel_equals_one_process(data_dir, tmp_path):
     """Each micro-batch routes (and balances) its own tokens, so the micro-batches match: one process runs 4 of B=2,

@@ -13,8 +13,6 @@ from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, job_env, metrics, run, same_run, tiny_args
 
-pytestmark = pytest.mark.layouts
-
 STEPS = ["train.num_iterations=50", "train.val_loss_every=25", "train.save_every=0"]
 SCRIPTS = os.path.join(REPO, "examples", "gpt2")
 
@@ -106,6 +104,7 @@ def test_a_precision_typo_is_rejected_with_a_suggestion(data_dir, tmp_path):
            "'bf16'" in proc.stderr
 
 
+@pytest.mark.layouts
 @needs_mpiexec
 @pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
 def test_mixed_precision_under_ddp_follows_the_one_rank_run(data_dir, tmp_path, precision):

@@ -15,8 +15,6 @@ from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import losses_by_step, run
 
-pytestmark = pytest.mark.layouts
-
 B, T = 2, 16
 
 

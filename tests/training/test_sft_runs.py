@@ -20,8 +20,6 @@ from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.sft_setup import conversation, make_model_dir, write_chat_set
 from tests.training.tiny_run import REPO, job_env, losses_by_step, metrics, run
 
-pytestmark = pytest.mark.layouts
-
 CONFIG = os.path.join(REPO, "configs", "llama3_lora_sft.yaml")
 B, T = 2, 256
 
@@ -74,6 +72,7 @@ def test_first_step_loss_is_hf_on_the_packed_samples_one_by_one(setup, tmp_path)
     assert [r["step"] for r in metrics(tmp_path / "run") if "val_loss" in r] == [0, 3, 6]
 
 
+@pytest.mark.layouts
 @pytest.mark.parametrize("ranks,batch_size", [(1, 4), (1, 1), pytest.param(2, 2, marks=needs_mpiexec),
                                               pytest.param(2, 1, marks=needs_mpiexec)])
 def test_the_loss_is_over_every_trained_token_of_the_global_batch_however_it_is_split(setup, tmp_path, ranks,
@@ -171,6 +170,7 @@ def test_lora_adapter_loads_in_peft_and_chat_replies_as_hf_generate(setup, tmp_p
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.layouts
 @needs_mpiexec
 @pytest.mark.parametrize("layout", ["parallel.zero_stage=0", "parallel.tensor=2", "parallel.pipeline=2",
                                     "parallel.zero_stage=1", "parallel.zero_stage=3"])
