@@ -37,8 +37,9 @@ class ProcessMesh:
             sizes = (" x ".join(k for k, _ in named) + " = " + " x ".join(str(v) for _, v in named) + f" = {split}"
                      if len(named) > 1 else f"tensor = {tensor}")
             keys = " / ".join(f"parallel.{k}" for k, _ in named)
+            ranks = "1 rank" if world == 1 else f"{world} ranks"
             raise MeshError(
-                f"parallel: the world of {world} rank{'s' if world != 1 else ''} is not divisible by {sizes}\nHINT: start a multiple of "
+                f"parallel: the world of {ranks} is not divisible by {sizes}\nHINT: start a multiple of "
                 f"{split} ranks (mpirun -n {split * max(1, world // split)}), or change {keys}")
         self.world = world
         self.tp_size, self.pp_size, self.cp_size = tensor, pipeline, context
