@@ -136,7 +136,7 @@ def main(argv=None):
     from infini_train.data.corpus import ensure_default_data
     from infini_train.data.loader import DistributedDataLoader
     from infini_train.optim.lr_scheduler import cosine_with_warmup
-    from infini_train.training.loop import build_model
+    from infini_train.training.model_build import build_model
     from infini_train.training import checkpoints as ckpt
     from infini_train.training.config import default_config_path, load_config
 
@@ -160,7 +160,7 @@ def main(argv=None):
         loader.load_state_dict(meta["data"][0])
         start = meta["step"]
     else:
-        model, _, _ = build_model(cfg, backend.CPU)
+        model = build_model(cfg, backend.CPU)[0].model
         state = {k: v.numpy() for k, v in model.state_dict().items()}
     hf = build_hf(model_cfg, state, cfg.dtype)
     rec = TorchRecorder()

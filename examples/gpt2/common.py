@@ -124,11 +124,11 @@ def _from_checkpoint(path, dtype):
 def split_over_ranks(model, tp_group):
     """Split ``model`` over the job's ranks (tensor parallelism); a shape the ranks cannot share is one message
     naming the rank count, since under generate.py / evaluate.py that is mpirun's -n."""
-    from infini_train.models.registry import parallelize
+    from infini_train.models.registry import tensor_parallel
     from infini_train.models.tensor_parallel_lm import TensorParallelError
 
     try:
-        parallelize(model, tp_group)
+        tensor_parallel(model, tp_group)
     except TensorParallelError as exc:
         size = tp_group.size
         counts = _head_counts(model)

@@ -24,7 +24,7 @@ from .token_loss import token_loss
 
 
 class CausalLM(nn.Module):
-    tp = None  # a TensorParallel once the model is split over a tensor group (registry.parallelize)
+    tp = None  # a TensorParallel once the model is split over a tensor group (registry.tensor_parallel)
     recompute = "none"  # "block": recompute each block's activations in backward (models/recompute.py)
     first = last = True  # a pipeline chunk holds the embedding only when first, the head only when last
     BODY, EMBEDDING, BLOCKS, FINAL_NORM = "", (), "", ""

@@ -17,16 +17,23 @@ _SPECS = {}
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model: its class and config class, its tensor/sequence-parallel plan (``parallelize(model, group,
+    """One model: its class and config class, its tensor/sequence-parallel plan (``tensor_parallel(model, group,
     sequence_parallel)``, in place), the attention head counts a tensor group must divide (``head_counts(config)``:
-    {config key: count}); pipeline chunks, weight IO and generation come with the class (CausalLM)."""
+    {config key: count}); ``parallelize(model, dims, cfg)`` applies a run's whole layout (models/parallelize.py);
+    pipeline chunks, weight IO and generation come with the class (CausalLM)."""
 
     arch: str
     model_class: type
     config_class: type
-    parallelize: Callable
+    tensor_parallel: Callable
     head_counts: Callable
     layout_problems: Callable | None = None  # (config, tensor, pipeline, virtual) -> [problem]: what the model refuses
+
+    def parallelize(self, model, dims, cfg):
+        """The run's layout applied to ``model`` in one declared order: the ParallelPlan (models/parallelize.py)."""
+        from .parallelize import parallelize
+
+        return parallelize(self, model, dims, cfg)
 
     def validate(self, config, tensor=1, pipeline=1, virtual=1):
         """The ways the model ``config`` cannot take the layout, one line each (the key to change first): blocks that
@@ -79,9 +86,9 @@ def model_class(arch):
     return spec.model_class, spec.config_class
 
 
-def parallelize(model, group, sequence_parallel=False):
+def tensor_parallel(model, group, sequence_parallel=False):
     """Split ``model`` over the tensor-parallel ``group`` in place, by its spec's plan."""
-    return spec_of(model).parallelize(model, group, sequence_parallel)
+    return spec_of(model).tensor_parallel(model, group, sequence_parallel)
 
 
 def build(arch, config_dict):
@@ -94,5 +101,5 @@ def arch_of(model):
     return spec_of(model).arch
 
 
-__all__ = ["ARCHS", "ModelSpec", "register", "model_spec", "spec_of", "model_class", "parallelize", "build",
+__all__ = ["ARCHS", "ModelSpec", "register", "model_spec", "spec_of", "model_class", "tensor_parallel", "build",
            "arch_of"]

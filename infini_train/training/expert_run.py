@@ -1,24 +1,10 @@
-"""Expert parallelism in a run (``parallel.expert: E``): the experts of every MoE layer split over groups of E
-consecutive data-parallel ranks (distributed/expert_groups.py), alone or with data parallelism over the rest.
-
-- build: the model is built on the meta device (shapes only) and ``split`` keeps this rank's experts of every MoE
-  layer (of this stage's chunks under pipeline parallelism) before anything is allocated; sharded initialisation
-  then fills them with the one-process values, so a rank never holds the other ranks' experts;
-- gradients: DDP averages the other parameters over the data-parallel group (the experts are its
-  ``ignored_parameters``); after backward ``all_reduce_expert_grads`` sums the experts' over the expert-data group
-  and divides by the data-parallel size (``finish``);
-- clipping: the norm counts every expert once: the squared norm of the local experts' gradients summed over the
-  expert group, plus the replicated parameters', summed over the pipeline stages (``clip``);
-- checkpoints: sharded by default (each rank writes its experts under their one-process names:
-  training/sharded_state.py), or whole: ``gather`` gathers every expert (weights and AdamW moments) over rank 0's
-  expert group under its one-process names and index (expert and data parallelism only); ``scatter`` keeps this
-  rank's experts of a whole state (and its tensor-parallel shards of them), so a checkpoint written at any E resumes
-  at any other E, one process included.
-
-Under ZeRO 1 and 2 the optimizer shards the local experts' state over the expert-data group (its ``expert_spaces``;
-distributed/optim/zero_redundancy_optimizer.py): ``finish`` averages their gradients there in its flat buffers
-(ZeRO-2: reduce-scattered into this rank's shard), its own clipping counts each expert once, and ``gather`` reads
-every local expert's state whole from it (gathered over the expert-data group first).
+"""Whole-format checkpoints of an expert-parallel run (``parallel.expert: E``; the layout itself is
+models/expert_layout.py). Sharded checkpoints need nothing more: each rank writes its experts under their
+one-process names (training/sharded_state.py). The whole format: ``gather`` gathers every expert (weights and AdamW
+moments) over rank 0's expert group under its one-process names and index (expert and data parallelism only);
+``scatter`` keeps this rank's experts of a whole state (and its tensor-parallel shards of them), so a checkpoint
+written at any E resumes at any other E, one process included. Under ZeRO 1 and 2 ``gather`` reads every local
+expert's state whole from the optimizer's expert spaces (gathered over the expert-data group first).
 """
 from __future__ import annotations
 
@@ -26,57 +12,28 @@ import copy
 
 import numpy as np
 
-from ..distributed.expert_groups import expert_groups
-from ..nn.parallel.expert_parallel import (all_reduce_expert_grads, expert_layers, expert_parallel, expert_parameters,
-                                           expert_stem, shard_expert_state_dict, whole_expert_state_dict)
-from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
+from ..models.expert_layout import parameter_names
+from ..nn.parallel.expert_parallel import expert_layers, expert_stem, shard_expert_state_dict, whole_expert_state_dict
 from ..nn.parallel.whole_state import load_whole_state_dict, shard_optimizer_state
 from ..tensor import Tensor
 from .state_io import StateIO
 
 
-class ExpertParallelRun:
-    """The expert groups of a run and what they change: see the module docstring. ``dims``: the run's ParallelDims;
-    ``split(model, weight_decay)`` then splits the experts of the model as built (on the meta device)."""
+class ExpertState(StateIO):
+    """Whole (one-process) state of an expert-parallel run: experts gathered on save, kept on load. ``experts``: the
+    plan's ExpertLayout (models/expert_layout.py)."""
 
-    def __init__(self, dims, expert):
-        self.dims, self.expert = dims, expert
-        self.groups = expert_groups(dims.mesh if dims.mesh is not None else list(range(dims.world)), expert)
-        self.model = self.optimizer = self.whole_groups = self.whole_state_names = None
-        self.expert_params = []
-
-    def split(self, model, weight_decay):
-        """Keep this rank's experts of every MoE layer of ``model`` (whole, or this stage's chunks), after recording
-        the one-process model's parameter names per optimizer group."""
-        self.whole_groups = getattr(model, "whole_groups", None) or _whole_param_names(model, weight_decay)
-        self.whole_state_names = getattr(model, "whole_state_names", None) or list(model.state_dict(keep_vars=True))
-        for moe in model.moe_layers():
-            expert_parallel(moe, self.groups.expert_group)
-        self.model = model
-        self.expert_params = expert_parameters(model)
-        return model
-
-    # ------------------------------------------------------------------------------------------- gradients
-    def finish(self, zero=None, shard=False):
-        """Average the local experts' gradients over the data-parallel ranks; under ZeRO (``zero``, the run's
-        ZeroRedundancyOptimizer) in its expert spaces, reduce-scattered into this rank's shard with ``shard``."""
-        if zero is not None:
-            zero.reduce_gradients(shard, spaces=zero.expert_spaces, divide_by=self.groups.data_size)
-            return
-        all_reduce_expert_grads(self.model, self.groups.expert_data_group, self.groups.data_size)
-
-    def clip(self, max_norm):
-        """Clip by the one-process model's gradient norm (each expert counted once, summed over the stages of a
-        pipeline); returns it as a float."""
-        dims = self.dims
-        return float(clip_grad_norm_model_parallel_(list(self.model.parameters()), max_norm, dims.tp_group,
-                                                    dims.pp_group, expert_group=self.groups.expert_group).item())
+    def __init__(self, dims, model, optimizer, zero_stage, experts):
+        super().__init__(dims, model, optimizer, zero_stage)
+        self.experts = experts
+        self.groups, self.expert = experts.groups, experts.expert
+        self.whole_groups = experts.whole_groups
 
     # ------------------------------------------------------------------------------------------ checkpoints
-    def gather(self, optimizer, zero=False):
+    def gather(self):
         """(model state, optimizer state) in the one-process layout on rank 0, (None, None) elsewhere (collective
-        over every expert group; ``zero``: ``optimizer`` is a ZeroRedundancyOptimizer, its state gathered whole
-        first)."""
+        over every expert group; under ZeRO the optimizer's state is gathered whole first)."""
+        optimizer, zero = self.optimizer, bool(self.zero_stage)
         group = self.groups.expert_group
         model_state = whole_expert_state_dict(self.model, group)
         if zero:  # (only rank 0's expert group's states are kept)
@@ -97,7 +54,7 @@ class ExpertParallelRun:
         """{parameter name: its AdamW state} of every parameter of the one-process model that has state: the
         replicated ones this rank's, the experts' gathered over the expert group. ``states``: {id(parameter): its
         state} on this rank."""
-        names = _names(self.model)
+        names = parameter_names(self.model)
         whole = optimizer.whole_param_groups
         local = {names[id(p)]: states.get(id(p)) for g in whole for p in g["params"]}
         params = {names[id(p)]: p for g in whole for p in g["params"]}
@@ -131,9 +88,8 @@ class ExpertParallelRun:
         return [expert_stem(prefix) for prefix, _ in expert_layers(self.model)]
 
     def scatter(self, model_state, optimizer_state):
-        """Load a whole (one-process) state: each rank keeps its experts (and their optimizer state); the run's
-        optimizer (over this rank's parameters) is ``self.optimizer``, set when it is built. Under tensor parallelism
-        each rank then slices its shards of the split tensors (and of their AdamW moments)."""
+        """Load a whole (one-process) state: each rank keeps its experts (and their optimizer state). Under tensor
+        parallelism each rank then slices its shards of the split tensors (and of their AdamW moments)."""
         tp_group = self.dims.tp_group
         model_state = shard_expert_state_dict(self.model, model_state)
         if tp_group is not None:
@@ -144,7 +100,7 @@ class ExpertParallelRun:
         for saved, names in zip(optimizer_state["param_groups"], self.whole_groups):
             whole_names.update(zip(saved["params"], names))
         by_name = {whole_names[i]: st for i, st in optimizer_state["state"].items()}
-        names = _names(self.model)
+        names = parameter_names(self.model)
         index, groups, state = {}, [], {}
         for saved, g in zip(optimizer_state["param_groups"], self.optimizer.whole_param_groups):
             groups.append({**{k: v for k, v in saved.items() if k != "params"},
@@ -158,37 +114,9 @@ class ExpertParallelRun:
         self.optimizer.load_state_dict(local)
 
 
-def _names(model):
-    names = {}
-    for name, p in model.named_parameters():
-        names.setdefault(id(p), name)
-    return names
-
-
 def _copy(st, device):
     return {k: (Tensor._make(v.copy(), device) if hasattr(v, "shape") else v)
             for k, v in st.items() if not k.startswith("_")}
 
 
-def _whole_param_names(model, weight_decay):
-    """The parameter names of each of the one-process model's optimizer groups (``model`` still whole)."""
-    names = _names(model)
-    return [[names[id(p)] for p in g["params"]] for g in model.optimizer_groups(weight_decay)]
-
-
-class ExpertState(StateIO):
-    """Whole (one-process) state of an expert-parallel run: experts gathered on save, kept on load."""
-
-    def __init__(self, dims, model, optimizer, zero_stage, experts):
-        super().__init__(dims, model, optimizer, zero_stage)
-        self.experts = experts
-        experts.optimizer = optimizer
-
-    def gather(self):
-        return self.experts.gather(self.optimizer, zero=bool(self.zero_stage))
-
-    def scatter(self, model_state, optimizer_state):
-        self.experts.scatter(model_state, optimizer_state)
-
-
-__all__ = ["ExpertParallelRun", "ExpertState"]
+__all__ = ["ExpertState"]

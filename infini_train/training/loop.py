@@ -17,19 +17,14 @@ import numpy as np
 
 from .. import backend
 from .. import distributed as dist
-from ..data.corpus import ensure_default_data, read_meta
+from ..data.corpus import ensure_default_data
 from ..distributed.launch_utils import mpi_library
 from ..data.loader import DistributedDataLoader
 from ..data.sft_loader import SFTDataError, SFTDataLoader
-from ..data.tokenizer import get_tokenizer, hf_name
-from ..models import registry
-from ..models.recompute import set_recompute
+from ..data.tokenizer import get_tokenizer
+from ..models.parallelize import gathered
 from ..models.tensor_parallel_lm import without_sequence_parallel
-from ..models.pipeline_lm import PipelinedLM
-from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
-from ..nn.parallel.sharded_init import recording_inits, replay_inits
 from ..nn.lora import save_adapter
-from ..nn.parallel import DistributedDataParallel
 from ..tensor import Tensor
 from . import checkpoints as ckpt
 from .config import ConfigError
@@ -39,9 +34,9 @@ from .evaluation import evaluate, sample_text
 from .parallel_dims import ParallelDims
 from .out_dir import check_writable
 from .memory import PhasePeaks, peak_rss_bytes
+from .model_build import build_model
 from .moe_metrics import moe_metrics_for
-from .lora_run import (BaseWeights, apply_run_lora, base_source, check_same_lora, checked_base, checkpoint_reference,
-                       load_base_pieces, load_pretrained_pieces, prepare_base, restore_base)
+from .lora_run import check_same_lora, checkpoint_reference
 from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
@@ -50,9 +45,7 @@ from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
 from .sharded_state import ShardedState
 from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
-from .full_sharding import gathered, shard_fully
-from .grad_sync import GradientSync
-from .expert_run import ExpertParallelRun, ExpertState
+from .expert_run import ExpertState
 from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
 
@@ -82,116 +75,6 @@ def pick_device(cfg):
     if backend.cuda_available():
         return backend.Device.parse(f"cuda:{dist.get_local_rank()}")
     return backend.CPU
-
-
-def _tokenizer_name(cfg):
-    meta = read_meta(cfg.data.train)
-    if meta and cfg.data.tokenizer not in ("auto", meta["tokenizer"]):
-        raise ConfigError(f"data.tokenizer: the shards under {os.path.dirname(cfg.data.train)} were made with "
-                          f"{meta['tokenizer']!r}, but the config says {cfg.data.tokenizer!r}\nHINT: set "
-                          f"data.tokenizer={meta['tokenizer']} or re-run prepare_data.py")
-    if meta:
-        return meta["tokenizer"], meta["vocab_size"]
-    pretrained = cfg.model.pretrained
-    if cfg.data.tokenizer == "auto" and pretrained and os.path.isfile(os.path.join(pretrained, "tokenizer.json")):
-        return hf_name(pretrained), 0  # the pretrained model's own tokenizer
-    return cfg.data.tokenizer, 0
-
-
-def build_model(cfg, device, dims=None, lora_reference=None, resuming=False, zero_stage=0, experts=None):
-    """The run's model (``model.arch``), split over the tensor group and into pipeline stages if the layout says
-    so. It is built on the meta device (shapes only, its init calls recorded); each rank then allocates just its
-    part and fills it with the values the one-process build would hold there (sharded init replays the seeded init
-    calls, keeping this rank's elements), or leaves it for the checkpoint to fill when ``resuming``, so no rank ever
-    holds the whole model. A LoRA run's base weights are read from their source the same way, each rank reading only
-    the boxes it keeps (a seeded base, without ``lora.init_from``, is built whole: its pin hashes every value in name
-    order). Returns (model, tokenizer name, BaseWeights of a LoRA run or None); ``lora_reference``: a resumed LoRA
-    checkpoint's record, whose pinned base is restored instead of reading ``lora.init_from`` afresh; ``experts``: an
-    ExpertParallelRun, which keeps this rank's experts before anything is allocated."""
-    model_cfg = cfg.model.to_model_config()
-    tok_name, vocab_needed = _tokenizer_name(cfg)
-    if vocab_needed > model_cfg.vocab_size:
-        raise ConfigError(f"model.vocab_size: the data's tokenizer has {vocab_needed} tokens, more than the "
-                          f"model's vocab_size {model_cfg.vocab_size}\nHINT: set model.vocab_size >= {vocab_needed}")
-    backend.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
-    cls, _ = registry.model_class(cfg.model.arch)
-    lora = bool(cfg.lora.rank)
-    source = base_source(cfg.lora, lora_reference) if lora else None
-    on_meta = not lora or source is not None
-    base = None
-    with backend.META if on_meta else contextlib.nullcontext(), recording_inits() as init_calls:
-        model = like = cls(model_cfg) if on_meta else cls(model_cfg).to(device=device, dtype=cfg.dtype)
-        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        if lora and not on_meta:
-            base = restore_base(model, lora_reference) if lora_reference else prepare_base(model, None)
-        if dims is not None and dims.tensor_parallel:
-            registry.parallelize(model, dims.tp_group, dims.sequence_parallel)
-        if lora:  # after the split: the adapters of split layers are split too (their init recorded after the model's)
-            apply_run_lora(model, cfg.lora)
-    if dims is not None and dims.pipeline_parallel:
-        model = PipelinedLM(model, dims.pp_group, dims.schedule, dims.virtual)
-    if experts is not None:
-        experts.split(model, cfg.train.weight_decay)
-    if zero_stage == 3:  # each rank keeps (and allocates) only its shards
-        if on_meta:
-            model.to(dtype=cfg.dtype)
-        shard_fully(model, dims)
-    if on_meta:
-        model.to_empty(device=device).to(dtype=cfg.dtype)
-        tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims is not None and dims.tensor_parallel else (0, 1)
-        if not resuming and cfg.model.pretrained and not lora:  # full fine-tuning: this rank's boxes of the weights
-            load_pretrained_pieces(model, cfg.model.pretrained, like, shapes, tp_rank, tp_size)
-        elif not resuming:
-            replay_inits(init_calls, model, tp_rank, tp_size)
-        else:  # the checkpoint fills every element but a split vocabulary's padding, which stays zero
-            for p in model.parameters():
-                if getattr(p, "sharded_by", None) is None:  # shards start zero-filled
-                    p.array[...] = 0
-        if lora:  # the base's boxes this rank keeps, read from its source
-            digest = load_base_pieces(model, source, like, shapes, tp_rank, tp_size)
-            base = (checked_base(lora_reference, source, lambda: digest) if lora_reference
-                    else BaseWeights(os.path.abspath(cfg.lora.init_from), source, digest))
-    return set_recompute(model, cfg.train.recompute), tok_name, base
-
-
-def build_optimizer(model, train_cfg, zero_stage, group=None, find_unused=False, experts=None, tensor_group=None):
-    """AdamW over the model's param groups; with ZeRO sharded across the data-parallel ranks (stage 3: over the
-    shards fully_shard keeps; an ExpertParallelRun's local experts over their expert-data group). ``find_unused``:
-    some parameters may get no gradient in a step, which ZeRO then skips as AdamW skips a .grad of None (agreed over
-    ``tensor_group`` too: under sequence parallelism its ranks route different tokens)."""
-    from ..distributed.optim import ZeroRedundancyOptimizer
-    from ..optim import AdamW
-
-    groups = model.optimizer_groups(train_cfg.weight_decay)
-    options = dict(lr=train_cfg.learning_rate, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
-    if zero_stage:
-        if experts is not None:
-            options.update(expert_params=experts.expert_params, expert_data_group=experts.groups.expert_data_group)
-        return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, process_group=group,
-                                       flat_order=model.parameters(), find_unused_parameters=find_unused,
-                                       unused_also_over=tensor_group, **options)
-    return AdamW(groups, **options)
-
-
-def wrap_data_parallel(model, optimizer, dims, zero_stage, find_unused=False, ignored=()):
-    """The model a step runs: with data parallelism, DistributedDataParallel (ZeRO's reducer under ZeRO 1 and 2)
-    around the whole model, or around each pipeline chunk, averaging gradients while backward runs. Pipeline runs
-    under ZeRO-2 keep whole gradients through the schedule (the tied embedding's and sequence-parallel sums need
-    them) and reduce-scatter them after it (GradientSync). ``find_unused``: some parameters may get no gradient in a
-    step (experts no token was routed to); ``ignored``: parameters DDP leaves alone (an expert-parallel run's local
-    experts, reduced over the expert-data group by GradientSync)."""
-    if dims.grad_size == 1 or (dims.pipeline_parallel and zero_stage == 2) or zero_stage == 3:
-        return model  # (ZeRO-3: fully_shard reduce-scatters the gradients itself)
-
-    def wrap(module):
-        return DistributedDataParallel(module, process_group=dims.grad_group, find_unused_parameters=find_unused,
-                                       zero_optimizer=optimizer if zero_stage else None, zero_stage=zero_stage or 2,
-                                       ignored_parameters=ignored)
-
-    if dims.pipeline_parallel:
-        model.wrap_chunks(wrap)
-        return model
-    return wrap(model)
 
 
 def make_loader(cfg, split, tokenizer, dims):
@@ -225,11 +108,7 @@ class Run:
         self.dims = dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule,
                                         p.context, p.expert)
         self.grad_accum = cfg.grad_accum_steps(dims.dp_size)
-        if dims.pipeline_parallel:
-            try:  # the micro-batches are the gradient-accumulation steps
-                check_schedule(p.pipeline_schedule, p.pipeline, p.virtual_pipeline, self.grad_accum)
-            except ScheduleError as exc:
-                raise ConfigError(str(exc)) from None
+        dims.check_schedule(self.grad_accum)
         self.device = pick_device(cfg)
         if self.rank == 0:
             ensure_default_data(cfg.data)
@@ -241,41 +120,28 @@ class Run:
             check_same_model(resume_state, cfg.model.arch, cfg.model.to_model_config().to_dict(), self.resumed_from)
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
             check_config_changes(resume_state, cfg, self.resumed_from)  # lists them; refuses what alters the run
-        self.experts = None  # expert parallelism: the experts split over expert groups of the data-parallel ranks
-        if p.expert > 1:
-            if dims.grad_size % p.expert:
-                raise ConfigError(f"parallel.expert: expected a divisor of the data-parallel size ({dims.grad_size} "
-                                  f"ranks: expert groups of consecutive data-parallel ranks), got {p.expert}\nHINT: "
-                                  f"run on a multiple of {p.expert} ranks, or set parallel.expert to a divisor of "
-                                  f"{dims.grad_size}")
-            self.experts = ExpertParallelRun(dims, p.expert)
         self.memory = PhasePeaks(self.device)
         self.memory.start("build")
-        self.raw_model, self.tok_name, self.lora_base = build_model(
-            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from),
-            zero_stage=cfg.parallel.zero_stage, experts=self.experts)
+        self.plan, self.tok_name, self.lora_base = build_model(
+            cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from))
         self.zero_stage = cfg.parallel.zero_stage
-        self.moe = moe_metrics_for(self.raw_model, dims, p.expert)  # router statistics of a MoE, else None
-        self.optimizer = build_optimizer(self.raw_model, t, self.zero_stage, dims.grad_group, self.moe is not None,
-                                         self.experts, dims.tp_group if dims.sequence_parallel else None)
-        self.model = wrap_data_parallel(self.raw_model, self.optimizer, dims, self.zero_stage, self.moe is not None,
-                                        self.experts.expert_params if self.experts is not None else ())
+        self.moe = moe_metrics_for(self.plan.model, dims, p.expert)  # router statistics of a MoE, else None
+        self.layout = self.plan.train(t)
+        self.raw_model, self.model, self.optimizer = self.layout.raw_model, self.layout.model, self.layout.optimizer
         self.tokenizer = get_tokenizer(self.tok_name)
         self.train_loader = make_loader(cfg, "train", self.tokenizer, dims)
         self.val_loader = make_loader(cfg, "val", self.tokenizer, dims) if cfg.data.val and t.val_loss_every else None
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
-        self.plan = StepPlan(self.model, self.optimizer, dims,
-                             GradientSync(dims, self.raw_model, self.optimizer, self.zero_stage), self.grad_accum,
-                             self.device, self.amp, self.scaler, self.model is not self.raw_model)
-        self.plan.sync.experts = self.experts
-        if self.experts is None or dims.pipeline_parallel:  # (a pipeline's stages load whole state by name, their
+        self.step_plan = StepPlan(self.layout, self.grad_accum, self.device, self.amp, self.scaler)
+        experts = self.plan.experts
+        if experts is None or dims.pipeline_parallel:  # (a pipeline's stages load whole state by name, their
             # experts included; they write sharded checkpoints only)
             self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
         else:
-            self.state_io = ExpertState(dims, self.raw_model, self.optimizer, self.zero_stage, self.experts)
+            self.state_io = ExpertState(dims, self.raw_model, self.optimizer, self.zero_stage, experts)
         self.sharded = ShardedState(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
-        self.sharded.experts = self.experts
+        self.sharded.experts = experts
         self.checkpoint_format = cfg.train.checkpoint_format
         if self.checkpoint_format == "auto":
             self.checkpoint_format = "sharded" if self.world > 1 else "whole"
@@ -373,7 +239,7 @@ class Run:
                 t0 = time.perf_counter()
                 profiler.begin(step)
                 with check.recording(step), self.memory.phase("first_step" if step == self.start_step else "steady"):
-                    result = train_step(self.plan, self.train_loader, t, step, cfg.seed)
+                    result = train_step(self.step_plan, self.train_loader, t, step, cfg.seed)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
                 profiler.end(step)
@@ -447,15 +313,12 @@ class Run:
         if t.sample_every and step > 0 and (step % t.sample_every == 0 or last):
             # rank 0's tensor group (or expert group) generates together: its layers are split; under ZeRO-3 every
             # data-parallel rank does (each forward all-gathers the parameters over them), with the same seed
-            if self.dims.dp_rank == 0 or self._in_first_expert_group() or self.zero_stage == 3:
+            if self.layout.generates_here():
                 with without_sequence_parallel(self.raw_model):
                     text = sample_text(self.raw_model, self.tokenizer, t.sample_length, self.cfg.seed + step,
                                        self.device, self.amp)
                 print0(f"--- sample at step {step} ---\n{text}\n---")
             wait_for_rank0()
-
-    def _in_first_expert_group(self):
-        return self.experts is not None and self.dims.dp_rank < self.experts.expert
 
     def _count_nonfinite(self, step, result):
         """Count a skipped update (``skipped_steps``) and stop the run after more non-finite steps in a row than

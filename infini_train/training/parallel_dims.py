@@ -1,6 +1,6 @@
 """Where this rank sits in a run's process mesh (``parallel.pipeline`` x data parallel x ``parallel.tensor``): its
-coordinates and groups, per-rank seeds and the loss average. Gradient synchronisation and clipping for the layout
-are GradientSync's (grad_sync.py).
+coordinates and groups, per-rank seeds and the loss average. What the layout changes in the model, its gradients and
+its clipping is the model spec's plan (models/parallelize.py).
 
 With ``parallel.tensor = parallel.pipeline = 1`` there is no mesh: the data-parallel group is the world, exactly as
 before model parallelism existed, so such runs (and their checkpoints and resumes) are unchanged.
@@ -12,7 +12,9 @@ import numpy as np
 from .. import backend
 from .. import distributed as dist
 from ..models.attention import TP_RANDOM
+from ..nn.parallel.pipeline_schedules import ScheduleError, check_schedule
 from ..tensor import Tensor
+from .config import ConfigError
 
 
 def step_seed(seed, rank, step, *more):
@@ -27,11 +29,11 @@ class ParallelDims:
     run's parallel sizes and this rank's coordinates and groups in them (``tp_group`` / ``pp_group`` / ``cp_group``
     None without tensor / pipeline / context parallelism). Gradients are averaged over ``grad_group``: the
     data-parallel group, times the context group under context parallelism. ``expert``: the expert-parallel size (its
-    groups are training/expert_run.py's)."""
+    groups are models/expert_layout.py's)."""
 
     def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        self.expert_size = int(expert)  # the experts split over groups of this many data-parallel ranks (expert_run)
+        self.expert_size = int(expert)  # the experts split over groups of this many data-parallel ranks
         self.tp_size, self.sequence_parallel = int(tensor), bool(sequence)
         self.pp_size, self.virtual, self.schedule = int(pipeline), int(virtual), schedule
         self.cp_size = int(context)
@@ -85,6 +87,16 @@ class ParallelDims:
             parts.append(f"tensor parallel {self.tp_size}" + (" with sequence parallel" if self.sequence_parallel
                                                               else ""))
         return " x ".join(parts)
+
+    def check_schedule(self, micro_batches):
+        """A ConfigError when the pipeline schedule cannot run ``micro_batches`` (the gradient-accumulation steps) per
+        step over this layout's stages; nothing without pipeline parallelism."""
+        if not self.pipeline_parallel:
+            return
+        try:
+            check_schedule(self.schedule, self.pp_size, self.virtual, micro_batches)
+        except ScheduleError as exc:
+            raise ConfigError(str(exc)) from None
 
     def seed_step(self, seed, step):
         """Seed the step's random streams: the default one per data-parallel rank (the same on every rank of a

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..data.sft_loader import SFTBatch
 from ..models.token_loss import loss_over_tokens
-from ..nn.parallel.context_parallel import context_parallel, local_chunks
+from ..nn.parallel.context_parallel import local_chunks
 from ..optim.lr_scheduler import cosine_with_warmup
 from .evaluation import batch_on_device, to_device_tensor
 from .forward_backward import forward_backward_func
@@ -40,29 +40,23 @@ class StepResult:
 
 @dataclass
 class StepPlan:
-    """What every step of a run does, decided once when the run is built: the model (DDP-wrapped or pipelined),
-    the optimizer, the forward-backward for the layout, who synchronises gradients, the precision's autocast and
-    GradScaler, and the micro-batches per step."""
+    """What every step of a run does, decided once when the run is built: the layout's training parts (``layout``: a
+    TrainingLayout -- the model as run, the optimizer, the gradient finaliser and clipping, the forward context), the
+    micro-batches per step, the device, and the precision's autocast and GradScaler."""
 
-    model: object
-    optimizer: object
-    dims: ParallelDims
-    sync: object  # a GradientSync
+    layout: object
     grad_accum: int
     device: object
     amp: object = None  # () -> the forward's context (autocast), or None
     scaler: object = None  # a GradScaler (fp16-mixed), or None
-    ddp: bool = False  # the model is DistributedDataParallel: its no_sync() defers the reduction
 
     def __post_init__(self):
+        layout = self.layout
+        self.model, self.optimizer, self.dims = layout.model, layout.optimizer, layout.dims
         self.forward_backward = forward_backward_func(self.dims.pipeline_parallel)
-        self.no_sync = self.model.no_sync if self.ddp else None
         amp = self.amp or contextlib.nullcontext
-        if self.dims.context_parallel:  # every forward runs its attention over the context group
-            group = self.dims.cp_group
-            self.amp = lambda: _stacked(amp(), context_parallel(group))
-        else:
-            self.amp = amp
+        forward = layout.forward_context  # (context parallelism: every forward's attention over the context group)
+        self.amp = amp if forward is None else lambda: _stacked(amp(), forward())
 
 
 @contextlib.contextmanager
@@ -115,14 +109,15 @@ def train_step(plan, loader, train_cfg, step, seed):
 
     if scaler is not None and dims.pipeline_parallel:  # only the last stage scales a loss; the others
         scaler.expect_scaled_gradients()                  # backpropagate its scaled gradient
-    loss_sum = plan.forward_backward(plan.model, next_batch, plan.grad_accum, backward, plan.amp, plan.no_sync)
+    loss_sum = plan.forward_backward(plan.model, next_batch, plan.grad_accum, backward, plan.amp,
+                                     plan.layout.no_sync)
     loss_sum = dims.mean_over_data(loss_sum)
-    plan.sync.finish()
+    plan.layout.finalize_grads()
     scale = None
     if scaler is not None:
         scale = scaler.get_scale()
         scaler.unscale_(optimizer)  # clip the true gradients
-    norm = plan.sync.clip(train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf"))
+    norm = plan.layout.clip_grad_norm(train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf"))
     lr = cosine_with_warmup(step, train_cfg.learning_rate, train_cfg.warmup_iters, train_cfg.num_iterations,
                             train_cfg.learning_rate_decay_frac)
     for group in optimizer.param_groups:

@@ -178,7 +178,7 @@ def test_shards_record_the_hf_name(hf_dirs, tmp_path):
 
 def test_a_run_config_with_an_hf_tokenizer_loads(hf_dirs, tmp_path, monkeypatch):
     from infini_train.training.config import ConfigError, load_config
-    from infini_train.training.loop import _tokenizer_name
+    from infini_train.training.model_build import tokenizer_name
 
     monkeypatch.chdir(os.path.dirname(hf_dirs["qwen"]))
     (tmp_path / "run.yaml").write_text("data:\n  tokenizer: hf:qwen\n  train: shards/train_*.bin\n  source: null\n")
@@ -192,10 +192,10 @@ def test_a_run_config_with_an_hf_tokenizer_loads(hf_dirs, tmp_path, monkeypatch)
     from infini_train.data.corpus import prepare_shards
 
     prepare_shards(["a document", "another"], "shards", "hf:qwen", val_tokens=0)
-    assert _tokenizer_name(cfg) == ("hf:" + hf_dirs["qwen"], 600)
+    assert tokenizer_name(cfg) == ("hf:" + hf_dirs["qwen"], 600)
     with pytest.raises(ConfigError, match=r"data.tokenizer: the shards under shards were made with 'hf:.*qwen', but "
                                           r"the config says 'byte'"):
-        _tokenizer_name(load_config(str(tmp_path / "run.yaml"), ["data.tokenizer=byte"]))
+        tokenizer_name(load_config(str(tmp_path / "run.yaml"), ["data.tokenizer=byte"]))
     for value, line in [
         ("hf:missing", f"data.tokenizer: expected a Hugging Face model directory or a tokenizer.json file, got a path "
                        f"that does not exist ({os.path.join(os.getcwd(), 'missing')}); HINT: download the model"),

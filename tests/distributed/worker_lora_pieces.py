@@ -15,7 +15,7 @@ from infini_train.models.gpt2_io import save_hf, save_llmc
 from infini_train.nn.parallel.sharded_pieces import param_pieces
 from infini_train.training.config import load_config
 from infini_train.training.lora_run import base_entries, weights_digest
-from infini_train.training.loop import build_model
+from infini_train.training.model_build import build_model
 from infini_train.training.parallel_dims import ParallelDims
 
 dist.init_process_group("mpi")
@@ -52,7 +52,8 @@ for source_name, path in sources.items():
         p = cfg.parallel
         dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)
         read[0] = 0
-        model, _, base = build_model(cfg, backend.CPU, dims, zero_stage=p.zero_stage)
+        plan, _, base = build_model(cfg, backend.CPU, dims)
+        model = plan.model
         tp_rank, tp_size = (dims.tp_rank, dims.tp_size) if dims.tensor_parallel else (0, 1)
         for name, t in base_entries(model):
             for offsets, view in param_pieces(t, tp_rank, tp_size).pieces:

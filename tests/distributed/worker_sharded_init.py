@@ -10,8 +10,8 @@ from infini_train import distributed as dist
 from infini_train.models import registry
 from infini_train.optim import AdamW
 from infini_train.training.config import load_config
-from infini_train.training.full_sharding import gathered
-from infini_train.training.loop import build_model
+from infini_train.models.parallelize import gathered
+from infini_train.training.model_build import build_model
 from infini_train.training.parallel_dims import ParallelDims
 from infini_train.training.state_io import state_io_for
 
@@ -41,7 +41,7 @@ for model_name, model_args in MODELS.items():
         cfg = load_config(None, common + parallel)
         p = cfg.parallel
         dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)
-        model, _, _ = build_model(cfg, backend.CPU, dims, zero_stage=p.zero_stage)
+        model = build_model(cfg, backend.CPU, dims)[0].model
         with gathered(model):  # (ZeRO-3: each rank holds only its shards until gathered)
             whole, _ = state_io_for(dims, model, AdamW(model.optimizer_groups(0.0), lr=1e-3), 0, False).gather()
         if rank == 0:

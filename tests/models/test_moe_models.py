@@ -120,7 +120,7 @@ def test_specs_take_model_parallel_layouts_and_refuse_recompute():
     assert spec_of(model).validate(cfg, tensor=4)[0].startswith("parallel.tensor: expected a divisor of model "
                                                                 "n_kv_head (2")
     with pytest.raises(ValueError, match="Qwen3Moe under tensor parallelism needs parallel.sequence=true"):
-        spec_of(model).parallelize(model, type("Group", (), {"size": 2})(), False)
+        spec_of(model).tensor_parallel(model, type("Group", (), {"size": 2})(), False)
     model.recompute = "block"
     x = it.tensor(batch(VOCAB, T=8))
     with pytest.raises(NotImplementedError, match="train.recompute=block: not supported for Qwen3Moe"):

@@ -95,4 +95,4 @@ def test_spec_sliding_window_and_config(tmp_path):
     assert type(load_config(None, ["model.arch=qwen3"]).model.to_model_config()) is Qwen3Config  # a run config's
     group = type("Group", (), {"size": 2})()
     with pytest.raises(ValueError, match="needs parallel.sequence=true"):
-        spec_of(model).parallelize(model, group, False)
+        spec_of(model).tensor_parallel(model, group, False)

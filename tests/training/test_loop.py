@@ -12,7 +12,8 @@ import pytest
 import infini_train as it
 from infini_train.data.loader import DistributedDataLoader
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.training import Run, TrainingDiverged, grad_sync
+from infini_train.models import finalize_grads
+from infini_train.training import Run, TrainingDiverged
 from infini_train.training.evaluation import evaluate, sample_text
 from infini_train.data.tokenizer import get_tokenizer
 from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
@@ -75,7 +76,7 @@ def test_a_run_at_learning_rate_0_keeps_the_weights(data_dir, tmp_path):
 
 def _poisoned_norms(monkeypatch, bad_steps):
     """Make clip_grad_norm_ report nan at the given steps, as a gradient overflow would."""
-    real = grad_sync.clip_grad_norm_
+    real = finalize_grads.clip_grad_norm_
     calls = {"n": 0}
 
     def clip(params, max_norm):
@@ -83,7 +84,7 @@ def _poisoned_norms(monkeypatch, bad_steps):
         calls["n"] += 1
         return it.tensor(float("nan")) if calls["n"] - 1 in bad_steps else norm
 
-    monkeypatch.setattr(grad_sync, "clip_grad_norm_", clip)
+    monkeypatch.setattr(finalize_grads, "clip_grad_norm_", clip)
 
 
 def test_non_finite_steps_are_skipped_up_to_the_limit_and_counted(data_dir, tmp_path, monkeypatch, capsys):
