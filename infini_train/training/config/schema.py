@@ -19,7 +19,7 @@ setting keeps its text when YAML would read it as a number or date. A mapping me
 as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
 
 This module holds the schema, its validation and the entry points; reading YAML strictly and applying the
-command-line overrides to the raw dict is in infini_train.training.config_yaml.
+command-line overrides to the raw dict is in .yaml_io.
 """
 from __future__ import annotations
 
@@ -35,15 +35,15 @@ from typing import Optional
 
 import yaml
 
-from ..data.tokenizer import HF_PREFIX, hf_name
-from .config_checks import (BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB,  # noqa: F401 (re-exported)
+from ...data.tokenizer import HF_PREFIX, hf_name
+from .checks import (BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB,  # noqa: F401 (re-exported)
                             TOKENIZERS, check_ranges)
-from .config_model import ModelConfig, _key
-from .config_yaml import apply_overrides, load_yaml
-from .config_yaml import merge as _merge  # noqa: F401  (callers and tests use config._merge)
-from .config_yaml import parse_value as parse_value  # re-exported: part of this module's interface
+from .model import ModelConfig, _key
+from .yaml_io import apply_overrides, load_yaml
+from .yaml_io import merge as _merge  # noqa: F401  (callers and tests use config._merge)
+from .yaml_io import parse_value as parse_value  # re-exported: part of this module's interface
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_CONFIG = "configs/gpt2_tiny.yaml"
 class ConfigError(ValueError):
     """An invalid run configuration; ``errors`` holds one line per problem."""
@@ -266,7 +266,7 @@ class RunConfig:
         """Write ``out_dir/config.yaml`` (default self.out_dir) atomically; returns its path. load_config(path) gives
         back an equal RunConfig. A run resumed at step ``resumed_at`` writes ``config.resume-<step>.yaml`` instead,
         keeping the run's first config.yaml (written too when missing: a run resumed from elsewhere)."""
-        from ..atomic_file import write_text_atomically
+        from ...atomic_file import write_text_atomically
 
         out_dir = out_dir or self.out_dir
         os.makedirs(out_dir, exist_ok=True)
@@ -372,7 +372,7 @@ def _coerce(value, annotation, path, errors):
     elif annotation is str:
         if isinstance(value, str):
             return value
-        # files and command lines give a str setting its text as written (see config_yaml._keep_text); any other
+        # files and command lines give a str setting its text as written (see yaml_io._keep_text); any other
         # value (a YAML bool, a number in a dict) would mean guessing at the text, so it is refused
         errors.append(f"{path}: expected {kind}, got {_describe(value)}; HINT: {_text_hint(path, value)}")
         return _BAD
@@ -519,7 +519,7 @@ def _arch_of_pretrained(raw):
     model = raw.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("pretrained"), str) or "arch" in model:
         return
-    from ..models.pretrained import pretrained_config
+    from ...models.pretrained import pretrained_config
 
     try:
         model["arch"] = pretrained_config(model["pretrained"])[0]

@@ -18,8 +18,8 @@ import json
 import os
 import sys
 
-from .. import distributed as dist
-from .config import ConfigError, RunConfig, _flatten, _rename_sections
+from ... import distributed as dist
+from .schema import ConfigError, RunConfig, _flatten, _rename_sections
 
 NOT_COMPARED = ("resume", "resume_allow_changes")  # how this start was asked for, not what the run trains
 # key, or section prefix ending in ".", -> why changing it leaves the steps' values as the checkpoint's run had them

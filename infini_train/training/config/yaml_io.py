@@ -1,11 +1,11 @@
 """Run-config text to nested dicts: YAML read strictly and dotted command-line overrides merged in, both driven by
-the dataclass schema of infini_train.training.config (RunConfig, whose dataclass-typed fields are its sections).
+the dataclass schema of infini_train.training.config.schema (RunConfig, whose dataclass-typed fields are its sections).
 
     raw = load_yaml(f, RunConfig)            # duplicate keys raise; str settings keep their text (out_dir: 0755)
     apply_overrides(raw, ["train.learning_rate=3e-4", "model={n_layer: 2}"], errors, RunConfig)
 
 Nothing here checks values against the schema beyond choosing how to read them: unknown keys and type or range
-problems are left to the validation in infini_train.training.config. Problems with the override text itself
+problems are left to the validation in infini_train.training.config.schema. Problems with the override text itself
 (no ``=``, a setting used as a section, a section value that is not YAML) are appended to ``errors``, one line
 each.
 """

@@ -125,8 +125,8 @@ class ModelConfig:
 
     def presets(self):
         """The presets of the arch: {name: its config class's fields}."""
-        from ..models.gpt2_config import GPT2_PRESETS
-        from ..models.registry import model_class
+        from ...models.gpt2_config import GPT2_PRESETS
+        from ...models.registry import model_class
 
         return GPT2_PRESETS if self.arch == "gpt2" else model_class(self.arch)[1].presets()
 
@@ -161,7 +161,7 @@ class ModelConfig:
         """The resolved GPT2Config, or the LlamaConfig (subclass) of the arch; a ``pretrained`` model's own
         (dropout as given)."""
         if self.pretrained:
-            from ..models.pretrained import pretrained_config
+            from ...models.pretrained import pretrained_config
 
             config = pretrained_config(self.pretrained)[1]
             if self.dropout is not None:
@@ -173,7 +173,7 @@ class ModelConfig:
 
     def to_gpt2_config(self):
         """The resolved infini_train.models.gpt2_config.GPT2Config."""
-        from ..models.gpt2_config import GPT2Config
+        from ...models.gpt2_config import GPT2Config
 
         if self.preset:
             return GPT2Config.from_preset(self.preset, **self.overrides())
@@ -182,7 +182,7 @@ class ModelConfig:
     def to_llama_config(self):
         """The resolved infini_train.models.llama_config.LlamaConfig, or for the archs on LLaMA's blocks their
         subclass of it (the arch's own defaults and presets)."""
-        from ..models.registry import model_class
+        from ...models.registry import model_class
 
         config_class = model_class(self.arch if self.arch != "gpt2" else "llama3")[1]
         names = {"n_embd": "dim", "n_layer": "n_layers", "n_head": "n_heads", "block_size": "max_seq_len",

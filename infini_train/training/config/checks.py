@@ -8,10 +8,10 @@ import math
 import os
 import re
 
-from ..data.hf_tokenizer import config_problem as hf_config_problem
-from ..data.tokenizer import HF_PREFIX
-from ..models.registry import ARCHS, model_spec
-from .config_model import MOE_ARCHS
+from ...data.hf_tokenizer import config_problem as hf_config_problem
+from ...data.tokenizer import HF_PREFIX
+from ...models.registry import ARCHS, model_spec
+from .model import MOE_ARCHS
 
 DTYPES = ("float32", "float64")
 TOKENIZERS = ("byte", "gpt2", "auto")
@@ -62,7 +62,7 @@ def _finite(v):
 
 
 def check_ranges(cfg, errors, bad):
-    from ..models.gpt2_config import GPT2_PRESETS
+    from ...models.gpt2_config import GPT2_PRESETS
 
     c = _Checker(cfg, errors, bad)
     for name in ("batch_size", "sequence_length", "num_iterations", "sample_length", "log_every"):
@@ -336,7 +336,7 @@ def _check_model(cfg, c, errors, gpt2_presets):
 def _pretrained_model(m, c, errors):
     """The config of ``model.pretrained`` (None after an error): it exists and is readable, its arch is model.arch,
     and no other model key but dropout is given (its own config decides them)."""
-    from ..models.pretrained import pretrained_config
+    from ...models.pretrained import pretrained_config
 
     try:
         arch, _ = pretrained_config(m.pretrained)
@@ -389,8 +389,8 @@ def _tokenizer_vocab(name, c, errors):
     None when it is not known before the run (auto)."""
     if not name.startswith(HF_PREFIX):
         return TOKENIZER_VOCAB.get(name)
-    from ..data.hf_tokenizer import HFTokenizerError
-    from ..data.tokenizer import get_tokenizer
+    from ...data.hf_tokenizer import HFTokenizerError
+    from ...data.tokenizer import get_tokenizer
 
     try:
         return get_tokenizer(name).vocab_size
@@ -444,7 +444,7 @@ def _check_moe_run(cfg, c, errors, model):
         targets = lora.targets()
         expert_names = ["model.layers.0.mlp.experts.0.gate_proj", "model.layers.0.mlp.experts.0.up_proj",
                         "model.layers.0.mlp.experts.0.down_proj", "model.layers.0.mlp.gate"]
-        from ..nn.lora import matches_target
+        from ...nn.lora import matches_target
 
         if targets == "all-linear" or any(matches_target(n, targets) for n in expert_names):
             errors.append(f"lora.target_modules: expected modules outside the experts and routers for model.arch="
@@ -497,7 +497,7 @@ def backend_problem(cfg):
     that cannot form."""
     if cfg.backend != "nccl" or cfg.device.startswith("cpu"):  # (nccl with device cpu is check_ranges' error)
         return None
-    from ..backend import cuda_available
+    from ...backend import cuda_available
 
     if cuda_available():
         return None
