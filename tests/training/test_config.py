@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from infini_train.training.config import schema as config_load
+from infini_train.training.config import load as config_load
 from infini_train.training.config import (
     ConfigError,
     RunConfig,

@@ -18,15 +18,16 @@ Command-line values are YAML, except that a text setting (out_dir, data.train, .
 setting keeps its text when YAML would read it as a number or date. A mapping merges into its section key by key,
 as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
 
-The package: the schema with its validation and the entry points load_config and parse_args (.schema; the model
-section in .model), the range and consistency checks (.checks), strict YAML and the command-line overrides
-(.yaml_io), and what a resume changes of its checkpoint's config (.resume_changes).
+The package: the sections (.sections; the model's in .model) and the whole run's RunConfig with its validation
+(.schema), the range and consistency checks (.checks), strict YAML and the command-line overrides (.yaml_io), the
+entry points load_config and parse_args (.load), and what a resume changes of its checkpoint's config
+(.resume_changes).
 """
 from .checks import BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB, TOKENIZERS, check_ranges
+from .load import DEFAULT_CONFIG, REPO_ROOT, default_config_path, load_config, parse_args
 from .model import ModelConfig
-from .schema import (DEFAULT_CONFIG, RENAMED_SECTIONS, REPO_ROOT, SECTIONS, ConfigError, DataConfig, LoraConfig,
-                     NumericsConfig, ParallelConfig, ProfileConfig, RunConfig, TrainConfig, config_keys,
-                     default_config_path, load_config, parse_args)
+from .schema import RENAMED_SECTIONS, SECTIONS, RunConfig, config_keys
+from .sections import ConfigError, DataConfig, LoraConfig, NumericsConfig, ParallelConfig, ProfileConfig, TrainConfig
 from .yaml_io import apply_overrides, load_yaml, parse_value
 
 __all__ = ["ConfigError", "RunConfig", "ModelConfig", "DataConfig", "TrainConfig", "ParallelConfig", "LoraConfig",

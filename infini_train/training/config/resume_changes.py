@@ -19,7 +19,8 @@ import os
 import sys
 
 from ... import distributed as dist
-from .schema import ConfigError, RunConfig, _flatten, _rename_sections
+from .schema import RunConfig, _flatten, _rename_sections
+from .sections import ConfigError
 
 NOT_COMPARED = ("resume", "resume_allow_changes")  # how this start was asked for, not what the run trains
 # key, or section prefix ending in ".", -> why changing it leaves the steps' values as the checkpoint's run had them

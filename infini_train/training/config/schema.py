@@ -1,207 +1,21 @@
-"""Run configuration: typed dataclasses read from YAML plus dotted command-line overrides, validated before
-any work starts. Training keys follow the flags of llm.c's train_gpt2 (batch_size = -b, sequence_length = -t,
-total_batch_size = -d, learning_rate = -l, warmup_iters = -u, learning_rate_decay_frac = -q, ...).
-
-    cfg = load_config("configs/gpt2_tiny.yaml", ["train.learning_rate=3e-4", "out_dir=runs/x"])
-    cfg = parse_args(sys.argv[1:])           # train.py [--config FILE] [dotted.key=value ...]
-    grad_accum = cfg.train.grad_accum_steps(world_size)   # raises ConfigError when it does not divide
-    gpt2_config = cfg.model.to_gpt2_config()
-    cfg.save_resolved()                      # out_dir/config.yaml, loadable with load_config
-    print(cfg.pretty())
-
-Every problem (unknown key, wrong type, out-of-range value, inconsistent values) is reported at once in
-one ConfigError, one line each, naming the dotted key, what was expected and what was found, with the
-nearest valid key for a misspelt one. In every periodic setting (``*_every``) 0 disables the action.
-
-Command-line values are YAML, except that a text setting (out_dir, data.train, ...) takes the text as written
-(``out_dir=0755`` is '0755'; null spellings are null, and ``out_dir="'null'"`` is the word); in YAML files such a
-setting keeps its text when YAML would read it as a number or date. A mapping merges into its section key by key,
-as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
-
-This module holds the schema, its validation and the entry points; reading YAML strictly and applying the
-command-line overrides to the raw dict is in .yaml_io.
-"""
+"""The whole run's config (RunConfig: its sections and top-level keys), the dotted key names, and building a validated
+RunConfig from a raw dict: types coerced, unknown keys suggested, every problem reported at once (ConfigError)."""
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import difflib
-import glob
 import os
 import typing
 from dataclasses import dataclass, field
-from typing import Optional
 
 import yaml
 
-from ...data.tokenizer import HF_PREFIX, hf_name
-from .checks import (BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB,  # noqa: F401 (re-exported)
-                            TOKENIZERS, check_ranges)
+from .checks import check_ranges
 from .model import ModelConfig, _key
-from .yaml_io import apply_overrides, load_yaml
-from .yaml_io import merge as _merge  # noqa: F401  (callers and tests use config._merge)
-from .yaml_io import parse_value as parse_value  # re-exported: part of this module's interface
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-DEFAULT_CONFIG = "configs/gpt2_tiny.yaml"
-class ConfigError(ValueError):
-    """An invalid run configuration; ``errors`` holds one line per problem."""
-
-    def __init__(self, message, errors=()):
-        super().__init__(message)
-        self.errors = list(errors)
-
-
-@dataclass
-class DataConfig:
-    """Token shards (llm.c format). With ``source: stdlib`` the default corpus (Python's standard library
-    sources) is built into data.train's directory on first use (infini_train.data.corpus.ensure_default_data);
-    with ``source: null`` the shards must exist. ``format`` text | chat | instruction reads supervised fine-tuning
-    samples instead: .jsonl files, or the .sft shards of prepare_data.py (infini_train.data.sft_loader)."""
-
-    train: str = _key("data/stdlib_byte/train_*.bin", "glob of training shards (.bin; SFT formats: .jsonl or .sft)")
-    val: Optional[str] = _key("data/stdlib_byte/val_*.bin", "glob of validation shards (null: no validation)")
-    tokenizer: str = _key("byte", "byte | gpt2 | auto (gpt2 when available offline, else byte) | hf:PATH (a Hugging "
-                               "Face model directory or its tokenizer.json)")
-    source: Optional[str] = _key("stdlib", "build the default corpus when data.train matches nothing (null: never)")
-    max_corpus_bytes: int = _key(4_000_000, "size cap of the default corpus")
-    format: str = _key("tokens", "tokens (llm.c token shards) | text | chat | instruction (JSONL samples or their "
-                                 ".sft shards, for fine-tuning)")
-    packing: bool = _key(True, "SFT formats: pack whole samples into each row (false: one sample per row, padded)")
-    train_on_prompt: bool = _key(False, "SFT formats: train on every token, not only the assistant turns")
-
-    def __post_init__(self):
-        # hf:PATH made absolute: the shards' meta.json, checkpoints and the saved config name one tokenizer wherever
-        # a run, a resume or generate.py starts
-        if isinstance(self.tokenizer, str) and self.tokenizer.startswith(HF_PREFIX):
-            self.tokenizer = hf_name(self.tokenizer[len(HF_PREFIX):])
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation and the periodic actions; names follow llm.c's train_gpt2 flags."""
-
-    batch_size: int = _key(8, "B: sequences per micro-batch per rank (-b)")
-    sequence_length: int = _key(64, "T (-t), at most model block_size")
-    total_batch_size: int = _key(0, "tokens per optimizer step (-d) = B*T*grad_accum*world_size; 0: B*T*world_size")
-    num_iterations: int = _key(100, "optimizer steps (-x)")
-    learning_rate: float = _key(1e-3, "peak lr (-l)")
-    warmup_iters: int = _key(0, "linear warmup steps (-u)")
-    learning_rate_decay_frac: float = _key(0.0, "final lr as a fraction of the peak (-q)")
-    weight_decay: float = _key(0.0, "AdamW decoupled weight decay on 2-D weights (-c)")
-    beta1: float = _key(0.9, "AdamW beta1")
-    beta2: float = _key(0.95, "AdamW beta2")
-    eps: float = _key(1e-8, "AdamW epsilon")
-    grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping")
-    peak_flops: float = _key(0.0, "peak FLOP/s of one device (a GPU, or one host's CPU cores) that MFU divides by; 0: "
-                                  "the GPU's datasheet peak for the run's precision, or the CPU's vector peak")
-    initial_loss_scale: float = _key(65536.0, "fp16-mixed: the GradScaler's first loss scale (a checkpoint's scale "
-                                              "wins on resume)")
-    loss_scale_window: int = _key(2000, "fp16-mixed: steps without overflow before the loss scale doubles")
-    skip_nonfinite: int = _key(0, "skip up to K consecutive optimizer steps whose loss or gradient norm is not "
-                                  "finite (0: stop the run at the first one)")
-    val_loss_every: int = _key(0, "steps between validation passes (-v); 0 disables")
-    val_max_steps: int = _key(20, "batches of batch_size sequences per validation pass, shared by the data-parallel "
-                                  "ranks (-m)")
-    sample_every: int = _key(0, "steps between generated samples (-s); 0 disables")
-    sample_length: int = _key(64, "tokens per sample (-g)")
-    save_every: int = _key(0, "steps between checkpoints (-n); 0: only the final one")
-    keep_last: int = _key(3, "checkpoints kept on disk; 0 keeps all")
-    checkpoint_format: str = _key("auto", "auto (sharded with several ranks, whole in one process) | whole "
-                                          "(one-process files, gathered on rank 0) | sharded (every rank writes its "
-                                          "own shard, no gather; loads under any layout)")
-    log_every: int = _key(1, "steps between printed lines (metrics.jsonl gets every step)")
-    overfit_single_batch: bool = _key(False, "train on the first batch over and over (a debugging aid, -f)")
-    recompute: str = _key("none", "none | block: recompute each transformer block's activations in backward (less "
-                                  "memory for about one more forward)")
-
-    def grad_accum_steps(self, world_size=1):
-        """Micro-batches per optimizer step: total_batch_size / (B * T * world_size); a ConfigError if it
-        does not divide. Call at run start, once the world size is known."""
-        per_step = self.batch_size * self.sequence_length * world_size
-        total = self.total_batch_size or per_step
-        if total % per_step:
-            lower = max(total // per_step, 1) * per_step
-            span = self.sequence_length * world_size
-            rows = total // span if total % span == 0 else 0  # sequences per rank and step, when whole
-            fits = max((b for b in range(1, min(rows, self.batch_size) + 1) if rows % b == 0), default=None)
-            steps = rows // fits if fits else 0
-            batch = (f", or train.batch_size={fits} (the same total in {steps} micro-batch{'es' if steps > 1 else ''})"
-                     if fits else "")
-            raise ConfigError(
-                f"train.total_batch_size: expected a multiple of batch_size * sequence_length * world_size = "
-                f"{self.batch_size} * {self.sequence_length} * {world_size} = {per_step}, got {total}\n"
-                f"HINT: set train.total_batch_size={lower} (or {lower + per_step}){batch}, or change batch_size / "
-                "the number of ranks")
-        return total // per_step
-
-
-@dataclass
-class ParallelConfig:
-    """How the ranks of a job share the work: world = pipeline x data-parallel x tensor ranks, laid out
-    tensor-fastest, then data, then pipeline (ranks 0..tensor-1 form the first tensor-parallel group; rank =
-    pp_rank * (DP * TP) + dp_rank * TP + tp_rank); the data-parallel size is world / (tensor x pipeline)."""
-
-    tensor: int = _key(1, "tensor-parallel size: attention heads, MLP and vocabulary split over this many ranks")
-    context: int = _key(1, "context-parallel size: each sequence split over this many ranks (ring attention; "
-                           "load-balanced causal chunks)")
-    sequence: bool = _key(False, "sequence parallelism: layer norms and dropout on slices of the sequence "
-                                 "(needs tensor > 1)")
-    pipeline: int = _key(1, "pipeline stages: the layers split into this many consecutive parts, one per rank")
-    virtual_pipeline: int = _key(1, "model chunks per pipeline stage (> 1 with pipeline_schedule=interleaved)")
-    pipeline_schedule: str = _key("1f1b", "gpipe | 1f1b | interleaved; micro-batches are the gradient-accumulation "
-                                          "steps")
-    expert: int = _key(1, "expert-parallel size (qwen3_moe | mixtral): each MoE layer's experts split over groups of "
-                          "this many data-parallel ranks (tokens exchanged all-to-all); divides the data-parallel "
-                          "size and num_experts")
-    zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
-                              "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too; 3: parameters "
-                              "sharded too, gathered per block while it runs (fully_shard)")
-
-
-@dataclass
-class LoraConfig:
-    """LoRA fine-tuning: low-rank adapters on the target linear layers, every other weight frozen (rank 0: off).
-    Checkpoints of such a run hold the adapters and a reference to the base weights; the end of the run also
-    writes the adapters in PEFT's format to out_dir/adapter."""
-
-    rank: int = _key(0, "adapter rank r (0: no LoRA, train every weight)")
-    alpha: float = _key(16.0, "scaling numerator: adapters add B A x * alpha / rank")
-    dropout: float = _key(0.0, "dropout on the adapters' input")
-    target_modules: str = _key("all-linear", "all-linear (every linear layer but the output layer), or comma-"
-                                             "separated module names (c_attn,c_proj / q_proj,v_proj; or a YAML list "
-                                             "[c_attn, c_proj]), or a regex")
-    init_from: Optional[str] = _key(None, "base weights: an HF directory (GPT-2 / LLaMA), an llm.c .bin, or a "
-                                          "training checkpoint (step dir or out_dir); null: the seeded init")
-
-    LISTS_AS_TEXT = ("target_modules",)  # a YAML list of names, in a file or on the command line: their text
-
-    def targets(self):
-        """target_modules as apply_lora takes it: "all-linear", a regex string, or a list of names."""
-        text = self.target_modules.strip()
-        if text == "all-linear" or any(ch in text for ch in "*()[]|\\^$+?"):
-            return text
-        return [name.strip() for name in text.split(",") if name.strip()]
-
-
-@dataclass
-class ProfileConfig:
-    """Profiling a few steps (it.profiler): from the start of step ``start_step`` for ``num_steps`` steps; writes
-    out_dir/profile/trace_rank{R}.json on every rank, and the merged trace.json and the ops table ops.txt on rank 0."""
-
-    start_step: int = _key(-1, "first profiled step (negative: no profiling)")
-    num_steps: int = _key(1, "steps profiled from start_step")
-    record_shapes: bool = _key(False, "record each op's input shapes (ops.txt gets a table by shape too)")
-
-
-@dataclass
-class NumericsConfig:
-    """The numerics checker (infini_train.training.numerics): statistics of the training steps' tensors in
-    out_dir/numerics/rank<R>.jsonl, compared with ``python -m infini_train.tools.compare_numerics``."""
-
-    level: int = _key(0, "0: off; 1: every module output, its gradient and every parameter gradient; 2: every op's "
-                         "outputs and input gradients too")
+from .sections import (ConfigError, DataConfig, LoraConfig, NumericsConfig, ParallelConfig, ProfileConfig,
+                       TrainConfig)
+from .yaml_io import parse_value
 
 
 @dataclass
@@ -282,6 +96,7 @@ class RunConfig:
                                      text(f" of the resume at step {resumed_at}"))
 
 
+
 RENAMED_SECTIONS = {"precision_check": "numerics"}  # earlier name -> name now: older configs and checkpoints load
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
             "lora": LoraConfig, "profile": ProfileConfig, "numerics": NumericsConfig}
@@ -309,6 +124,22 @@ def _flatten(d, prefix=""):
         else:
             out[key] = v
     return out
+
+
+
+def _rename_sections(raw):
+    """Move sections given under an earlier name (RENAMED_SECTIONS) to their name now, in place; returns the old
+    names found, for one warning each."""
+    found = []
+    for old, new in RENAMED_SECTIONS.items():
+        if isinstance(raw, dict) and old in raw:
+            section = raw.pop(old)
+            if isinstance(section, dict) and isinstance(raw.get(new), dict):
+                section = {**section, **raw[new]}
+            raw[new] = section
+            found.append(old)
+    return found
+
 
 
 def _suggest(path):
@@ -443,165 +274,4 @@ def _validated(raw, source, errors, renamed=()):
                     for key, theirs, given in cfg.model.preset_overrides()]
     cfg.warnings += [f"{old} is now called {RENAMED_SECTIONS[old]} (e.g. {RENAMED_SECTIONS[old]}.level); the old "
                      "name still works" for old in renamed]
-    return cfg
-
-
-def _shown_dir(path):
-    """``path`` relative to the working directory when it lies under it, else absolute."""
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
-
-
-def _similar_file(path):
-    """ (did you mean 'configs/gpt2_tiny.yaml'?) for a missing config file, looking beside it and in configs/."""
-    folder, name = os.path.split(path)
-    candidates = {}
-    for where in (folder or ".", os.path.join(REPO_ROOT, "configs")):
-        if os.path.isdir(where):
-            for entry in sorted(os.listdir(where)):
-                if entry.endswith((".yaml", ".yml")):
-                    shown = os.path.join(folder if where == (folder or ".") else _shown_dir(where), entry)
-                    candidates.setdefault(entry, shown)
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean '{candidates[close[0]]}'?)" if close else ""
-
-
-def _read_config_file(path):
-    """The top-level mapping of the YAML file at ``path``; otherwise one ConfigError naming the path, what was
-    expected, what was found and a hint."""
-    where = f"config file {path!r}"
-    shipped = os.path.join(REPO_ROOT, "configs")
-    if os.path.isdir(path):
-        files = sorted(glob.glob(os.path.join(path, "*.yaml")) + glob.glob(os.path.join(path, "*.yml")))
-        raise ConfigError(f"{where}: expected a YAML file, got a directory\nHINT: name a file in it, e.g. --config "
-                          f"{files[0] if files else os.path.join(path, 'run.yaml')}")
-    try:
-        with open(path, "rb") as f:  # bytes: YAML detects the encoding and reports bad bytes as a YAML error
-            raw = load_yaml(f, RunConfig)
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: expected a YAML file, got a path that does not exist{_similar_file(path)}\n"
-                          f"HINT: the shipped runs are in {shipped}: "
-                          f"{', '.join(sorted(n for n in os.listdir(shipped) if n.endswith('.yaml')))}") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: expected a readable YAML file, got {exc.strerror or exc}\nHINT: check that it "
-                          f"is a file you may read (ls -l {path})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a YAML mapping of keys at the top level, got {_describe(raw)[:200]}\n"
-                          f"HINT: write one 'key: value' per line and sections as 'train:' followed by indented "
-                          f"keys, as in {os.path.join(shipped, 'gpt2_tiny.yaml')}")
-    return raw or {}
-
-
-def load_config(path=None, overrides=()):
-    """Read the YAML file at ``path`` (None or an empty file: all defaults), apply ``overrides``
-    (["train.learning_rate=3e-4", "out_dir=runs/x", "model={n_layer: 2, n_head: 2}", ...]; a mapping merges into
-    its section key by key) and validate everything -> RunConfig.
-
-    Raises one ConfigError listing every problem."""
-    raw = _read_config_file(path) if path else {}
-    errors = []
-    renamed = _rename_sections(raw)
-    overrides = [_renamed_override(text, renamed) for text in overrides]
-    apply_overrides(raw, overrides, errors, RunConfig)
-    _preset_replaces_file_shape(raw, overrides)
-    _arch_of_pretrained(raw)
-    cfg = _validated(raw, path or "defaults", errors, renamed)
-    if cfg.lora.rank and cfg.lora.init_from is None and cfg.model.pretrained:
-        cfg.lora.init_from = cfg.model.pretrained  # the adapters' base is the pretrained model
-    return cfg
-
-
-def _arch_of_pretrained(raw):
-    """With ``model.pretrained`` and no ``model.arch``, the arch is the pretrained model's (a path that cannot be
-    read is left to the checks, which say why)."""
-    model = raw.get("model")
-    if not isinstance(model, dict) or not isinstance(model.get("pretrained"), str) or "arch" in model:
-        return
-    from ...models.pretrained import pretrained_config
-
-    try:
-        model["arch"] = pretrained_config(model["pretrained"])[0]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-
-
-def _rename_sections(raw):
-    """Move sections given under an earlier name (RENAMED_SECTIONS) to their name now, in place; returns the old
-    names found, for one warning each."""
-    found = []
-    for old, new in RENAMED_SECTIONS.items():
-        if isinstance(raw, dict) and old in raw:
-            section = raw.pop(old)
-            if isinstance(section, dict) and isinstance(raw.get(new), dict):
-                section = {**section, **raw[new]}
-            raw[new] = section
-            found.append(old)
-    return found
-
-
-def _renamed_override(text, renamed):
-    key, sep, value = str(text).partition("=")
-    head, dot, rest = key.strip().partition(".")
-    if head in RENAMED_SECTIONS:
-        if head not in renamed:
-            renamed.append(head)
-        return f"{RENAMED_SECTIONS[head]}{dot}{rest}{sep}{value}"
-    return text
-
-
-def _preset_replaces_file_shape(raw, overrides):
-    """A model.preset set on the command line takes the architecture from the preset: the config file's keys that a
-    preset defines (ModelConfig.PRESET_KEYS: the shape, LLaMA's rope, norm and tying) give way unless the command line
-    sets them too."""
-    given = {}
-    apply_overrides(given, list(overrides), [], RunConfig)  # what the command line alone sets
-    model, cli_model = raw.get("model"), given.get("model")
-    if not isinstance(model, dict) or not isinstance(cli_model, dict) or cli_model.get("preset") is None:
-        return
-    for key in ModelConfig.PRESET_KEYS:
-        if key not in cli_model:
-            model[key] = None
-
-
-def default_config_path():
-    """configs/gpt2_tiny.yaml relative to the working directory, else inside the repository."""
-    if os.path.exists(DEFAULT_CONFIG):
-        return DEFAULT_CONFIG
-    return os.path.join(REPO_ROOT, DEFAULT_CONFIG)
-
-
-def _key_listing():
-    """The valid keys by section, each with its description."""
-    docs = _key_docs()
-    width = max(map(len, docs))
-    lines, current = [], None
-    for key, doc in docs.items():
-        section = key.split(".")[0] if "." in key else ""
-        if section != current:
-            lines.append(f"  {section + '.*' if section else 'top level'}:")
-            current = section
-        lines.append(f"    {key.ljust(width)}  {doc}")
-    return "\n".join(lines)
-
-
-def parse_args(argv=None):
-    """``train.py [--config FILE] [--print-config] [dotted.key=value ...]`` -> RunConfig (ConfigError when
-    invalid). --config defaults to configs/gpt2_tiny.yaml; --print-config prints the resolved config (the model's
-    shape keys filled from its preset or defaults) and exits."""
-    parser = argparse.ArgumentParser(
-        description="Train GPT-2 with infini_train.", formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="overrides are dotted.key=value, values in YAML syntax (text settings take the text as written),\n"
-               "and a mapping merges into its section, e.g.\n"
-               "  train.learning_rate=3e-4 out_dir=runs/x model.preset=d12 data.val=null 'model={n_layer: 2}'\n\n"
-               "valid keys:\n" + _key_listing())
-    parser.add_argument("--config", default=None, help=f"YAML run config (default {DEFAULT_CONFIG})")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
-    args = parser.parse_intermixed_args(argv)
-    cfg = load_config(args.config or default_config_path(), args.overrides)
-    if args.print_config:  # a preset's (or the arch's default) shape shown, not left null
-        print(dataclasses.replace(cfg, model=cfg.model.resolved()).to_yaml(), end="")
-        raise SystemExit(0)
     return cfg
