@@ -62,7 +62,7 @@ def _finite(v):
 
 
 def check_ranges(cfg, errors, bad):
-    from ...models.gpt2_config import GPT2_PRESETS
+    from ...models.gpt2.config import GPT2_PRESETS
 
     c = _Checker(cfg, errors, bad)
     for name in ("batch_size", "sequence_length", "num_iterations", "sample_length", "log_every"):

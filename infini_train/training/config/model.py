@@ -125,7 +125,7 @@ class ModelConfig:
 
     def presets(self):
         """The presets of the arch: {name: its config class's fields}."""
-        from ...models.gpt2_config import GPT2_PRESETS
+        from ...models.gpt2.config import GPT2_PRESETS
         from ...models.registry import model_class
 
         return GPT2_PRESETS if self.arch == "gpt2" else model_class(self.arch)[1].presets()
@@ -172,15 +172,15 @@ class ModelConfig:
         return self.to_gpt2_config()
 
     def to_gpt2_config(self):
-        """The resolved infini_train.models.gpt2_config.GPT2Config."""
-        from ...models.gpt2_config import GPT2Config
+        """The resolved infini_train.models.gpt2.config.GPT2Config."""
+        from ...models.gpt2.config import GPT2Config
 
         if self.preset:
             return GPT2Config.from_preset(self.preset, **self.overrides())
         return GPT2Config(**self.overrides())
 
     def to_llama_config(self):
-        """The resolved infini_train.models.llama_config.LlamaConfig, or for the archs on LLaMA's blocks their
+        """The resolved infini_train.models.llama.config.LlamaConfig, or for the archs on LLaMA's blocks their
         subclass of it (the arch's own defaults and presets)."""
         from ...models.registry import model_class
 

@@ -1,6 +1,6 @@
 """Mixtral: LLaMA's attention (no sliding window: a window shorter than the context is refused at load) and in every
 layer an ``it.nn.MoE`` of ``num_experts`` SwiGLU experts of width ``intermediate_size``, top ``num_experts_per_tok``
-always renormalised; the loss adds the load-balancing loss (moe_lm.py). Our modules use Qwen3-MoE's names; the
+always renormalised; the loss adds the load-balancing loss (models/moe_lm.py). Our modules use Qwen3-MoE's names; the
 checkpoint's ``block_sparse_moe.experts.{i}.w1 / w3 / w2`` (gate / up / down) and ``block_sparse_moe.gate`` are
 mapped when reading and writing HF directories."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .gpt2_io import WeightsError
-from .llama import Llama, _head_counts
-from .llama_config import LlamaConfig
-from .llama_parallel import parallelize_llama
-from .moe_lm import MoECausalLM, check_moe_config
+from ..gpt2.io import WeightsError
+from ..moe_lm import MoECausalLM, check_moe_config
+from ..registry import ModelSpec, register
+from .model import Llama, _head_counts
+from .config import LlamaConfig
+from .parallel import parallelize_llama
 from .qwen3 import check_sliding_window
-from .registry import ModelSpec, register
 
 _FROM_HF = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _TO_HF = {v: k for k, v in _FROM_HF.items()}
@@ -57,7 +57,7 @@ class MixtralConfig(LlamaConfig):
 class Mixtral(MoECausalLM, Llama):
     @classmethod
     def config_from_hf(cls, hf, source):
-        from .llama_io import llama_config_fields
+        from .io import llama_config_fields
 
         check_sliding_window(hf, source)
         if hf.get("router_jitter_noise", 0.0):
@@ -67,7 +67,7 @@ class Mixtral(MoECausalLM, Llama):
                              router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001))
 
     def hf_config(self, dtype):
-        from .llama_io import llama_to_hf_config
+        from .io import llama_to_hf_config
 
         cfg = self.config
         hf = llama_to_hf_config(cfg, dtype)

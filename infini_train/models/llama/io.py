@@ -9,11 +9,11 @@ import re
 
 import numpy as np
 
-from .. import backend
-from ..safetensors_io import SafetensorsError, mapped_safetensors, write_safetensors
-from .gpt2_io import WeightsError, _atomic_write
-from .llama_config import ROPE_SCALING_KEYS, LlamaConfig
-from .special_tokens import text_boundary_ids
+from ... import backend
+from ...safetensors_io import SafetensorsError, mapped_safetensors, write_safetensors
+from ..gpt2.io import WeightsError, _atomic_write
+from ..special_tokens import text_boundary_ids
+from .config import ROPE_SCALING_KEYS, LlamaConfig
 
 INDEX = "model.safetensors.index.json"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*$", re.IGNORECASE)
@@ -94,7 +94,7 @@ def hf_weights(directory, cls=None):
     """(config, {our name: MappedArray}, {name: file}) of an HF directory of a LLaMA-like model (one safetensors file
     or shards and their index): only the headers are read; a tied output layer is the token embedding. ``cls``: the
     model class (its ``config_from_hf`` and ``from_hf_name``); None: the class of config.json's model_type."""
-    from .pretrained import hf_model_class, read_config_json
+    from ..pretrained import hf_model_class, read_config_json
 
     directory = os.fspath(directory)
     hf, config_path = read_config_json(directory, "Llama.from_pretrained")

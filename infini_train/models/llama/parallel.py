@@ -9,17 +9,17 @@ cross-entropy. With ``sequence_parallel`` the RMSNorms run on slices of the sequ
 ``sequence_parallel``). A mixture of experts (Qwen3-MoE, Mixtral) stays whole on every rank, as the norms do:
 without sequence parallelism each rank runs it on the same tokens (its gradients are the same everywhere), with it on
 its slice of the sequence (its weights marked ``sequence_parallel``: their gradients are summed over the group). See
-gpt2_parallel.py for the GPT-2 counterpart and the dropout streams.
+gpt2/parallel.py for the GPT-2 counterpart and the dropout streams.
 """
 from __future__ import annotations
 
-from ..autograd.grad_mode import no_grad
-from ..nn.moe import MoE
-from ..nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, VocabParallelEmbedding,
+from ...autograd.grad_mode import no_grad
+from ...nn.moe import MoE
+from ...nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, VocabParallelEmbedding,
                            mark_sequence_parallel)
-from ..nn.parallel.tensor_parallel import shard_parameter
-from .registry import spec_of
-from .tensor_parallel_lm import TensorParallel, VocabParallelHead, check_split
+from ...nn.parallel.tensor_parallel import shard_parameter
+from ..registry import spec_of
+from ..tensor_parallel_lm import TensorParallel, VocabParallelHead, check_split
 
 
 def parallelize_llama(model, group, sequence_parallel=False):

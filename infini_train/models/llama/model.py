@@ -1,22 +1,22 @@
 """LLaMA-3: RMSNorm, rotary position embeddings (with llama3 frequency scaling), grouped-query attention and a
 SwiGLU MLP. Module names are Hugging Face's LlamaForCausalLM names (``model.layers.3.self_attn.q_proj``), so its
-checkpoints load as they are (llama_io.py). The shell (forward, pipeline chunks, counts, generation) is the
-CausalLM every model shares (causal_lm.py); this file holds LLaMA's blocks, embedding and rotary tables.
+checkpoints load as they are (io.py). The shell (forward, pipeline chunks, counts, generation) is the
+CausalLM every model shares (models/causal_lm.py); this file holds LLaMA's blocks, embedding and rotary tables.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import backend
-from .. import nn
-from ..nn import functional as F
-from ..tensor import Tensor
-from ..nn.parallel.context_parallel import active_group, local_positions
-from .attention import cached_attention, sharded_random
-from .documents import active_layout
-from .causal_lm import CausalLM
-from .llama_config import LlamaConfig
-from .registry import ModelSpec, register
+from ... import backend
+from ... import nn
+from ...nn import functional as F
+from ...tensor import Tensor
+from ...nn.parallel.context_parallel import active_group, local_positions
+from ..attention import cached_attention, sharded_random
+from ..documents import active_layout
+from ..causal_lm import CausalLM
+from ..registry import ModelSpec, register
+from .config import LlamaConfig
 
 
 class LlamaAttention(nn.Module):
@@ -65,7 +65,8 @@ class LlamaMLP(nn.Module):
 
 def build_mlp(config, layer):
     """The MLP of block ``layer``: a sparse mixture of experts where the config makes the layer sparse (Qwen3-MoE,
-    Mixtral: ``config.sparse_layer(layer)``), else LLaMA's SwiGLU. The auxiliary loss is the model's (moe_lm.py)."""
+    Mixtral: ``config.sparse_layer(layer)``), else LLaMA's SwiGLU. The auxiliary loss is the model's
+    (models/moe_lm.py)."""
     if config.sparse_layer(layer):
         return nn.MoE(config.dim, config.moe_intermediate_size, config.num_experts, config.num_experts_per_tok,
                       norm_topk_prob=config.norm_topk_prob)
@@ -169,12 +170,12 @@ class Llama(CausalLM):
     @classmethod
     def config_from_hf(cls, hf, source):
         """Our config from an HF config.json dict (``source`` names it in errors)."""
-        from .llama_io import hf_config_to_llama
+        from .io import hf_config_to_llama
         return hf_config_to_llama(hf, source)
 
     def hf_config(self, dtype):
         """The HF config.json dict of this model (weights stored in ``dtype``, a name)."""
-        from .llama_io import llama_to_hf_config
+        from .io import llama_to_hf_config
         return llama_to_hf_config(self.config, dtype)
 
     @staticmethod
@@ -190,18 +191,18 @@ class Llama(CausalLM):
     def from_pretrained(cls, directory, device=None, dtype=None):
         """Load a Hugging Face LlamaForCausalLM directory (config.json + model.safetensors, or sharded with
         model.safetensors.index.json); weights in bfloat16 / float16 are widened to float32 unless ``dtype``."""
-        from .llama_io import load_hf
+        from .io import load_hf
         model = load_hf(cls, directory, dtype)
         return model.to(device) if device is not None else model
 
     def save_pretrained(self, directory, max_shard_size="5GB", dtype=None):
         """Write the Hugging Face layout (config.json, safetensors, an index when sharded)."""
-        from .llama_io import save_hf
+        from .io import save_hf
         save_hf(self, directory, max_shard_size, dtype)
 
 
 def _parallelize(model, group, sequence_parallel=False):
-    from .llama_parallel import parallelize_llama
+    from .parallel import parallelize_llama
 
     return parallelize_llama(model, group, sequence_parallel)
 

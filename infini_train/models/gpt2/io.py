@@ -11,9 +11,9 @@ import os
 
 import numpy as np
 
-from ..atomic_file import write_atomically
-from .gpt2_config import GPT2Config
-from .special_tokens import text_boundary_ids
+from ...atomic_file import write_atomically
+from ..special_tokens import text_boundary_ids
+from .config import GPT2Config
 
 HF_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old checkpoints
@@ -66,7 +66,7 @@ def hf_config_to_gpt2(hf: dict, source: str) -> GPT2Config:
 def hf_weights(directory):
     """(GPT2Config, {name in this model: MappedArray}) of an HF GPT-2 directory: only the header is read; the
     Conv1D matrices come transposed to (out, in), the output layer is the token embedding."""
-    from ..safetensors_io import SafetensorsError, mapped_safetensors
+    from ...safetensors_io import SafetensorsError, mapped_safetensors
 
     config_path = os.path.join(directory, "config.json")
     weights_path = os.path.join(directory, "model.safetensors")
@@ -166,7 +166,7 @@ def load_llmc(cls, path):
 def llmc_weights(path):
     """(GPT2Config, {name in this model: MappedArray}) of an llm.c model file: the header is checked and read,
     the tensors only located (each layer's a row of llm.c's stacked tensors, the embedding without its padding)."""
-    from ..mapped_arrays import MappedArray
+    from ...mapped_arrays import MappedArray
 
     size = os.path.getsize(path)
     if size < 256 * 4:

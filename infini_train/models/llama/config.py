@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .lm_config import LMConfig
+from ..lm_config import LMConfig
 
 LLAMA_PRESETS = {
     # LLaMA-3.2-1B's shape: 16 layers, 2048 wide, 32 heads sharing 8 key/value heads, tied embeddings
@@ -118,7 +118,7 @@ class LlamaConfig(LMConfig):
         return dataclasses.asdict(self)
 
     def sparse_layer(self, layer):
-        """Whether block ``layer``'s MLP is a mixture of experts (never for LLaMA; see moe_lm.py)."""
+        """Whether block ``layer``'s MLP is a mixture of experts (never for LLaMA; see models/moe_lm.py)."""
         return False
 
     def inv_freq(self):

@@ -1,18 +1,18 @@
 """GPT-2, reading top to bottom as in nanoGPT / llm.c's train_gpt2.py.
 
 Parameter names match Hugging Face's GPT2LMHeadModel (``transformer.h.0.attn.c_attn.weight``, ...), with
-nn.Linear's (out, in) layout; the HF Conv1D transpose happens in the loaders (gpt2_io.py).
+nn.Linear's (out, in) layout; the HF Conv1D transpose happens in the loaders (io.py).
 """
 from __future__ import annotations
 
 import math
 
-from .. import nn
-from .attention import TP_RANDOM, KVCache, cached_attention, sharded_random, token_positions, whole_numel  # noqa: F401
-from .causal_lm import CausalLM
-from .gpt2_config import GPT2_PRESETS, GPT2Config
-from .gpt2_io import HF_CONV1D
-from .registry import ModelSpec, register
+from ... import nn
+from ..attention import TP_RANDOM, KVCache, cached_attention, sharded_random, token_positions, whole_numel  # noqa: F401
+from ..causal_lm import CausalLM
+from ..registry import ModelSpec, register
+from .config import GPT2_PRESETS, GPT2Config
+from .io import HF_CONV1D
 
 
 class CausalSelfAttention(nn.Module):
@@ -137,23 +137,23 @@ class GPT2(CausalLM):
     @classmethod
     def from_pretrained(cls, path, device=None):
         """Load an HF GPT-2 directory (config.json + model.safetensors) or an llm.c .bin checkpoint."""
-        from .gpt2_io import load_pretrained
+        from .io import load_pretrained
         model = load_pretrained(cls, path)
         return model.to(device) if device is not None else model
 
     def save_pretrained(self, directory):
         """Write the Hugging Face layout: config.json + model.safetensors (Conv1D weights transposed)."""
-        from .gpt2_io import save_hf
+        from .io import save_hf
         save_hf(self, directory)
 
     def save_llmc(self, path, dtype="float32"):
         """Write llm.c's model file (magic 20240326; version 3 float32 or 5 bfloat16; vocab padded to 128)."""
-        from .gpt2_io import save_llmc
+        from .io import save_llmc
         save_llmc(self, path, dtype)
 
 
 def _parallelize(model, group, sequence_parallel=False):
-    from .gpt2_parallel import parallelize_gpt2
+    from .parallel import parallelize_gpt2
 
     return parallelize_gpt2(model, group, sequence_parallel)
 

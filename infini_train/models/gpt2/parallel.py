@@ -21,10 +21,10 @@ local heads; with sequence parallelism the residual-stream dropouts too).
 """
 from __future__ import annotations
 
-from ..autograd.grad_mode import no_grad
-from ..nn.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mark_sequence_parallel
-from .registry import spec_of
-from .tensor_parallel_lm import (TensorParallel, TensorParallelError, VocabParallelHead,  # noqa: F401 (re-exported)
+from ...autograd.grad_mode import no_grad
+from ...nn.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mark_sequence_parallel
+from ..registry import spec_of
+from ..tensor_parallel_lm import (TensorParallel, TensorParallelError, VocabParallelHead,  # noqa: F401 (re-exported)
                                  check_split, without_sequence_parallel)
 
 

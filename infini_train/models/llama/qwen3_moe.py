@@ -1,15 +1,15 @@
 """Qwen3-MoE: Qwen3's attention (q_norm / k_norm, its own head_dim) and an ``it.nn.MoE`` MLP in the layers HF makes
 sparse (``(layer + 1) % decoder_sparse_step == 0`` and not in ``mlp_only_layers``; the others keep a dense SwiGLU
-of ``intermediate_size``); the loss adds the load-balancing loss (moe_lm.py). Names are Qwen3MoeForCausalLM's
+of ``intermediate_size``); the loss adds the load-balancing loss (models/moe_lm.py). Names are Qwen3MoeForCausalLM's
 checkpoint names (``mlp.gate.weight``, ``mlp.experts.{i}.gate_proj.weight``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .llama import Llama, _head_counts
-from .moe_lm import MoECausalLM, check_moe_config
+from ..moe_lm import MoECausalLM, check_moe_config
+from ..registry import ModelSpec, register
+from .model import Llama, _head_counts
 from .qwen3 import Qwen3Config, check_sliding_window, parallelize_qwen3, qwen3_to_hf_config
-from .registry import ModelSpec, register
 
 HF_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
                "mlp_only_layers", "router_aux_loss_coef")
@@ -59,7 +59,7 @@ class Qwen3MoeConfig(Qwen3Config):
 class Qwen3Moe(MoECausalLM, Llama):
     @classmethod
     def config_from_hf(cls, hf, source):
-        from .llama_io import llama_config_fields
+        from .io import llama_config_fields
 
         check_sliding_window(hf, source)
         fields = llama_config_fields(hf, source, "qwen3_moe")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gpt2_io import WeightsError
-from .llama import Llama, _head_counts
-from .llama_config import LlamaConfig
-from .registry import ModelSpec, register
+from ..gpt2.io import WeightsError
+from ..registry import ModelSpec, register
+from .model import Llama, _head_counts
+from .config import LlamaConfig
 
 
 QWEN3_PRESETS = {  # the released shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-8B)
@@ -50,7 +50,7 @@ def check_sliding_window(hf, source):
 
 
 def qwen3_to_hf_config(cfg, dtype, model_type="qwen3", architecture="Qwen3ForCausalLM"):
-    from .llama_io import llama_to_hf_config
+    from .io import llama_to_hf_config
 
     hf = llama_to_hf_config(cfg, dtype)
     hf.pop("mlp_bias")
@@ -62,7 +62,7 @@ def qwen3_to_hf_config(cfg, dtype, model_type="qwen3", architecture="Qwen3ForCau
 class Qwen3(Llama):
     @classmethod
     def config_from_hf(cls, hf, source):
-        from .llama_io import llama_config_fields
+        from .io import llama_config_fields
 
         check_sliding_window(hf, source)
         return Qwen3Config(**llama_config_fields(hf, source, "qwen3"))
@@ -75,9 +75,9 @@ def parallelize_qwen3(model, group, sequence_parallel=False):
     """LLaMA's tensor-parallel plan; the per-head q_norm / k_norm weights are replicated and, as every rank sees only
     its heads, their gradients are summed over the tensor group (the sequence-parallel sum), so that needs
     ``parallel.sequence``."""
-    from ..autograd.grad_mode import no_grad
-    from ..nn.parallel import mark_sequence_parallel
-    from .llama_parallel import parallelize_llama
+    from ...autograd.grad_mode import no_grad
+    from ...nn.parallel import mark_sequence_parallel
+    from .parallel import parallelize_llama
 
     if group.size > 1 and not sequence_parallel:
         raise ValueError(f"parallel.tensor: {type(model).__name__} under tensor parallelism needs "

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .lm_config import LMConfig
+from ..lm_config import LMConfig
 
 GPT2_PRESETS = {
     # OpenAI GPT-2 checkpoints (Hugging Face names)
