@@ -2,7 +2,7 @@
 
 With grad recording on and anything involved requiring grad, an in-place op is recorded as its out-of-place
 op applied to ``t``'s current value, whose result is written back into ``t``'s memory: ``t``'s history is
-rebased onto the new node (and, when ``t`` is a view, its base gets a CopySlices node; see views.py). Saved
+rebased onto the new node (and, when ``t`` is a view, its base gets a CopySlices node; see autograd/views.py). Saved
 tensors of the new node that the write would overwrite are kept as copies, as torch keeps ``original_self``.
 As in torch, a leaf that requires grad (or a view of one) cannot be changed in place while grad mode is on.
 

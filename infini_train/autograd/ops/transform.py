@@ -2,7 +2,7 @@
 masked_fill, repeat_interleave, contiguous.
 
 View ops alias their input and can rebuild themselves from any array laid out like it (``view_of``; see
-views.py). ``view`` is a view or an error, as in torch; ``reshape`` and ``flatten`` are views when the strides
+autograd/views.py). ``view`` is a view or an error, as in torch; ``reshape`` and ``flatten`` are views when the strides
 allow (torch's computeStride rule) and real copies otherwise, so a copy never shares the input's version.
 """
 from __future__ import annotations
