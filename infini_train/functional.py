@@ -3,19 +3,21 @@
 Each op family lists its public functions in ``__all__``; they are gathered here, so adding an op to a
 family makes it available as ``infini_train.<name>`` without touching this file.
 """
-from .autograd import (
+from .autograd.ops import (
     activations,
     attention,
     conversion,
     dropout,
     einsum,
     elementwise,
+    embedding,
     fmod,
+    indexing,
+    joins,
     linear,
     logic,
     loss,
     matmul,
-    misc,
     normalization,
     outer,
     reduction,
@@ -25,14 +27,13 @@ from .autograd import (
     selection,
     softmax,
     sorting,
-    sparse,
     statistics,
     transform,
 )
 
 FAMILIES = (elementwise, logic, activations, matmul, linear, outer, softmax, normalization, loss, reduction,
-            transform, misc, sparse, dropout, attention, conversion, einsum, sorting, scan, reorder, scatter, selection,
-            statistics, fmod)
+            transform, joins, indexing, embedding, dropout, attention, conversion, einsum, sorting, scan, reorder,
+            scatter, selection, statistics, fmod)
 
 __all__ = []
 for _family in FAMILIES:

@@ -5,7 +5,7 @@ every core. Work that is many passes of ufuncs over large arrays and does not fo
 optimizers' updates) is split into contiguous spans, one per thread, so it uses the cores the products use.
 Right after a product, OpenBLAS's workers spin on the other cores for a while: an activation shared among
 threads there measured no faster inside a model, so activations run in cache-sized blocks in one thread
-(autograd/blocked.py). Tasks handed to ``run`` must be pure array work: grad mode, autocast, the default
+(autograd/ops/blocked.py). Tasks handed to ``run`` must be pure array work: grad mode, autocast, the default
 device and NumPy's errstate are thread-local and a pool thread has their defaults.
 
 The thread count starts at ``OMP_NUM_THREADS`` when set (launchers set it to one per rank), else the cores

@@ -1,6 +1,6 @@
 """``it.linalg``: the vector norm of torch.linalg (matrix factorizations are not provided)."""
 from __future__ import annotations
 
-from .autograd.statistics import vector_norm
+from .autograd.ops.statistics import vector_norm
 
 __all__ = ["vector_norm"]

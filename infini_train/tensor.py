@@ -270,7 +270,7 @@ class Tensor(TensorMethods):
 
     # -------------------------------------------------------------------------------- in-place
     # Recorded as torch does when grad is needed (history rebased, views write through to their base);
-    # otherwise run directly on the memory. See autograd/inplace.py.
+    # otherwise run directly on the memory. See autograd/ops/inplace.py.
     def add_(self, other, alpha=1): return inplace.run(self, Add(), (_scaled(other, alpha),), "add_", "add")
     def sub_(self, other, alpha=1): return inplace.run(self, Sub(), (_scaled(other, alpha),), "sub_", "subtract")
     def mul_(self, other): return inplace.run(self, Mul(), (other,), "mul_", "multiply")
@@ -384,7 +384,7 @@ class Tensor(TensorMethods):
     __hash__ = object.__hash__
 
     def __getitem__(self, index):
-        return misc.getitem(self, index)
+        return indexing.getitem(self, index)
 
     def __len__(self):
         if self.array.ndim == 0:
@@ -505,10 +505,10 @@ class Tensor(TensorMethods):
     def masked_fill(self, mask, value): return transform.masked_fill(self, mask, value)
     def tril(self, diagonal=0): return transform.tril(self, diagonal)
     def triu(self, diagonal=0): return transform.triu(self, diagonal)
-    def split(self, split_size_or_sections, dim=0): return misc.split(self, split_size_or_sections, dim)
-    def chunk(self, chunks, dim=0): return misc.chunk(self, chunks, dim)
-    def gather(self, dim, index): return misc.gather(self, dim, index)
-    def index_select(self, dim, index): return misc.index_select(self, dim, index)
+    def split(self, split_size_or_sections, dim=0): return joins.split(self, split_size_or_sections, dim)
+    def chunk(self, chunks, dim=0): return joins.chunk(self, chunks, dim)
+    def gather(self, dim, index): return indexing.gather(self, dim, index)
+    def index_select(self, dim, index): return indexing.index_select(self, dim, index)
 
     def t(self):
         if self.ndim > 2:
@@ -542,18 +542,19 @@ def _shape_arg(shape):
 
 # Bound after the class exists: the op families import Tensor from this module.
 from . import creation  # noqa: E402
-from .autograd import (  # noqa: E402
+from .autograd.ops import (  # noqa: E402
     activations,
     conversion,
     elementwise,
+    indexing,
     inplace,
+    joins,
     logic,
     matmul,
-    misc,
     reduction,
     scan,
     softmax,
     sorting,
     transform,
 )
-from .autograd.elementwise import Add, Mul, Pow, Sub  # noqa: E402
+from .autograd.ops.elementwise import Add, Mul, Pow, Sub  # noqa: E402

@@ -17,145 +17,145 @@ class TensorMethods:
 
     # ------------------------------------------------------------------------------------- reordering
     def flip(self, *dims):
-        from .autograd import reorder
+        from .autograd.ops import reorder
         return reorder.flip(self, _dims_arg(dims))
 
     def fliplr(self):
-        from .autograd import reorder
+        from .autograd.ops import reorder
         return reorder.fliplr(self)
 
     def flipud(self):
-        from .autograd import reorder
+        from .autograd.ops import reorder
         return reorder.flipud(self)
 
     def roll(self, shifts, dims=None):
-        from .autograd import reorder
+        from .autograd.ops import reorder
         return reorder.roll(self, shifts, dims)
 
     def rot90(self, k=1, dims=(0, 1)):
-        from .autograd import reorder
+        from .autograd.ops import reorder
         return reorder.rot90(self, k, dims)
 
     def unbind(self, dim=0):
-        from .autograd import reorder
+        from .autograd.ops import reorder
         return reorder.unbind(self, dim)
 
     def diff(self, n=1, dim=-1, prepend=None, append=None):
-        from .autograd import reorder
+        from .autograd.ops import reorder
         return reorder.diff(self, n, dim, prepend, append)
 
     # ---------------------------------------------------------------------------- scatter / index updates
     def scatter_add(self, dim, index, src):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.scatter_add(self, dim, index, src)
 
     def scatter_add_(self, dim, index, src):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.in_place(self, scatter.scatter_add, "scatter_add_", dim, index, src)
 
     def scatter(self, dim, index, src=None, value=None, *, reduce=None):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.scatter(self, dim, index, src, value, reduce=reduce)
 
     def scatter_(self, dim, index, src=None, value=None, *, reduce=None):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.in_place(self, scatter.scatter, "scatter_", dim, index, src, value, reduce=reduce)
 
     def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.scatter_reduce(self, dim, index, src, reduce, include_self=include_self)
 
     def scatter_reduce_(self, dim, index, src, reduce, *, include_self=True):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.in_place(self, scatter.scatter_reduce, "scatter_reduce_", dim, index, src, reduce,
                                 include_self=include_self)
 
     def index_add(self, dim, index, source, *, alpha=1):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.index_add(self, dim, index, source, alpha=alpha)
 
     def index_add_(self, dim, index, source, *, alpha=1):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.in_place(self, scatter.index_add, "index_add_", dim, index, source, alpha=alpha)
 
     def index_copy(self, dim, index, source):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.index_copy(self, dim, index, source)
 
     def index_copy_(self, dim, index, source):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.in_place(self, scatter.index_copy, "index_copy_", dim, index, source)
 
     def index_fill(self, dim, index, value):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.index_fill(self, dim, index, value)
 
     def index_fill_(self, dim, index, value):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.in_place(self, scatter.index_fill, "index_fill_", dim, index, value)
 
     def masked_scatter(self, mask, source):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.masked_scatter(self, mask, source)
 
     def masked_scatter_(self, mask, source):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.in_place(self, scatter.masked_scatter, "masked_scatter_", mask, source)
 
     def take(self, index):
-        from .autograd import scatter
+        from .autograd.ops import scatter
         return scatter.take(self, index)
 
     # -------------------------------------------------------------------------------------- selection
     def nonzero(self, *, as_tuple=False):
-        from .autograd import selection
+        from .autograd.ops import selection
         return selection.nonzero(self, as_tuple=as_tuple)
 
     def argwhere(self):
-        from .autograd import selection
+        from .autograd.ops import selection
         return selection.argwhere(self)
 
     def count_nonzero(self, dim=None):
-        from .autograd import selection
+        from .autograd.ops import selection
         return selection.count_nonzero(self, dim)
 
     def unique(self, sorted=True, return_inverse=False, return_counts=False, dim=None):
-        from .autograd import selection
+        from .autograd.ops import selection
         return selection.unique(self, sorted, return_inverse, return_counts, dim)
 
     # ------------------------------------------------------------------------------------- statistics
     def prod(self, dim=None, keepdim=False, *, dtype=None):
-        from .autograd import statistics
+        from .autograd.ops import statistics
         return statistics.prod(self, dim, keepdim, dtype=dtype)
 
     def var(self, dim=None, unbiased=None, keepdim=False, *, correction=None):
-        from .autograd import statistics
+        from .autograd.ops import statistics
         return statistics.var(self, dim, unbiased, keepdim, correction=correction)
 
     def std(self, dim=None, unbiased=None, keepdim=False, *, correction=None):
-        from .autograd import statistics
+        from .autograd.ops import statistics
         return statistics.std(self, dim, unbiased, keepdim, correction=correction)
 
     def nansum(self, dim=None, keepdim=False, *, dtype=None):
-        from .autograd import statistics
+        from .autograd.ops import statistics
         return statistics.nansum(self, dim, keepdim, dtype=dtype)
 
     def nanmean(self, dim=None, keepdim=False, *, dtype=None):
-        from .autograd import statistics
+        from .autograd.ops import statistics
         return statistics.nanmean(self, dim, keepdim, dtype=dtype)
 
     def logsumexp(self, dim, keepdim=False):
-        from .autograd import statistics
+        from .autograd.ops import statistics
         return statistics.logsumexp(self, dim, keepdim)
 
     def norm(self, p="fro", dim=None, keepdim=False, dtype=None):
-        from .autograd import statistics
+        from .autograd.ops import statistics
         return statistics.norm(self, p, dim, keepdim, dtype)
 
     def fmod(self, other):
-        from .autograd import fmod
+        from .autograd.ops import fmod
         return fmod.fmod(self, other)
 
     def fmod_(self, other):
-        from .autograd import fmod, inplace
+        from .autograd.ops import fmod, inplace
         return inplace.run(self, fmod.Fmod(), (other,), "fmod_")

@@ -1,5 +1,5 @@
 """The digits / MNIST example's configuration: typed dataclasses read from YAML plus dotted command-line
-overrides, with the GPT-2 runs' conventions (infini_train.training.config_yaml reads the text; unknown keys get a
+overrides, with the GPT-2 runs' conventions (infini_train.training.config.yaml_io reads the text; unknown keys get a
 "did you mean", wrong types and out-of-range values are all reported at once in one ConfigError).
 
     cfg = parse_args(["--config", "configs/mnist_digits.yaml", "train.epochs=5", "parallel=dataparallel"])
@@ -17,9 +17,10 @@ from typing import Optional
 import yaml
 
 from infini_train.atomic_file import write_text_atomically
-from infini_train.training.config import ConfigError, _coerce
-from infini_train.training.config_model import _key
-from infini_train.training.config_yaml import apply_overrides, load_yaml
+from infini_train.training.config import ConfigError
+from infini_train.training.config.model import _key
+from infini_train.training.config.schema import _coerce
+from infini_train.training.config.yaml_io import apply_overrides, load_yaml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "configs", "mnist_digits.yaml")

@@ -1,5 +1,5 @@
-"""Autograd: Function nodes, the backward engine, grad mode, AccumulateGrad, the op families and activation
-recomputation (checkpoint)."""
+"""Autograd: Function nodes, the backward engine, grad mode, AccumulateGrad and activation recomputation
+(checkpoint); the op families are in ops/."""
 from .accumulate import AccumulateGrad, PostAccumulateGradHook
 from .engine import backward, grad
 from .function import Function, Op, OpError, sum_to
@@ -9,6 +9,7 @@ from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inferen
 from .recompute import checkpoint, checkpoint_sequential
 from .saved_hooks import saved_tensors_hooks
 from . import graph  # it.autograd.graph.to_dot / render: the graph as Graphviz DOT
+from .ops import comm  # it.autograd.comm.Scatter / Gather / Broadcast / ReduceAddCoalesced
 
 __all__ = [
     "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "grad", "Function", "Op",

@@ -113,9 +113,9 @@ def policy(device_type):
     """{Op class: LOW | FP32} for ``device_type``, torch's lists for that device type (built on first use)."""
     table = _POLICIES.get(device_type)
     if table is None:
-        from . import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization,
-                       reduction, rms_norm, scan, softmax, statistics)
-        from . import conv, fused_attention, fused_classifier
+        from .ops import (activations, attention, einsum, elementwise, linear, loss, matmul, normalization, reduction,
+                          rms_norm, scan, softmax, statistics)
+        from .ops import conv, fused_attention, fused_classifier
 
         low = [matmul.Matmul, matmul.Mm, matmul.Bmm, matmul.Baddbmm, linear.Linear, einsum.Einsum,
                attention.ScaledDotProductAttention, fused_attention.FusedAttention, conv.Conv2d]
@@ -130,7 +130,7 @@ def policy(device_type):
         table = {cls: LOW for cls in low}
         table.update({cls: FP32 for cls in fp32})
         if device_type == "cpu":
-            from .padding import Pad
+            from .ops.padding import Pad
 
             table[Pad] = _cpu_pad_rule
         _POLICIES[device_type] = table
@@ -168,7 +168,7 @@ def cast_inputs(fn, inputs, device):
 
 
 def _cast(t, dtype):
-    from .conversion import cast
+    from .ops.conversion import cast
 
     if not (_state.cache_enabled and t.grad_fn is None and t._requires_grad) or getattr(t, "sharded_by", None):
         return cast(t, dtype)  # a fully_shard parameter's cast is redone in backward, never kept

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .function import Op, ViewInfo
 from .grad_mode import _state
-from .misc import index_add
+from .ops.indexing import index_add
 
 
 class ComposedView:

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ..autograd import activations, conversion, elementwise, logic
+from ..autograd.ops import activations, conversion, elementwise, logic
 
 BLOCK = 1 << 15  # elements per block: 128 KiB of float32, so a chain's temporaries stay in cache
 GPU_BLOCK = 1 << 22  # on cupy: blocks large enough to fill the GPU, small next to a whole activation

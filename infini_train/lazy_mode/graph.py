@@ -150,8 +150,8 @@ DEFERRED = set()  # single-output Ops recorded without shape inference (filled i
 
 
 def _register_deferred():
-    from ..autograd import conversion, matmul, reduction, transform
-    from ..autograd.linear import Linear
+    from ..autograd.ops import conversion, matmul, reduction, transform
+    from ..autograd.ops.linear import Linear
     DEFERRED.update({matmul.Matmul, Linear, reduction.Sum, reduction.Mean, transform.Transpose,
                      transform.Permute, transform.Contiguous, conversion.Clone})
 

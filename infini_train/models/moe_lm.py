@@ -5,7 +5,7 @@ auxiliary load-balancing loss: ``loss = cross_entropy + router_aux_loss_coef * a
 layer's tokens, not the mean of per-layer losses), as ``*ForCausalLM`` computes with ``output_router_logits``.
 
 Pipeline stages pass the router statistics on (MoECausalLM); under tensor parallelism the attention is split and
-the experts stay whole on every rank (llama_parallel.py), and with sequence parallelism the loss pools the router
+the experts stay whole on every rank (llama/parallel.py), and with sequence parallelism the loss pools the router
 statistics of the group's slices. Block recomputation is refused with a clear error for now."""
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from .gpt2_io import WeightsError
+from .gpt2.io import WeightsError
 from .registry import model_class
 
 HF_MODEL_TYPES = {"gpt2": "gpt2", "llama": "llama3", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
@@ -58,14 +58,14 @@ def pretrained_config(path):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such file or directory\nHINT: name an HF model directory "
                                     "(config.json + safetensors) or an llm.c .bin file")
-        from .gpt2_io import llmc_weights
+        from .gpt2.io import llmc_weights
 
         return "gpt2", llmc_weights(path)[0]
     hf, config_path = read_config_json(path, "model.pretrained")
     model_type = hf.get("model_type")
     cls = hf_model_class(model_type, config_path)
     if model_type == "gpt2":
-        from .gpt2_io import hf_config_to_gpt2
+        from .gpt2.io import hf_config_to_gpt2
 
         return "gpt2", hf_config_to_gpt2(hf, config_path)
     return HF_MODEL_TYPES[model_type], cls.config_from_hf(hf, config_path)

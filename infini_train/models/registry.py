@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 # arch -> the module under infini_train.models that registers it
-ARCH_MODULES = {"gpt2": "gpt2", "llama3": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
+ARCH_MODULES = {"gpt2": "gpt2.model", "llama3": "llama.model", "qwen3": "llama.qwen3", "qwen3_moe": "llama.qwen3_moe",
+                "mixtral": "llama.mixtral"}
 ARCHS = tuple(ARCH_MODULES)
 _SPECS = {}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 
-from ..autograd import attention as _attention
+from ..autograd.ops import attention as _attention
 
 
 class SDPBackend(enum.Enum):

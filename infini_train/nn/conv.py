@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ..autograd.conv import pair, same_padding
+from ..autograd.ops.conv import pair, same_padding
 from ..tensor import Tensor
 from . import functional as F
 from . import init

@@ -2,11 +2,12 @@
 op families, looked up at call time."""
 from __future__ import annotations
 
-from ..autograd import activations, attention, elementwise, linear as _linear, loss, normalization, softmax as _softmax
-from ..autograd import dropout as _dropout
-from ..autograd import padding, sparse
-from ..autograd import rms_norm as _rms_norm, rotary as _rotary
-from ..autograd import batch_norm as _batch_norm, conv as _conv, pooling as _pooling
+from ..autograd.ops import activations, attention, elementwise, linear as _linear, loss, normalization
+from ..autograd.ops import softmax as _softmax
+from ..autograd.ops import dropout as _dropout
+from ..autograd.ops import embedding as _embedding, padding
+from ..autograd.ops import rms_norm as _rms_norm, rotary as _rotary
+from ..autograd.ops import batch_norm as _batch_norm, conv as _conv, pooling as _pooling
 
 
 def linear(x, weight, bias=None):
@@ -16,7 +17,7 @@ def linear(x, weight, bias=None):
 
 def embedding(ids, weight, padding_idx=None):
     """Rows of ``weight`` picked by the integer ``ids``; the row ``padding_idx`` gets no gradient."""
-    return sparse.embedding(ids, weight, padding_idx)
+    return _embedding.embedding(ids, weight, padding_idx)
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -115,7 +116,7 @@ def pad(x, pad, mode="constant", value=0.0):
 
 def one_hot(tensor, num_classes=-1):
     """int64 one-hot encoding of integer class indices, with a new last dim of ``num_classes`` (max + 1 if -1)."""
-    return sparse.one_hot(tensor, num_classes)
+    return _embedding.one_hot(tensor, num_classes)
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):

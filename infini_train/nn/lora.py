@@ -6,17 +6,9 @@ bias are frozen. Submodules are named as PEFT names them for one adapter (``<lay
 ``<layer>.lora_A.weight``, ``<layer>.lora_B.weight``), so PEFT's file keys are these with ``base_model.model.``
 in front (lora_peft.py).
 
-Tensor-parallel layers get adapters split the way Megatron / NeMo split them:
-
-    ColumnParallelLinear   A whole (r, in);       B split like the weight rows (out/tp, r), same ShardSpec
-    RowParallelLinear      A split (r, in/tp);    B whole (out, r)
-
-The adapter's hidden activation (..., r) crosses the group, never the layer's input: the column layer's A runs on
-the input the rank holds and its output is copied in (all-reduced gradient) or, under sequence parallelism,
-all-gathered along the sequence; the row layer's partial A output is all-reduced (or reduce-scattered along the
-sequence) before B. Every adapter gradient is then exact on every rank, except the two that see one sequence
-slice under sequence parallelism (the column A, the row B): those are marked ``sequence_parallel`` and summed by
-``all_reduce_sequence_parallel_grads`` as the layer norms are.
+The tensor-parallel linears get their own wrappers (split the way Megatron / NeMo split them), which nn.parallel
+registers here when imported (register_lora_wrapper; nn/parallel/tensor_parallel_lora.py): apply_lora and lora_layer
+find a layer's wrapper by its class, so this module never imports nn.parallel.
 """
 from __future__ import annotations
 
@@ -89,6 +81,16 @@ class LoRALinear(Module):
             return y
         return y + F.linear(F.linear(self.lora_dropout(x), self.lora_A.weight), self.lora_B.weight) * self.scaling
 
+    def whole_weight(self, part):
+        """The whole weight of ``part`` ("lora_A" | "lora_B"); a tensor-parallel wrapper gathers its split part over
+        its group (a collective: every rank of the group calls it)."""
+        return getattr(self, part).weight.detach()
+
+    def load_whole_weight(self, part, weight):
+        """Copy the whole ``weight`` into ``part`` ("lora_A" | "lora_B"); a tensor-parallel wrapper keeps this
+        rank's part of it."""
+        getattr(self, part).load_state_dict({"weight": weight})
+
     def delta_weight(self):
         """The update ``B @ A * scaling`` in the base weight's layout (this rank's part under tensor parallelism)."""
         return (self.lora_B.weight.detach() @ self.lora_A.weight.detach()) * self.scaling
@@ -116,130 +118,29 @@ class LoRALinear(Module):
         return f"r={self.r}, lora_alpha={self.lora_alpha}, scaling={self.scaling:g}, merged={self.merged}"
 
 
-class _ParallelLoRALinear(LoRALinear):
-    @property
-    def group(self):
-        return self.base_layer.group
-
-    def _sharded_dropout(self, x):
-        """Dropout of an activation split over the group: each rank draws its own mask (the per-rank stream)."""
-        if not self.training or not isinstance(self.lora_dropout, Dropout) or self.group.size == 1:
-            return self.lora_dropout(x)
-        from .. import backend
-        from .parallel.tensor_parallel import TP_RANDOM
-
-        with backend.fork_rng(TP_RANDOM):
-            return self.lora_dropout(x)
+_WRAPPERS = {}  # layer class -> its LoRA wrapper class, in registration order (nn.Linear's first)
+_BASES = {}  # wrapper class -> the layer it wraps, for messages
 
 
-def _rewrapped(param, cls):
-    """``param``'s storage as a ``cls`` parameter; built on the meta device, it takes ``param``'s recorded init."""
-    from .. import backend
-    from .parallel.sharded_init import derived_from
-
-    out = cls(param, requires_grad=param.requires_grad)
-    if param.device is backend.META:
-        derived_from(out, param)
-    return out
-
-
-class ColumnParallelLoRALinear(_ParallelLoRALinear):
-    """LoRA on a ColumnParallelLinear: A whole, B split like the weight's rows (fused blocks included)."""
-
-    def _split_adapters(self):
-        from .parallel.tensor_parallel import ParallelParameter, ShardSpec, shard_parameter
-
-        base = self.base_layer
-        a = self.lora_A.weight
-        self.lora_A.weight = _rewrapped(a, ParallelParameter)
-        self.lora_A.weight.sequence_parallel = bool(base.sequence_parallel)
-        self.lora_B.weight = shard_parameter(self.lora_B.weight, ShardSpec(0, base.blocks), base.group)
-
-    def forward(self, x):
-        from .parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
-        from .parallel.tensor_parallel import SEQUENCE_DIM
-
-        base = self.base_layer
-        y = base(x)
-        if self.merged:
-            return y
-        if base.sequence_parallel:  # x is this rank's slice of the sequence: gather A's (B, T/tp, r) output
-            h = F.linear(self._sharded_dropout(x), self.lora_A.weight)
-            h = gather_from_sequence_parallel_region(h, base.group, SEQUENCE_DIM)
-        else:
-            h = copy_to_tensor_parallel_region(F.linear(self.lora_dropout(x), self.lora_A.weight), base.group)
-        delta = F.linear(h, self.lora_B.weight) * self.scaling
-        if base.gather_output:
-            delta = _gather_columns(base, delta)
-        return y + delta
-
-
-class RowParallelLoRALinear(_ParallelLoRALinear):
-    """LoRA on a RowParallelLinear: A split like the weight's columns, B whole."""
-
-    def _split_adapters(self):
-        from .parallel.tensor_parallel import ParallelParameter, ShardSpec, shard_parameter
-
-        base = self.base_layer
-        self.lora_A.weight = shard_parameter(self.lora_A.weight, ShardSpec(1), base.group)
-        b = self.lora_B.weight
-        self.lora_B.weight = _rewrapped(b, ParallelParameter)
-        self.lora_B.weight.sequence_parallel = bool(base.sequence_parallel)
-
-    def forward(self, x):
-        from .parallel.mappings import (reduce_from_tensor_parallel_region, reduce_scatter_to_sequence_parallel_region,
-                                        scatter_to_tensor_parallel_region)
-        from .parallel.tensor_parallel import SEQUENCE_DIM
-
-        base = self.base_layer
-        y = base(x)
-        if self.merged:
-            return y
-        if base.input_is_parallel:
-            x = self._sharded_dropout(x)
-        else:
-            x = scatter_to_tensor_parallel_region(self.lora_dropout(x), base.group)
-        h = F.linear(x, self.lora_A.weight)  # partial: this rank's input features only
-        if base.sequence_parallel:
-            h = reduce_scatter_to_sequence_parallel_region(h, base.group, SEQUENCE_DIM)
-        else:
-            h = reduce_from_tensor_parallel_region(h, base.group)
-        return y + F.linear(h, self.lora_B.weight) * self.scaling
-
-
-def _gather_columns(layer, y):
-    """A ColumnParallelLinear's gather_output: every rank's features, fused blocks back in the full order."""
-    from .parallel.mappings import gather_from_tensor_parallel_region
-
-    y = gather_from_tensor_parallel_region(y, layer.group)
-    size = layer.group.size
-    if layer.blocks > 1 and size > 1:
-        lead = tuple(y.shape[:-1])
-        part = layer.out_features // (size * layer.blocks)
-        y = y.reshape(*lead, size, layer.blocks, part).transpose(-3, -2).reshape(*lead, layer.out_features)
-    return y
-
-
-_BASES = {}  # wrapper class -> the layer it wraps, for messages (filled below the classes)
+def register_lora_wrapper(layer_class, wrapper_class, description):
+    """LoRA wraps a ``layer_class`` (or a subclass of it) in ``wrapper_class``; ``description`` ("a
+    ColumnParallelLinear") names the layer in messages. nn.Linear's is LoRALinear; nn.parallel registers the
+    wrappers of its tensor-parallel layers when imported (nn never imports nn.parallel)."""
+    _WRAPPERS[layer_class] = wrapper_class
+    _BASES[wrapper_class] = description
 
 
 def _wrapper_class(module):
     """The LoRA class for ``module``, or None when LoRA does not apply to it."""
     if isinstance(module, LoRALinear):
         return None
-    if isinstance(module, Linear):
-        return LoRALinear
-    from .parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-
-    if isinstance(module, ColumnParallelLinear):
-        return ColumnParallelLoRALinear
-    if isinstance(module, RowParallelLinear):
-        return RowParallelLoRALinear
+    for layer_class, wrapper_class in _WRAPPERS.items():
+        if isinstance(module, layer_class):
+            return wrapper_class
     return None
 
 
-_BASES.update({LoRALinear: "an nn.Linear", ColumnParallelLoRALinear: "a ColumnParallelLinear",
-               RowParallelLoRALinear: "a RowParallelLinear"})
+register_lora_wrapper(Linear, LoRALinear, "an nn.Linear")
 
 
 def lora_layer(base, rank, alpha, dropout=0.0, use_rslora=False):
@@ -358,16 +259,10 @@ def mark_only_lora_as_trainable(model):
 def lora_state_dict(model, whole=False):
     """{``<layer>.lora_A.weight`` / ``<layer>.lora_B.weight``: tensor}, the model's state-dict names. ``whole``
     gathers split adapters over their tensor group (a collective: every rank of the group calls it)."""
-    from .parallel.whole_state import whole_state_dict
-
     out = {}
     for name, layer in named_lora_layers(model):
         for part in ("lora_A", "lora_B"):
-            sub = getattr(layer, part)
-            if whole and layer.group is not None:
-                value = whole_state_dict(sub, layer.group)["weight"]
-            else:
-                value = sub.weight.detach()
+            value = layer.whole_weight(part) if whole else getattr(layer, part).weight.detach()
             out[_join(name, f"{part}.weight")] = value
     return out
 
@@ -375,8 +270,6 @@ def lora_state_dict(model, whole=False):
 def load_lora_state_dict(model, state):
     """Copy whole adapter tensors (``lora_state_dict(model, whole=True)``'s names) into the model's adapters;
     each rank keeps its part. Every adapter must be given, and nothing else."""
-    from .parallel.whole_state import shard_state_dict
-
     layers = named_lora_layers(model)
     expected = {_join(name, key): (layer, key, shape) for name, layer in layers
                 for key, shape in layer.whole_shapes().items()}
@@ -388,11 +281,7 @@ def load_lora_state_dict(model, state):
     if missing or unexpected or wrong or merged:
         raise LoRAError(_mismatch_message(missing, unexpected, wrong, merged))
     for key, (layer, part, _) in expected.items():
-        sub = getattr(layer, part.split(".")[0])
-        value = {"weight": state[key]}
-        if layer.group is not None:
-            value = shard_state_dict(sub, value, layer.group)
-        sub.load_state_dict(value)
+        layer.load_whole_weight(part.split(".")[0], state[key])
     return model
 
 
@@ -499,7 +388,7 @@ def _fan_in_fan_out(model):
     return bool(conv1d) and any((name + ".weight").endswith(conv1d) for name, _ in named_lora_layers(model))
 
 
-__all__ = ["LoRAError", "LoRASettings", "LoRALinear", "ColumnParallelLoRALinear", "RowParallelLoRALinear",
-           "lora_layer", "apply_lora", "matches_target", "named_lora_layers", "lora_parameters",
-           "mark_only_lora_as_trainable", "lora_state_dict", "load_lora_state_dict", "merge_lora", "unmerge_lora",
-           "merge_and_unload", "lora_settings", "save_adapter", "load_adapter", "PEFT_PREFIX"]
+__all__ = ["LoRAError", "LoRASettings", "LoRALinear", "register_lora_wrapper", "lora_layer", "apply_lora",
+           "matches_target", "named_lora_layers", "lora_parameters", "mark_only_lora_as_trainable", "lora_state_dict",
+           "load_lora_state_dict", "merge_lora", "unmerge_lora", "merge_and_unload", "lora_settings", "save_adapter",
+           "load_adapter", "PEFT_PREFIX"]

@@ -454,7 +454,7 @@ def _move_in_place(t, device, dtype):
     if not cast and not move:
         return
     if t.device is backend.META:
-        from ..autograd.conversion import meta_copy_error
+        from ..autograd.ops.conversion import meta_copy_error
         raise meta_copy_error("Module.to")
     t.array = _convert(t.array, device if move else None, dtype if cast else None)
     if move:

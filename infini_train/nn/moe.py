@@ -29,8 +29,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend
-from ..autograd.misc import cat, split
-from ..autograd.sorting import stable_order
+from ..autograd.ops.joins import cat, split
+from ..autograd.ops.sorting import stable_order
 from ..creation import zeros
 from ..promotion import promote_types
 from ..tensor import Tensor

@@ -2,7 +2,7 @@
 RNN (tanh | relu), LSTM (with optional projections), GRU, and the single-step cells RNNCell, LSTMCell, GRUCell.
 
 Per layer and direction, the input projection x @ W_ih^T + b_ih of every time step is one GEMM; each step then
-costs one GEMM (h @ W_hh^T + b_hh) and one fused cell op (autograd/rnn_cells.py). Parameters are named
+costs one GEMM (h @ W_hh^T + b_hh) and one fused cell op (autograd/ops/rnn_cells.py). Parameters are named
 ``weight_ih_l{k}``, ``weight_hh_l{k}``, ``bias_ih_l{k}``, ``bias_hh_l{k}`` (and ``weight_hr_l{k}`` for projected
 LSTMs), with ``_reverse`` for the backward direction, so torch state dicts load as they are.
 
@@ -19,9 +19,9 @@ import warnings
 
 import numpy as np
 
-from ..autograd.elementwise import where
-from ..autograd.misc import cat, stack
-from ..autograd.rnn_cells import SharedStepWeights, gru_cell, lstm_cell, rnn_cell, unbind_steps
+from ..autograd.ops.elementwise import where
+from ..autograd.ops.joins import cat, stack
+from ..autograd.ops.rnn_cells import SharedStepWeights, gru_cell, lstm_cell, rnn_cell, unbind_steps
 from ..creation import zeros
 from ..tensor import Tensor
 from . import functional as F

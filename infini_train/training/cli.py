@@ -17,7 +17,7 @@ from ..distributed.mesh import MeshError
 from ..models.tensor_parallel_lm import TensorParallelError
 from .checkpoints import CheckpointError
 from .config import ConfigError, parse_args
-from .config_checks import backend_problem
+from .config.checks import backend_problem
 from .loop import Run, TrainingDiverged
 from .signals import StopSignals
 

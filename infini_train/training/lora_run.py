@@ -84,8 +84,9 @@ def _check_fits(state, shapes, init_from, key="lora.init_from"):
 def mapped_base(path, model):
     """{name: tensor read box by box} of the base weights at ``path`` (resolve_base) for a model like ``model``:
     nothing is read until a box is asked for."""
-    from ..models import gpt2_io, llama_io
+    from ..models.gpt2 import io as gpt2_io
     from ..models.llama import Llama
+    from ..models.llama import io as llama_io
 
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
         return llama_io.hf_weights(path)[1] if isinstance(model, Llama) else gpt2_io.hf_weights(path)[1]

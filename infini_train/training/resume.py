@@ -25,7 +25,7 @@ from .. import distributed as dist
 from ..models import registry
 from . import checkpoints as ckpt
 from .config import ConfigError
-from .resume_config import check_config_changes  # noqa: F401  (the run's entry: resume.check_config_changes)
+from .config.resume_changes import check_config_changes  # noqa: F401  (the run's entry: resume.check_config_changes)
 
 
 def _warn(message):

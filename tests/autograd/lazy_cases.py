@@ -20,10 +20,11 @@ from tests.op_check import _as_tuple, _is_float, make_inputs
 OP_MODULES = [
     "tests.autograd.test_elementwise", "tests.autograd.test_activations", "tests.autograd.test_reduction",
     "tests.autograd.test_transform", "tests.autograd.test_matmul", "tests.autograd.test_linear",
-    "tests.autograd.test_softmax", "tests.autograd.test_misc", "tests.autograd.test_loss",
+    "tests.autograd.test_softmax", "tests.autograd.test_joins", "tests.autograd.test_indexing",
+    "tests.autograd.test_loss",
     "tests.autograd.test_normalization", "tests.autograd.test_scan", "tests.autograd.test_sorting",
     "tests.autograd.test_outer", "tests.autograd.test_padding", "tests.autograd.test_einsum",
-    "tests.autograd.test_rms_norm", "tests.autograd.test_rotary", "tests.autograd.test_sparse",
+    "tests.autograd.test_rms_norm", "tests.autograd.test_rotary", "tests.autograd.test_embedding",
     "tests.test_tensor_methods",
     "tests.autograd.test_reorder", "tests.autograd.test_statistics", "tests.autograd.test_repeat_interleave",
 ]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.activations import normal_cdf
+from infini_train.autograd.ops.activations import normal_cdf
 from tests.autograd.test_low_precision import LOW, check_against_torch, normal
 from tests.op_check import check_op
 
@@ -83,9 +83,9 @@ def test_gelu_matches_torch_over_a_wide_range(approximate):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tanh_gelu_in_cache_sized_blocks_is_bitwise_one_whole_pass_and_matches_torch(dtype):
-    """GPT-2's MLP activation at its size runs block by block (autograd/blocked.py): the bits of the same kernels
+    """GPT-2's MLP activation at its size runs block by block (autograd/ops/blocked.py): the bits of the same kernels
     over the whole arrays at once, and torch's values and gradients."""
-    from infini_train.autograd.activations import _gelu_tanh_backward, _gelu_tanh_forward
+    from infini_train.autograd.ops.activations import _gelu_tanh_backward, _gelu_tanh_forward
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((256, 3072)) * 2).astype(np.float32)
     g = rng.standard_normal((256, 3072)).astype(np.float32)

@@ -4,7 +4,7 @@ import torch
 
 import infini_train as it
 from infini_train import backend
-from infini_train.autograd import attention as attention_module
+from infini_train.autograd.ops import attention as attention_module
 from tests.autograd.test_low_precision import (LOW, assert_all_ulps, cotangent_for, float32_reference, normal,
                                                outputs_and_grads)
 from tests.op_check import check_finite_differences, check_op, make_inputs
@@ -69,7 +69,7 @@ def _torch_sdpa_with_keep(keep, p):
 
 def test_sdpa_dropout_uses_the_seeded_generator():
     """The mask is a function of each weight's position and one seed drawn from the seeded generator."""
-    from infini_train.autograd.attention_dropout import draw_seed, keep_block
+    from infini_train.autograd.ops.attention_dropout import draw_seed, keep_block
 
     p, shapes = 0.4, [(2, 3, 4), (2, 5, 4), (2, 5, 3)]
     backend.manual_seed(7)

@@ -233,7 +233,7 @@ def test_rms_norm_runs_in_float32_under_cuda_autocast():
     from types import SimpleNamespace
 
     from infini_train.autograd import autocast as ac
-    from infini_train.autograd.rms_norm import RMSNorm
+    from infini_train.autograd.ops.rms_norm import RMSNorm
 
     assert ac.policy("cuda")[RMSNorm] == ac.FP32 and RMSNorm not in ac.policy("cpu")
     x, w = it.tensor(X).to(it.float16), it.ones(8).to(it.float16)

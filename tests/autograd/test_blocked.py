@@ -1,7 +1,7 @@
 """Element-wise kernels over cache-sized blocks: the bits of one call over the whole arrays."""
 import numpy as np
 
-from infini_train.autograd.blocked import BLOCK, elementwise
+from infini_train.autograd.ops.blocked import BLOCK, elementwise
 
 
 def _kernel(x, out):

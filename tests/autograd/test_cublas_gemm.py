@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import infini_train as it
-from infini_train.autograd import low_precision as lp
+from infini_train.autograd.ops import low_precision as lp
 from tests.autograd.test_low_precision import assert_ulps
 
 pytestmark = [pytest.mark.cuda,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd import attention as attention_module
-from infini_train.autograd import flash_attention
+from infini_train.autograd.ops import attention as attention_module
+from infini_train.autograd.ops import flash_attention
 from infini_train.nn.attention import SDPBackend, sdpa_kernel
 from tests.op_check import check_finite_differences
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.elementwise import IntegerDivisionByZero
+from infini_train.autograd.ops.elementwise import IntegerDivisionByZero
 
 A = [5, -7, 3, 0]
 CASES = {

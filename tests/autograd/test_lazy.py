@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import infini_train as it
-from infini_train.autograd import elementwise
+from infini_train.autograd.ops import elementwise
 from infini_train.lazy_mode import fusion
 from infini_train.lazy_mode.graph import LazyTensor
 

@@ -12,7 +12,7 @@ import torch
 
 import infini_train as it
 import infini_train.nn.functional as F
-from infini_train.autograd import low_precision as lp
+from infini_train.autograd.ops import low_precision as lp
 
 TF = torch.nn.functional
 LOW = ["bfloat16", "float16"]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.padding import pad
+from infini_train.autograd.ops.padding import pad
 from tests.op_check import check_op
 
 F = torch.nn.functional

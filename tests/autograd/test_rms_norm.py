@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.rms_norm import RMSNorm as RMSNormOp
+from infini_train.autograd.ops.rms_norm import RMSNorm as RMSNormOp
 from tests.autograd.test_low_precision import (LOW, assert_all_ulps, assert_ulps, cotangent_for, float32_reference,
                                                normal, outputs_and_grads)
 from tests.op_check import check_finite_differences, check_op

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.rotary import RotaryEmbedding
+from infini_train.autograd.ops.rotary import RotaryEmbedding
 from tests.autograd.test_low_precision import LOW, assert_ulps, from_torch, to_torch
 from tests.op_check import check_finite_differences
 

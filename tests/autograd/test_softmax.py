@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.softmax import exp_and_sum, row_max, row_sum
+from infini_train.autograd.ops.softmax import exp_and_sum, row_max, row_sum
 from tests.autograd.test_low_precision import (LOW, assert_all_ulps, check_against_torch, cotangent_for,
                                                float32_reference, normal, outputs_and_grads)
 from tests.op_check import check_op

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import infini_train as it
-from infini_train.autograd.transform import view_strides
+from infini_train.autograd.ops.transform import view_strides
 from tests.torch_parity import grads, same
 
 RNG = np.random.default_rng(1)

@@ -197,7 +197,7 @@ def test_generate_on_more_ranks_than_the_heads_split_over_names_the_rank_count(t
 def test_the_base_digest_is_the_same_for_float32_and_float64_copies():
     import infini_train as it
     from infini_train.models.gpt2 import GPT2
-    from infini_train.models.gpt2_config import GPT2Config
+    from infini_train.models.gpt2.config import GPT2Config
     from infini_train.training.lora_run import weights_digest
 
     it.manual_seed(0)

@@ -11,7 +11,7 @@ from infini_train import backend
 from infini_train import distributed as dist
 from infini_train import mapped_arrays
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.gpt2_io import save_hf, save_llmc
+from infini_train.models.gpt2.io import save_hf, save_llmc
 from infini_train.nn.parallel.sharded_pieces import param_pieces
 from infini_train.training.config import load_config
 from infini_train.training.lora_run import base_entries, weights_digest

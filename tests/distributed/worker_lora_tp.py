@@ -18,7 +18,7 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train import nn
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.gpt2_parallel import parallelize_gpt2
+from infini_train.models.gpt2.parallel import parallelize_gpt2
 from infini_train.nn import lora
 from infini_train.nn.parallel import (ColumnParallelLinear, RowParallelLinear, all_reduce_sequence_parallel_grads,
                                       whole_from_shards)

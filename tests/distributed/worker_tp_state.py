@@ -13,7 +13,7 @@ import numpy as np
 import infini_train as it
 from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.gpt2_parallel import parallelize_gpt2
+from infini_train.models.gpt2.parallel import parallelize_gpt2
 from infini_train.nn.parallel import all_reduce_sequence_parallel_grads, whole_from_shards
 from infini_train.nn.parallel.grad_norm import clip_grad_norm_model_parallel_
 from infini_train.nn.parallel.whole_state import (load_whole_state_dict, shard_optimizer_state,

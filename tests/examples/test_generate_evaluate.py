@@ -69,7 +69,7 @@ def test_evaluate_loss_equals_the_training_loss_function(trained, data_dir):  # 
     assert proc.returncode == 0, proc.stderr
     reported = float(proc.stdout.split("loss ")[1].split()[0])
     state, _, meta = load_checkpoint(trained)
-    from infini_train.models.gpt2_config import GPT2Config
+    from infini_train.models.gpt2.config import GPT2Config
     model = GPT2(GPT2Config(**meta["model_config"]))
     model.load_state_dict(state)
     tokens = np.asarray(read_shard(str(sorted(data_dir.glob("val_*.bin"))[0])), dtype=np.int64)
@@ -90,7 +90,7 @@ def reported_loss(proc):
 
 def checkpoint_loss(trained, tokens, batch_size, seq_len, n_batches):
     """Mean loss of the checkpoint over the first n_batches consecutive windows of tokens, computed here."""
-    from infini_train.models.gpt2_config import GPT2Config
+    from infini_train.models.gpt2.config import GPT2Config
     state, _, meta = load_checkpoint(trained)
     model = GPT2(GPT2Config(**meta["model_config"]))
     model.load_state_dict(state)

@@ -47,7 +47,7 @@ def test_the_kernels_give_their_reference(dtype, rows, classes, offset):
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cross_entropy_with_the_kernels_against_the_array_path(dtype, reduction):
-    from infini_train.autograd.fused_classifier import FusedCrossEntropy
+    from infini_train.autograd.ops.fused_classifier import FusedCrossEntropy
 
     x, t = _logits(getattr(it, dtype), 300, 50304)
     results = []

@@ -8,8 +8,8 @@ import torch
 
 import infini_train as it
 import infini_train.nn.functional as F
-from infini_train.autograd import fused_classifier
-from infini_train.autograd.loss import CrossEntropy
+from infini_train.autograd.ops import fused_classifier
+from infini_train.autograd.ops.loss import CrossEntropy
 from infini_train.kernels import classifier, registry
 from infini_train.kernels.reference import classifier as ref
 

@@ -74,7 +74,7 @@ def test_strided_rows_give_the_contiguous_results():
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_the_op_with_the_kernels_against_the_array_path(dtype, dropout_p):
-    from infini_train.autograd.fused_attention import FusedAttention
+    from infini_train.autograd.ops.fused_attention import FusedAttention
 
     q, k, v, g = attention_inputs(getattr(it, dtype), 2, 6, 2, 257, 257, 64)
     results = []

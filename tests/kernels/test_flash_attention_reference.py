@@ -9,7 +9,7 @@ import torch
 
 import infini_train as it
 import infini_train.nn.functional as F
-from infini_train.autograd.attention_dropout import draw_seed
+from infini_train.autograd.ops.attention_dropout import draw_seed
 from infini_train.kernels.reference import flash_attention as ref
 from tests.kernels.attention_inputs import attention_inputs
 

@@ -1,5 +1,5 @@
-"""scaled_dot_product_attention's route to the tensor-core kernels (autograd/fused_attention.py), on the CPU: with the
-candidate switch off, or on with host arrays, nothing changes (the same Op, bit for bit); with the kernel's NumPy
+"""scaled_dot_product_attention's route to the tensor-core kernels (autograd/ops/fused_attention.py), on the CPU: with
+the candidate switch off, or on with host arrays, nothing changes (the same Op, bit for bit); with the kernel's NumPy
 reference standing in for the kernel launches (as if on a GPU), the Op takes the fused route when the switch names
 it, gives the reference's results bit for bit (forward, the three gradients, dropout's seed) and a double backward
 still runs."""
@@ -8,9 +8,9 @@ import pytest
 
 import infini_train as it
 import infini_train.nn.functional as F
-from infini_train.autograd import fused_attention
-from infini_train.autograd.attention import ScaledDotProductAttention
-from infini_train.autograd.attention_dropout import draw_seed
+from infini_train.autograd.ops import fused_attention
+from infini_train.autograd.ops.attention import ScaledDotProductAttention
+from infini_train.autograd.ops.attention_dropout import draw_seed
 from infini_train.kernels import flash_attention as flash
 from infini_train.kernels import registry
 from infini_train.kernels.reference import flash_attention as ref

@@ -4,7 +4,7 @@ import torch
 
 import infini_train as it
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.gpt2_io import WeightsError
+from infini_train.models.gpt2.io import WeightsError
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,7 +9,7 @@ import transformers
 
 from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.llama import Llama
-from infini_train.models.llama_config import LlamaConfig
+from infini_train.models.llama.config import LlamaConfig
 from infini_train.models.special_tokens import text_boundary_ids
 
 

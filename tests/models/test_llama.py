@@ -10,9 +10,9 @@ from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
 import infini_train as it
-from infini_train.models.gpt2_io import WeightsError
+from infini_train.models.gpt2.io import WeightsError
 from infini_train.models.llama import Llama, LlamaConfig
-from infini_train.models.llama_io import hf_config_to_llama
+from infini_train.models.llama.io import hf_config_to_llama
 
 SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 

@@ -13,9 +13,9 @@ from transformers import Qwen3MoeConfig as HFQwen3MoeConfig
 
 import infini_train as it
 from infini_train import nn
-from infini_train.models.mixtral import Mixtral, MixtralConfig
+from infini_train.models.llama.mixtral import Mixtral, MixtralConfig
 from infini_train.models.moe_lm import load_balancing_loss_over_layers
-from infini_train.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
+from infini_train.models.llama.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
 from infini_train.models.registry import model_spec, spec_of
 
 from .hf_lm_checks import batch, check_directories_both_ways, check_forward_backward, check_generation, randomize

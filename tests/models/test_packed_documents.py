@@ -12,7 +12,7 @@ from transformers import Qwen3ForCausalLM
 import infini_train as it
 from infini_train.models.documents import DocumentLayout, packed_documents
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.qwen3 import Qwen3
+from infini_train.models.llama.qwen3 import Qwen3
 from infini_train.models.recompute import set_recompute
 
 from .hf_lm_checks import hf_named_grads, randomize
@@ -124,7 +124,7 @@ def test_moe_padded_batch_counts_no_padding_in_the_load_balancing_loss(tmp_path)
     masked positions out) gives our loss, auxiliary loss and every gradient."""
     from transformers import Qwen3MoeForCausalLM
 
-    from infini_train.models.qwen3_moe import Qwen3Moe
+    from infini_train.models.llama.qwen3_moe import Qwen3Moe
 
     from .hf_lm_checks import randomize as randomize_moe
     from .test_moe_models import VOCAB as MOE_VOCAB

@@ -10,9 +10,9 @@ from transformers import Qwen3ForCausalLM
 
 import infini_train as it
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.models.gpt2_io import WeightsError
+from infini_train.models.gpt2.io import WeightsError
 from infini_train.models.llama import Llama, LlamaConfig
-from infini_train.models.qwen3 import Qwen3, Qwen3Config
+from infini_train.models.llama.qwen3 import Qwen3, Qwen3Config
 from infini_train.models.registry import model_spec, spec_of
 
 from .hf_lm_checks import check_directories_both_ways, check_forward_backward, check_generation, randomize

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as TF
 
 import infini_train as it
-from infini_train.autograd import activations
+from infini_train.autograd.ops import activations
 from infini_train.nn import functional as F
 from tests.op_check import check_op
 

@@ -10,7 +10,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import infini_train as it
 from infini_train import nn
-from infini_train.autograd.rnn_cells import SharedStepWeights, gru_cell, lstm_cell, rnn_cell, unbind_steps
+from infini_train.autograd.ops.rnn_cells import SharedStepWeights, gru_cell, lstm_cell, rnn_cell, unbind_steps
 from tests.op_check import check_op
 
 RTOL, ATOL = 1e-5, 1e-6

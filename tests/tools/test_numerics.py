@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import infini_train as it
-from infini_train.autograd import activations, observers
+from infini_train.autograd import observers
+from infini_train.autograd.ops import activations
 from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.tools.compare_numerics import main as compare
 from infini_train.training.config import ConfigError, load_config

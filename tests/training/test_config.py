@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from infini_train.training import config as config_module
+from infini_train.training.config import load as config_load
 from infini_train.training.config import (
     ConfigError,
     RunConfig,
@@ -15,6 +15,7 @@ from infini_train.training.config import (
     parse_args,
     parse_value,
 )
+from infini_train.training.config.yaml_io import merge
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -330,7 +331,7 @@ def test_mapping_override_keeps_a_preset_from_the_file(tmp_path):
 
 def test_merge_is_recursive():
     into = {"a": {"b": 1, "c": {"d": 2, "e": 3}}, "f": 4}
-    config_module._merge(into, {"a": {"c": {"d": 5}}, "f": {"g": 6}})
+    merge(into, {"a": {"c": {"d": 5}}, "f": {"g": 6}})
     assert into == {"a": {"b": 1, "c": {"d": 5, "e": 3}}, "f": {"g": 6}}
 
 
@@ -421,7 +422,7 @@ def test_config_path_that_cannot_be_read(tmp_path, monkeypatch):
     def refuse(name, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", name)
 
-    monkeypatch.setattr(config_module, "open", refuse, raising=False)  # chmod does not stop root
+    monkeypatch.setattr(config_load, "open", refuse, raising=False)  # chmod does not stop root
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert str(info.value) == (f"config file {path!r}: expected a readable YAML file, got Permission denied\n"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from infini_train.models.llama_config import LLAMA_PRESETS
+from infini_train.models.llama.config import LLAMA_PRESETS
 from infini_train.training.config import REPO_ROOT, ConfigError, load_config, parse_args
 
 LLAMA_TINY = os.path.join(REPO_ROOT, "configs", "llama3_tiny.yaml")

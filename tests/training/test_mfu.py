@@ -6,7 +6,7 @@ import pytest
 from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.llama import Llama
-from infini_train.models.llama_config import LlamaConfig
+from infini_train.models.llama.config import LlamaConfig
 from infini_train.models.pipeline_lm import PipelinedLM
 from infini_train.nn.lora import apply_lora
 from tests.distributed.mpi_jobs import needs_mpiexec
@@ -92,7 +92,7 @@ def test_the_default_peak_is_the_hosts_vector_peak_counted_once(data_dir, tmp_pa
 
 
 def test_moe_flops_count_the_experts_a_token_is_routed_to():
-    from infini_train.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
+    from infini_train.models.llama.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
 
     cfg = Qwen3MoeConfig(vocab_size=257, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, intermediate_size=48,
                          moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2, mlp_only_layers=[1],

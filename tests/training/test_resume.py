@@ -243,7 +243,7 @@ def test_resume_allow_changes_is_a_validated_config_key():
 
 
 def test_a_model_shape_mismatch_names_the_run_config_keys():
-    from infini_train.models.llama_config import LlamaConfig
+    from infini_train.models.llama.config import LlamaConfig
     from infini_train.training.config import ConfigError
     from infini_train.training.resume import check_same_model
 

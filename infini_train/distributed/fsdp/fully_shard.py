@@ -25,7 +25,7 @@ import contextlib
 import threading
 
 from ...autograd import engine
-from ...autograd.conversion import Cast
+from ...autograd.ops.conversion import Cast
 from ...autograd.function import Op
 from ...autograd.grad_mode import is_grad_enabled
 from ...autograd.saved_hooks import saved_tensors_hooks

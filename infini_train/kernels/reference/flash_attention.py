@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...autograd.attention_dropout import keep_block
+from ...autograd.ops.attention_dropout import keep_block
 from ..flash_attention_source import BWD_STEP, FWD_KEYS, ROWS
 from .common import F32, F64, butterfly_sum, padded, padded_rows, products, round_to
 

@@ -1,6 +1,7 @@
 """Parallel modules: DataParallel (one process, many devices), DistributedDataParallel (one per rank), tensor
 (+ sequence) parallelism: the conjugate communication mappings, column/row-parallel linears, the vocab-parallel
-embedding and cross-entropy, clipping by the whole model's norm, and whole state dicts for checkpoints; context
+embedding and cross-entropy, LoRA wrappers of the parallel linears (registered with nn.lora), clipping by the whole
+model's norm, and whole state dicts for checkpoints; context
 parallelism: ring attention over a sequence split across ranks; expert parallelism: the token exchange
 (all_to_all) and expert_parallel(moe, group)."""
 from .all_to_all import all_to_all
@@ -29,6 +30,7 @@ from .tensor_parallel import (
     mark_sequence_parallel,
     shard_from_whole,
 )
+from .tensor_parallel_lora import ColumnParallelLoRALinear, RowParallelLoRALinear  # registers them with nn.lora
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .whole_state import (
     load_whole_state_dict,

@@ -11,7 +11,7 @@ import copy
 import threading
 
 from ... import backend
-from ...autograd import comm
+from ...autograd.ops import comm
 from ...autograd import autocast
 from ...autograd.grad_mode import is_grad_enabled, set_grad_enabled
 from ...tensor import Tensor

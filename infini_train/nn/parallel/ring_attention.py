@@ -4,7 +4,7 @@
 The sequence is cut into 2N chunks and rank r of the N holds chunks r and 2N-1-r (the load-balanced causal layout
 of Megatron-LM and torchtitan: every rank gets the same share of the triangle). Its queries stay; the keys and
 values travel around the ring, one hop per step, the next hop's transfer started before the step's compute so the
-two overlap. At each step every (query chunk, key chunk) pair runs the blocked kernels (autograd/flash_kernels.py):
+two overlap. At each step every (query chunk, key chunk) pair runs the blocked kernels (autograd/ops/flash_kernels.py):
 in full below the diagonal, causally on it, not at all above it, and the partial results merge by their
 log-sum-exp. Backward passes the keys and values around again (the next hop again overlapping the compute), their
 gradients following each rank's contribution, until the gradients arrive back home; the queries' gradients stay
@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
-from ...autograd import flash_kernels as kernels
-from ...autograd import low_precision as lp
-from ...autograd.attention_dropout import draw_seed
+from ...autograd.ops import flash_kernels as kernels
+from ...autograd.ops import low_precision as lp
+from ...autograd.ops.attention_dropout import draw_seed
 from ...autograd.function import Op, op_error
 
 _KV_TAG, _GRAD_TAG = 71, 72

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...autograd.function import Op, op_error
-from ...autograd.softmax import ignore_overflow, upcast
-from ...autograd.sparse import scatter_add_rows
+from ...autograd.ops.softmax import ignore_overflow, upcast
+from ...autograd.ops.embedding import scatter_add_rows
 from ...distributed import ReduceOp, default_group
 from ..layers import Embedding
 from ..module import Module
