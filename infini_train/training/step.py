@@ -98,7 +98,7 @@ def train_step(plan, loader, train_cfg, step, seed):
 
     def next_batch():
         batch = next(batches)
-        if dims.context_parallel:  # this rank's two chunks of every sequence (token batches only: config_checks)
+        if dims.context_parallel:  # this rank's two chunks of every sequence (token batches only: config/checks.py)
             x, y = batch
             return (to_device_tensor(local_chunks(x, dims.cp_group), plan.device),
                     to_device_tensor(local_chunks(y, dims.cp_group), plan.device), contextlib.nullcontext)
