@@ -20,7 +20,7 @@ from ..distributed import checkpoint as dcp
 from ..nn.lora import lora_state_dict
 from ..nn.parallel.sharded_pieces import flat_pieces, param_pieces, tensor_pieces
 from ..optim.param_groups import numbering, packed_groups
-from ..safetensors_io import _numpy_dtype
+from ..safetensors_io import numpy_dtype
 from . import param_groups
 
 MODEL = "model/"
@@ -52,7 +52,7 @@ def optimizer_entries(tensors):
 
 
 def entry_dtype(code):
-    return np.dtype(_numpy_dtype(code, "checkpoint", "entry"))
+    return np.dtype(numpy_dtype(code, "checkpoint", "entry"))
 
 
 class RunEntries:

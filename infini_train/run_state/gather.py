@@ -9,7 +9,7 @@ import numpy as np
 from .. import backend
 from .. import distributed as dist
 from ..distributed.p2p import recv_arrays, send_arrays
-from ..safetensors_io import _code
+from ..safetensors_io import dtype_code
 from .entries import entry_dtype
 
 
@@ -17,7 +17,7 @@ def gather_whole(entries, group, device, to=0):
     """{entry: whole numpy array} on group rank ``to``, None on the others (collective over ``group``).
     ``entries``: this rank's {entry: LocalPieces}; ``device``: where the ranks' arrays live (transfers land
     there)."""
-    plan = {name: (pieces.global_shape, _code(np.dtype(pieces.dtype)), pieces.boxes())
+    plan = {name: (pieces.global_shape, dtype_code(np.dtype(pieces.dtype)), pieces.boxes())
             for name, pieces in entries.items()}
     plans = [None] * group.size
     dist.all_gather_object(plans, plan, group)

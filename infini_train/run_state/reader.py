@@ -13,7 +13,7 @@ import numpy as np
 
 from ..distributed import checkpoint as dcp
 from ..distributed.checkpoint.whole_files import SavedTensor
-from ..safetensors_io import SafetensorsError, mapped_safetensors, read_header
+from ..safetensors_io import SafetensorsError, dtype_code, mapped_safetensors, read_header
 from . import param_groups
 from .directory import CheckpointError, read_state, resolve_checkpoint
 from .entries import MODEL, entry_dtype, optimizer_entries, optimizer_entry
@@ -70,7 +70,7 @@ class SavedEntries:
                     tensors[entry] = _one_chunk(OPTIMIZER_FILE, value, header[value])
                 else:
                     array = np.array(value)
-                    tensors[entry] = {"shape": [], "dtype": _code(array.dtype), "chunks": []}
+                    tensors[entry] = {"shape": [], "dtype": dtype_code(array.dtype), "chunks": []}
                     self.values[entry] = array
         return tensors
 
@@ -93,12 +93,6 @@ class SavedEntries:
 def _one_chunk(file, key, info):
     return {"shape": list(info["shape"]), "dtype": info["dtype"],
             "chunks": [{"offsets": [0] * len(info["shape"]), "sizes": list(info["shape"]), "file": file, "key": key}]}
-
-
-def _code(dtype):
-    from ..safetensors_io import _code as code
-
-    return code(dtype)
 
 
 # ------------------------------------------------------------------------------------------- whole, in one process

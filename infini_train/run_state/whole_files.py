@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from ..atomic_file import write_atomically
-from ..safetensors_io import _code, _numpy_dtype
+from ..safetensors_io import dtype_code, numpy_dtype
 from . import param_groups
 from .entries import MODEL, optimizer_entries
 from .tree import flatten_state, to_numpy
@@ -34,7 +34,7 @@ def write_tensor_file(path, infos, read):
     header, offset = {}, 0
     for name in order:
         shape, code = infos[name]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_numpy_dtype(code, path, name)).itemsize
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(numpy_dtype(code, path, name)).itemsize
         header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -45,7 +45,7 @@ def write_tensor_file(path, infos, read):
             f.write(struct.pack("<Q", len(text)))
             f.write(text)
             for name in order:
-                array = np.require(to_numpy(read(name)), _numpy_dtype(infos[name][1], path, name), "C")
+                array = np.require(to_numpy(read(name)), numpy_dtype(infos[name][1], path, name), "C")
                 f.write(array.reshape(-1).view(np.uint8).data)
 
     write_atomically(path, write)
@@ -54,7 +54,7 @@ def write_tensor_file(path, infos, read):
 
 def infos_of(arrays):
     """{name: (shape, dtype code)} of {name: array}."""
-    return {name: (tuple(a.shape), _code(a.dtype)) for name, a in arrays.items()}
+    return {name: (tuple(a.shape), dtype_code(a.dtype)) for name, a in arrays.items()}
 
 
 def layout(model_keys, saved_groups, tensors, scalar, order=None):
