@@ -85,7 +85,9 @@ class SavedEntries:
                 rest[entry] = pieces
         try:
             dcp.load(rest, self.path, metadata=self.metadata)
-        except (dcp.CheckpointFormatError, SafetensorsError, OSError) as exc:
+        except dcp.CheckpointFormatError as exc:  # (it names the checkpoint, what does not fit and a hint)
+            raise CheckpointError(str(exc)) from exc
+        except (SafetensorsError, OSError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is unreadable: {exc}\nHINT: it may be incomplete or "
                                   "corrupted; resume from an earlier one") from exc
 

@@ -27,30 +27,6 @@ def config_errors():
         raise ConfigError(str(exc)) from None
 
 
-def resolve_base(init_from):
-    """lora_base.resolve_base, with config errors."""
-    with config_errors():
-        return lora_base.resolve_base(init_from)
-
-
-def load_base_weights(model, init_from):
-    """Copy the base weights at ``init_from`` into the whole (not yet split) ``model`` (lora_base.load_base_weights,
-    with config errors); returns the source read."""
-    with config_errors():
-        return lora_base.load_base_weights(model, init_from, mapped_pretrained)
-
-
-def mapped_base(path, model):
-    """{name: tensor read box by box} of the base weights at ``path`` for a model like ``model``."""
-    with config_errors():
-        return lora_base.mapped_base(path, model, mapped_pretrained)
-
-
-def _check_fits(state, shapes, init_from, key="lora.init_from"):
-    with config_errors():
-        lora_base.check_fits(state, shapes, init_from, key)
-
-
 def base_source(lora_cfg, reference):
     """The file or directory a LoRA run reads its base from: a resumed checkpoint's recorded source, else
     ``lora.init_from`` resolved; None for the seeded init."""
@@ -60,7 +36,8 @@ def base_source(lora_cfg, reference):
 
 def prepare_base(model, init_from):
     """A new LoRA run's base: load ``init_from`` into ``model`` (None: keep its seeded init) and pin it."""
-    source = load_base_weights(model, init_from) if init_from else None
+    with config_errors():
+        source = lora_base.load_base_weights(model, init_from, mapped_pretrained) if init_from else None
     return BaseWeights(os.path.abspath(init_from) if init_from else None, source, weights_digest(model))
 
 
@@ -77,8 +54,9 @@ def load_base_pieces(model, source, like, shapes, tp_rank=0, tp_size=1):
     streamed tensor by tensor on rank 0 and shared with every rank)."""
     from .. import distributed as dist
 
-    state = mapped_base(source, like)
-    _check_fits(state, shapes, source)
+    with config_errors():
+        state = lora_base.mapped_base(source, like, mapped_pretrained)
+        lora_base.check_fits(state, shapes, source)
     dtype = fill_base_pieces(model, state, tp_rank, tp_size)
     found = [None] * dist.get_world_size()
     dist.all_gather_object(found, streamed_digest(state, shapes, dtype) if dist.get_rank() == 0 else None)
@@ -89,8 +67,9 @@ def load_pretrained_pieces(model, path, like, shapes, tp_rank=0, tp_size=1):
     """Fill every weight ``model`` holds on this rank (built on the meta device, split, staged, sharded and given
     storage) from the pretrained model at ``path`` (model.pretrained), reading only this rank's boxes: full
     fine-tuning's start. ``like`` and ``shapes`` as load_base_pieces."""
-    state = mapped_base(os.path.abspath(path), like)
-    _check_fits(state, shapes, path, key="model.pretrained")
+    with config_errors():
+        state = lora_base.mapped_base(os.path.abspath(path), like, mapped_pretrained)
+        lora_base.check_fits(state, shapes, path, key="model.pretrained")
     fill_base_pieces(model, state, tp_rank, tp_size)
 
 
@@ -157,6 +136,6 @@ def checkpoint_reference(lora_cfg, seed, base):
             "base_sha256": base.sha256, "seed": seed}
 
 
-__all__ = ["resolve_base", "load_base_weights", "prepare_base", "restore_base", "base_source", "load_base_pieces",
-           "load_pretrained_pieces", "fill_base_pieces", "base_entries", "mapped_base", "check_same_lora",
-           "apply_run_lora", "checkpoint_reference", "config_errors"]
+__all__ = ["prepare_base", "restore_base", "base_source", "load_base_pieces", "load_pretrained_pieces",
+           "fill_base_pieces", "base_entries", "check_same_lora", "apply_run_lora", "checkpoint_reference",
+           "config_errors"]
