@@ -71,4 +71,20 @@ def pretrained_config(path):
     return HF_MODEL_TYPES[model_type], cls.config_from_hf(hf, config_path)
 
 
-__all__ = ["from_pretrained", "hf_model_class", "pretrained_config", "read_config_json", "HF_MODEL_TYPES"]
+def mapped_pretrained(path, model):
+    """{name: tensor read box by box} of the weights at ``path`` for a model like ``model`` (its names): an HF
+    directory (GPT-2 or LLaMA-like) or an llm.c ``.bin``; None for anything else (a training checkpoint). Nothing is
+    read until a box is asked for."""
+    from .gpt2 import io as gpt2_io
+    from .llama import Llama
+    from .llama import io as llama_io
+
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
+        return llama_io.hf_weights(path)[1] if isinstance(model, Llama) else gpt2_io.hf_weights(path)[1]
+    if os.path.isfile(path) and path.endswith(".bin"):
+        return gpt2_io.llmc_weights(path)[1]
+    return None
+
+
+__all__ = ["from_pretrained", "hf_model_class", "pretrained_config", "read_config_json", "mapped_pretrained",
+           "HF_MODEL_TYPES"]
