@@ -46,8 +46,8 @@ def _observed_step(step):
 
 def _stepped(p):
     """What an optimizer updates for ``p``: the parameter, or for one sharded by fully_shard, this rank's shard."""
-    sharded_by = getattr(p, "sharded_by", None)
-    return p if sharded_by is None else sharded_by.shard_views[id(p)]
+    flat_shard = p.placement.flat_shard
+    return p if flat_shard is None else flat_shard.shard_views[id(p)]
 
 
 class Optimizer:

@@ -97,9 +97,9 @@ class RunEntries:
         without ZeRO)."""
         out = {}
         for p in self.model.parameters():
-            sharded_by = getattr(p, "sharded_by", None)
-            if sharded_by is not None:
-                out[id(sharded_by.shard_views[id(p)])] = p
+            flat_shard = p.placement.flat_shard
+            if flat_shard is not None:
+                out[id(flat_shard.shard_views[id(p)])] = p
         return out
 
     def group_names(self):
@@ -140,13 +140,13 @@ class RunEntries:
                 if param is None:
                     out.append((p, p, 0, None))
                 else:  # a fully_shard parameter's view: its flat piece (none on some ranks)
-                    piece = param.sharded_by.local_piece(param)
+                    piece = param.placement.flat_shard.local_piece(param)
                     out.append((p, param, piece[0] if piece is not None else 0, p.numel()))
         return out
 
     def state_pieces(self, array, p, start, length):
         """The pieces of the whole state tensor of ``p`` that ``array`` (a holder's state) covers."""
-        spec = getattr(p, "tp_spec", None)
+        spec = p.placement.tensor_shard
         if length is None:
             return tensor_pieces(array, spec, self.tp_rank, self.tp_size)
         return flat_pieces(tuple(p.shape), array, start, spec, self.tp_rank, self.tp_size)

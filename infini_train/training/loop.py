@@ -264,11 +264,8 @@ class Run:
     def _report_memory(self):
         """Once, after the first step: each rank's parameter, gradient and optimizer-state bytes (from the
         tensors it holds) and its peak resident memory."""
-        spaces = {id(s): s for s in (getattr(p, "sharded_by", None) for p in self.raw_model.parameters()) if s}
-        params = (sum(p.array.nbytes for p in self.raw_model.parameters() if getattr(p, "sharded_by", None) is None)
-                  + sum(s.shard.nbytes for s in spaces.values()))  # ZeRO-3: the shards this rank keeps
-        mine = Tensor(np.array([params, self.optimizer.grad_bytes(), self.optimizer.state_bytes(), peak_rss_bytes()],
-                               np.int64))
+        mine = Tensor(np.array([self.layout.parameter_bytes(), self.optimizer.grad_bytes(),
+                                self.optimizer.state_bytes(), peak_rss_bytes()], np.int64))
         parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]
         dist.all_gather(parts, mine)
         mb = [[int(v) / 2 ** 20 for v in p.numpy()] for p in parts]

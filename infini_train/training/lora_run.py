@@ -90,7 +90,7 @@ def fill_base_pieces(model, state, tp_rank=0, tp_size=1):
     dtype = None
     for name, t in base_entries(model):
         if dtype is None:
-            dtype = getattr(t, "sharded_by", t).dtype
+            dtype = (t.placement.flat_shard or t).dtype
         for offsets, view in param_pieces(t, tp_rank, tp_size).pieces:
             box = read_box(state[name], offsets, view.shape).astype(view.dtype)
             view[...] = backend.to_device_array(box, backend.device_of_array(view))

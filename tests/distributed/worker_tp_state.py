@@ -60,7 +60,7 @@ loss_split.backward()
 all_reduce_sequence_parallel_grads(split, group)
 names_whole = dict(whole.named_parameters())
 for name, p in split.named_parameters():
-    spec = getattr(p, "tp_spec", None)
+    spec = p.placement.tensor_shard
     grad = whole_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
     close(grad, names_whole[name].grad.numpy(), f"gradient of {name}")
 

@@ -145,13 +145,13 @@ class ZeroRedundancyOptimizer:
         listed = {id(p) for g in groups for p in g["params"]}
         ordered = [p for p in ordered if id(p) in listed]
         self.params = ordered
-        self.spaces = list({id(s): s for s in (getattr(p, "sharded_by", None) for p in ordered) if s is not None}
+        self.spaces = list({id(s): s for s in (p.placement.flat_shard for p in ordered) if s is not None}
                            .values())  # fully_shard's spaces (ZeRO-3): the parameters keep only their shards
         experts = {id(p) for p in expert_params}
-        if experts and (expert_data_group is None or any(getattr(p, "sharded_by", None) for p in expert_params)):
+        if experts and (expert_data_group is None or any(p.placement.flat_shard for p in expert_params)):
             raise ValueError("ZeroRedundancyOptimizer: expert_params need an expert_data_group, and cannot be sharded "
                              "by fully_shard\nHINT: pass the expert-data group the experts are replicated over")
-        whole = [p for p in ordered if getattr(p, "sharded_by", None) is None]
+        whole = [p for p in ordered if p.placement.flat_shard is None]
         self.expert_spaces = []
         for expert, group in ((False, self.group), (True, expert_data_group)):
             members = [p for p in whole if (id(p) in experts) == expert]
@@ -331,15 +331,14 @@ class ZeroRedundancyOptimizer:
         """Scale every rank's gradient shard so that the global norm is at most ``max_norm``; returns the
         global norm (over the whole model) as a 0-d float32 tensor, the same on every rank.
 
-        The parameters may also be split over a ``tensor_group`` (a parameter with a ``tp_spec`` counts its shard on
-        every rank of it, a replicated one only on tensor rank 0) and a ``pipeline_group`` (each stage counts its
-        own; the last stage's copy of a tied weight, marked ``shared_embedding``, does not count)."""
+        The parameters may also be split over a ``tensor_group`` (a parameter placed as a tensor shard counts its
+        shard on every rank of it, a replicated one only on tensor rank 0) and a ``pipeline_group`` (each stage counts
+        its own; the last stage's copy of a tied weight, placed as a ``tied_copy``, does not count)."""
         self._point_grads()
         pieces = [view.grad.array for view, *_ in self.pieces]
         skip_replicated = tensor_group is not None and tensor_group.rank != 0
         counted = [g for g, (_, _, p, *_) in zip(pieces, self.pieces)
-                   if not getattr(p, "shared_embedding", False)
-                   and not (skip_replicated and getattr(p, "tp_spec", None) is None)]
+                   if not p.placement.tied_copy and not (skip_replicated and p.placement.replicated)]
         groups = [self.group] + [g for g in (tensor_group, pipeline_group) if g is not None and g.size > 1]
         return clip_sharded_grads_(pieces, counted, max_norm, norm_type, groups)
 

@@ -1,9 +1,9 @@
 """Whole state dicts of a tensor-parallel model: the whole tensors under the same names as the one-process
 model's, and back (a run's checkpoints are infini_train.run_state's).
 
-A parameter split over the tensor group carries ``tp_spec`` (a ShardSpec); unsharding all-gathers it over the
-group and puts the shards back in order (vocabulary padding dropped); sharding slices the whole tensor. Every rank
-of ``group`` calls the gathers (they are collectives).
+A parameter split over the tensor group is placed by a ShardSpec (its placement's ``tensor_shard``); unsharding
+all-gathers it over the group and puts the shards back in order (vocabulary padding dropped); sharding slices the
+whole tensor. Every rank of ``group`` calls the gathers (they are collectives).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .tensor_parallel import whole_from_shards, shard_from_whole
 
 
 def _spec(t):
-    return getattr(t, "tp_spec", None)
+    return t.placement.tensor_shard
 
 
 def _as_array(value):
