@@ -2,7 +2,7 @@
 dims, cfg)`` applies every layout the run's ``dims`` and config ask for to a causal LM built on the meta device (its
 init calls recorded), in one declared order, and returns the ParallelPlan. Once the run has given the model storage
 and values, ``plan.train(cfg.train)`` builds what the steps need -- the optimizer, the data-parallel wrapping, the
-gradient finaliser and clipping -- as one TrainingLayout.
+gradient finaliser and clipping, and the RunState its checkpoints go through -- as one TrainingLayout.
 
 The order, each step doing nothing where its layout is off:
   1. tensor / sequence parallelism: the spec's tensor plan splits attention heads, MLPs and the vocabulary;
@@ -31,6 +31,7 @@ from ..nn import lora as lora_lib
 from ..nn.parallel import DistributedDataParallel
 from ..nn.parallel.context_parallel import context_parallel
 from ..optim import AdamW
+from ..run_state import RunState
 from .expert_layout import ExpertLayout
 from .finalize_grads import clip_grad_norm, finalize_model_grads
 from .moe_lm import moe_chunks
@@ -70,6 +71,7 @@ class ParallelPlan:
 
     def __init__(self, dims, cfg):
         self.dims, self.zero_stage, self.dtype = dims, cfg.parallel.zero_stage, cfg.dtype
+        self.lora = bool(cfg.lora.rank)  # only the adapters train (and are saved)
         self.model = None
         self.experts = None
         expert = cfg.parallel.expert
@@ -97,7 +99,7 @@ class TrainingLayout:
     stage), ``raw_model`` (unwrapped), ``optimizer``, ``finalize_grads()`` and ``clip_grad_norm(max_norm)``
     (finalize_grads.py), ``forward_context`` (context parallelism: () -> the context in which every forward runs its
     attention over the context group; None without), ``no_sync`` (DDP's, deferring the reduction to a step's last
-    micro-batch, or None)."""
+    micro-batch, or None), ``state`` (the RunState its checkpoints are written and read through)."""
 
     def __init__(self, plan, train_cfg):
         self.dims, self.zero_stage, self.experts = plan.dims, plan.zero_stage, plan.experts
@@ -109,6 +111,7 @@ class TrainingLayout:
         self.model = self._wrap_data_parallel()
         self.no_sync = self.model.no_sync if self.model is not self.raw_model else None
         self.forward_context = (lambda: context_parallel(self.dims.cp_group)) if self.dims.context_parallel else None
+        self.state = RunState(self.raw_model, self.optimizer, self.dims, self.zero_stage, plan.lora, self.experts)
 
     def _optimizer(self, train_cfg):
         """AdamW over the model's param groups; with ZeRO sharded across the data-parallel ranks (stage 3: over the

@@ -26,7 +26,7 @@ from ..models.parallelize import gathered
 from ..models.tensor_parallel_lm import without_sequence_parallel
 from ..nn.lora import save_adapter
 from ..tensor import Tensor
-from ..run_state import RunState, read_state
+from ..run_state import read_state
 from .config import ConfigError
 from .metrics import MetricsLog, plot_loss_curve
 from .peak_flops import run_peak
@@ -130,8 +130,7 @@ class Run:
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
         self.step_plan = StepPlan(self.layout, self.grad_accum, self.device, self.amp, self.scaler)
-        self.state = RunState(self.raw_model, self.optimizer, dims, self.zero_stage, bool(cfg.lora.rank),
-                              self.plan.experts)
+        self.state = self.layout.state
         self.checkpoint_format = cfg.train.checkpoint_format
         if self.checkpoint_format == "auto":
             self.checkpoint_format = "sharded" if self.world > 1 else "whole"
