@@ -84,14 +84,11 @@ def _check_fits(state, shapes, init_from, key="lora.init_from"):
 def mapped_base(path, model):
     """{name: tensor read box by box} of the base weights at ``path`` (resolve_base) for a model like ``model``:
     nothing is read until a box is asked for."""
-    from ..models.gpt2 import io as gpt2_io
-    from ..models.llama import Llama
-    from ..models.llama import io as llama_io
+    from ..models.pretrained import mapped_pretrained
 
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-        return llama_io.hf_weights(path)[1] if isinstance(model, Llama) else gpt2_io.hf_weights(path)[1]
-    if os.path.isfile(path) and path.endswith(".bin"):
-        return gpt2_io.llmc_weights(path)[1]
+    weights = mapped_pretrained(path, model)  # an HF directory or an llm.c file, read by the model's spec
+    if weights is not None:
+        return weights
     try:
         weights, state = ckpt.mapped_model_checkpoint(path)
     except ckpt.CheckpointError as exc:

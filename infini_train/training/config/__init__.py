@@ -5,7 +5,7 @@ total_batch_size = -d, learning_rate = -l, warmup_iters = -u, learning_rate_deca
     cfg = load_config("configs/gpt2_tiny.yaml", ["train.learning_rate=3e-4", "out_dir=runs/x"])
     cfg = parse_args(sys.argv[1:])           # train.py [--config FILE] [dotted.key=value ...]
     grad_accum = cfg.train.grad_accum_steps(world_size)   # raises ConfigError when it does not divide
-    gpt2_config = cfg.model.to_gpt2_config()
+    model_config = cfg.model.to_model_config()  # the arch's model config (GPT2Config, LlamaConfig, ...)
     cfg.save_resolved()                      # out_dir/config.yaml, loadable with load_config
     print(cfg.pretty())
 
@@ -23,9 +23,10 @@ The package: the sections (.sections; the model's in .model) and the whole run's
 entry points load_config and parse_args (.load), and what a resume changes of its checkpoint's config
 (.resume_changes).
 """
-from .checks import BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB, TOKENIZERS, check_ranges
+from ...data.tokenizer import TOKENIZER_VOCAB, TOKENIZERS
+from .checks import BACKENDS, DTYPES, PRECISIONS, SOURCES, check_ranges
 from .load import DEFAULT_CONFIG, REPO_ROOT, default_config_path, load_config, parse_args
-from .model import ModelConfig
+from .model import ModelConfig, model_config_class
 from .schema import RENAMED_SECTIONS, SECTIONS, RunConfig, config_keys
 from .sections import ConfigError, DataConfig, LoraConfig, NumericsConfig, ParallelConfig, ProfileConfig, TrainConfig
 from .yaml_io import apply_overrides, load_yaml, parse_value
@@ -34,4 +35,4 @@ __all__ = ["ConfigError", "RunConfig", "ModelConfig", "DataConfig", "TrainConfig
            "ProfileConfig", "NumericsConfig", "SECTIONS", "RENAMED_SECTIONS", "config_keys", "load_config",
            "parse_args", "default_config_path", "REPO_ROOT", "DEFAULT_CONFIG", "parse_value", "load_yaml",
            "apply_overrides", "check_ranges", "BACKENDS", "DTYPES", "PRECISIONS", "SOURCES", "TOKENIZERS",
-           "TOKENIZER_VOCAB"]
+           "TOKENIZER_VOCAB", "model_config_class"]
