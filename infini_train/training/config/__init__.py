@@ -18,10 +18,11 @@ Command-line values are YAML, except that a text setting (out_dir, data.train, .
 setting keeps its text when YAML would read it as a number or date. A mapping merges into its section key by key,
 as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
 
-The package: the sections (.sections; the model's in .model) and the whole run's RunConfig with its validation
-(.schema), the range and consistency checks (.checks), strict YAML and the command-line overrides (.yaml_io), the
-entry points load_config and parse_args (.load), and what a resume changes of its checkpoint's config
-(.resume_changes).
+The package: the sections (.sections; the model's in .model, its keys declared by the registered archs' sections:
+infini_train.models.model_section) and the whole run's RunConfig with its validation (.schema), the range and
+consistency checks (.checks, with .checker; the model's, through its arch's section and spec, in .model_checks),
+strict YAML and the command-line overrides (.yaml_io), the entry points load_config and parse_args (.load), and what
+a resume changes of its checkpoint's config (.resume_changes). Nothing here names a model architecture.
 """
 from ...data.tokenizer import TOKENIZER_VOCAB, TOKENIZERS
 from .checks import BACKENDS, DTYPES, PRECISIONS, SOURCES, check_ranges
