@@ -37,8 +37,13 @@ def _finite(v):
     return math.isfinite(v)
 
 
-AT_LEAST_ONE = (lambda v: v >= 1, "an integer >= 1")
+AT_LEAST_ONE = (lambda v: v >= 1, "an integer >= 1")  # RunKey.check's of the usual ranges
 POSITIVE = (lambda v: _finite(v) and v > 0, "a number > 0")
+
+
+def at_least_zero(zero):
+    """RunKey.check of a number >= 0, saying what 0 means."""
+    return (lambda v: _finite(v) and v >= 0, f"a number >= 0 (0: {zero})")
 
 # the keys every arch reads but arch and preset (model_keys() adds those, they list the registered archs)
 SHARED_KEYS = (
@@ -100,6 +105,7 @@ class ModelSection:
     names: dict = field(default_factory=dict)  # {run key: the model config's field} where the names differ
 
     def spec(self):
+        """The arch's ModelSpec (its model module imported on first use)."""
         return registry.model_spec(self.arch)
 
     def presets(self):
@@ -107,6 +113,7 @@ class ModelSection:
         return self.spec().config_class.presets()
 
     def takes(self, key):
+        """Whether the arch reads run key ``key`` (a shared key or one of its own)."""
         return key in {k.name for k in SHARED_KEYS} or key in {k.name for k in self.keys}
 
     def given(self, m):
@@ -178,4 +185,4 @@ class ModelSection:
         return []
 
 
-__all__ = ["RunKey", "ModelSection", "SHARED_KEYS", "AT_LEAST_ONE", "POSITIVE", "model_keys"]
+__all__ = ["RunKey", "ModelSection", "SHARED_KEYS", "AT_LEAST_ONE", "POSITIVE", "at_least_zero", "model_keys"]

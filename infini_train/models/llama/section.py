@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import re
 
-from ..model_section import AT_LEAST_ONE, POSITIVE, ModelSection, RunKey, _finite
+from ..model_section import AT_LEAST_ONE, POSITIVE, ModelSection, RunKey, at_least_zero
 from ..moe_section import MoESection
 
-_KEYS = {k.name: k for k in (
+_KEYS = {k.name: k for k in (  # every key of the family; each arch takes those SECTIONS lists, in its order
     RunKey("n_kv_head", int, "llama3: key/value heads, dividing n_head (grouped-query attention); null: the preset's, "
                              "else n_head", AT_LEAST_ONE),
     RunKey("intermediate_size", int, "llama3: SwiGLU hidden width; null: default", AT_LEAST_ONE),
     RunKey("rope_theta", float, "llama3: rotary base; null: default (500000)", POSITIVE),
     RunKey("rope_scaling_factor", float, "llama3: llama3 rope scaling factor; 0: no scaling; null: the preset's, or "
                                          "none without a preset (8 when another rope_* scaling key is given)",
-           (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no scaling)")),
+           at_least_zero("no scaling")),
     RunKey("rope_low_freq_factor", float, "llama3 rope scaling: low frequency factor; null: 1", POSITIVE),
     RunKey("rope_high_freq_factor", float, "llama3 rope scaling: high frequency factor; null: 4", POSITIVE),
     RunKey("rope_original_context", int, "llama3 rope scaling: original context; null: 8192", AT_LEAST_ONE),
@@ -30,7 +30,7 @@ _KEYS = {k.name: k for k in (
            AT_LEAST_ONE),
     RunKey("router_aux_loss_coef", float, "qwen3_moe | mixtral: weight of the load-balancing loss added to the "
                                           "training loss; null: 0.001",
-           (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no load-balancing loss)")),
+           at_least_zero("no load-balancing loss")),
     RunKey("moe_intermediate_size", int, "qwen3_moe: each expert's SwiGLU width (mixtral's experts are "
                                          "intermediate_size wide); null: 768", AT_LEAST_ONE),
     RunKey("norm_topk_prob", bool, "qwen3_moe: renormalise the chosen experts' weights (mixtral always does); null: "
@@ -102,6 +102,7 @@ class LlamaSection(ModelSection):
         return built
 
     def model_problems(self, m, config):
+        """LLaMA-3's rope scaling against the context, and Qwen3-MoE's dense layers against the depth."""
         problems = []
         scaling = config.rope_scaling
         if scaling and scaling["original_max_position_embeddings"] >= config.max_seq_len:

@@ -1,12 +1,12 @@
-"""The helper the range and consistency checks share: _Checker collects problems on settings that passed their type
-checks (a problem is reported once, at the first key it is found at), _closest suggests a choice."""
+"""The helper the range and consistency checks share: Checker collects problems on settings that passed their type
+checks (a problem is reported once, at the first key it is found at), closest suggests a choice."""
 from __future__ import annotations
 
 import difflib
 import math
 
 
-class _Checker:
+class Checker:
     """Range checks on fields that passed the type checks."""
 
     def __init__(self, cfg, errors, bad):
@@ -32,11 +32,14 @@ class _Checker:
             self.bad.add(path)
 
 
-def _closest(value, choices):
+def closest(value, choices):
     """ " (did you mean 'bf16-mixed'?)" for a misspelt choice, or ""."""
     close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.4)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _finite(v):
+def finite(v):
     return math.isfinite(v)
+
+
+__all__ = ["Checker", "closest", "finite"]

@@ -7,7 +7,7 @@ import os
 
 from ...data.hf_tokenizer import config_problem as hf_config_problem
 from ...data.tokenizer import HF_PREFIX, TOKENIZERS
-from .checker import _Checker, _closest, _finite
+from .checker import Checker, closest, finite
 from .model_checks import check_model
 
 DTYPES = ("float32", "float64")
@@ -21,7 +21,7 @@ RECOMPUTE = ("none", "block")
 
 
 def check_ranges(cfg, errors, bad):
-    c = _Checker(cfg, errors, bad)
+    c = Checker(cfg, errors, bad)
     for name in ("batch_size", "sequence_length", "num_iterations", "sample_length", "log_every"):
         c.need(f"train.{name}", lambda v: v >= 1, "an integer >= 1")
     for name in ("total_batch_size", "warmup_iters", "val_loss_every", "val_max_steps", "sample_every",
@@ -30,21 +30,21 @@ def check_ranges(cfg, errors, bad):
                else "an integer >= 0")
     formats = ("auto", "whole", "sharded")
     c.need("train.checkpoint_format", lambda v: v in formats,
-           f"one of {formats}{_closest(cfg.train.checkpoint_format, formats)}")
-    c.need("train.learning_rate", lambda v: _finite(v) and v >= 0, "a number >= 0 (0: the weights stay as they are, "
+           f"one of {formats}{closest(cfg.train.checkpoint_format, formats)}")
+    c.need("train.learning_rate", lambda v: finite(v) and v >= 0, "a number >= 0 (0: the weights stay as they are, "
            "as for evaluation-only runs)")
-    c.need("train.eps", lambda v: _finite(v) and v > 0, "a number > 0")
-    c.need("train.weight_decay", lambda v: _finite(v) and v >= 0, "a number >= 0")
-    c.need("train.grad_clip", lambda v: _finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")
-    c.need("train.peak_flops", lambda v: _finite(v) and v >= 0, "a number >= 0 (FLOP/s; 0: the device's known peak)")
-    c.need("train.initial_loss_scale", lambda v: _finite(v) and v > 0, "a finite number > 0 (e.g. 65536)")
+    c.need("train.eps", lambda v: finite(v) and v > 0, "a number > 0")
+    c.need("train.weight_decay", lambda v: finite(v) and v >= 0, "a number >= 0")
+    c.need("train.grad_clip", lambda v: finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")
+    c.need("train.peak_flops", lambda v: finite(v) and v >= 0, "a number >= 0 (FLOP/s; 0: the device's known peak)")
+    c.need("train.initial_loss_scale", lambda v: finite(v) and v > 0, "a finite number > 0 (e.g. 65536)")
     c.need("train.loss_scale_window", lambda v: v >= 1, "an integer >= 1 (steps without overflow before the scale "
                                                          "doubles)")
     c.need("train.skip_nonfinite", lambda v: v >= 0, "an integer >= 0 (0: stop at the first non-finite step)")
     for name in ("beta1", "beta2"):
         c.need(f"train.{name}", lambda v: 0 <= v < 1, "a number in [0, 1)")
     c.need("train.learning_rate_decay_frac", lambda v: 0 <= v <= 1, "a number in [0, 1]")
-    c.need("train.recompute", lambda v: v in RECOMPUTE, f"one of {RECOMPUTE}{_closest(cfg.train.recompute, RECOMPUTE)}")
+    c.need("train.recompute", lambda v: v in RECOMPUTE, f"one of {RECOMPUTE}{closest(cfg.train.recompute, RECOMPUTE)}")
     t = cfg.train
     if c.ok("train.val_loss_every", "train.val_max_steps") and t.val_loss_every and not t.val_max_steps:
         errors.append("train.val_max_steps: expected >= 1 when train.val_loss_every is set, got 0")
@@ -62,7 +62,7 @@ def check_ranges(cfg, errors, bad):
     c.need("parallel.zero_stage", lambda v: v in (0, 1, 2, 3),
            "0, 1, 2 or 3 (1: optimizer state sharded, 2: and gradients, 3: and the parameters)")
     _check_parallel(cfg, c, errors)
-    c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{_closest(cfg.precision, PRECISIONS)}")
+    c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{closest(cfg.precision, PRECISIONS)}")
     if c.ok("precision", "dtype") and cfg.precision != "fp32" and cfg.dtype != "float32":
         errors.append(f"precision: expected 'fp32' with dtype {cfg.dtype!r} (mixed precision keeps float32 master "
                       f"weights), got {cfg.precision!r}")
@@ -93,7 +93,7 @@ def _check_parallel(cfg, c, errors):
     c.need("parallel.expert", lambda v: v >= 1, "an integer >= 1 (1: no expert parallelism)")
     c.need("parallel.virtual_pipeline", lambda v: v >= 1, "an integer >= 1")
     c.need("parallel.pipeline_schedule", lambda v: v in SCHEDULES,
-           f"one of {SCHEDULES}{_closest(p.pipeline_schedule, SCHEDULES)}")
+           f"one of {SCHEDULES}{closest(p.pipeline_schedule, SCHEDULES)}")
     if c.ok("parallel.virtual_pipeline", "parallel.pipeline_schedule", "parallel.pipeline"):
         if p.pipeline_schedule == "interleaved" and p.virtual_pipeline < 2:
             errors.append(f"parallel.virtual_pipeline: expected >= 2 with parallel.pipeline_schedule=interleaved "
@@ -118,7 +118,7 @@ def _check_parallel(cfg, c, errors):
 def _check_lora(cfg, c, errors):
     lora = cfg.lora
     c.need("lora.rank", lambda v: v >= 0, "an integer >= 0 (0: no LoRA)")
-    c.need("lora.alpha", lambda v: _finite(v) and v > 0, "a number > 0")
+    c.need("lora.alpha", lambda v: finite(v) and v > 0, "a number > 0")
     c.need("lora.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")
     c.need("lora.target_modules", lambda v: v.strip() != "", "all-linear, module names or a regex")
     c.need("lora.init_from", lambda v: os.path.exists(v), "an existing HF directory, llm.c .bin or checkpoint path")
@@ -150,7 +150,7 @@ def _check_data_format(cfg, c, errors):
     """data.format against the files data.train / data.val name: token shards for tokens, .jsonl files or .sft
     shards for the SFT formats; False when the format is not tokens (the default corpus's checks then do not apply)."""
     d = cfg.data
-    c.need("data.format", lambda v: v in DATA_FORMATS, f"one of {DATA_FORMATS}{_closest(d.format, DATA_FORMATS)}")
+    c.need("data.format", lambda v: v in DATA_FORMATS, f"one of {DATA_FORMATS}{closest(d.format, DATA_FORMATS)}")
     if not c.ok("data.format"):
         return False
     for key in ("data.train", "data.val"):
@@ -191,7 +191,7 @@ def _check_tokenizer(name, c, errors):
         return
     if name not in TOKENIZERS:
         near = (f" (did you mean 'hf:{name}'?)" if name and os.path.exists(os.path.expanduser(name))
-                else _closest(name, TOKENIZERS))
+                else closest(name, TOKENIZERS))
         errors.append(f"data.tokenizer: expected one of {TOKENIZERS} or hf:PATH (a Hugging Face model directory or its "
                       f"tokenizer.json), got {name!r}{near}")
         c.bad.add("data.tokenizer")

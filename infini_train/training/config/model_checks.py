@@ -12,13 +12,13 @@ import re
 
 from ...data.tokenizer import HF_PREFIX, TOKENIZER_VOCAB
 from ...models import registry
-from .checker import _closest
+from .checker import closest
 
 
 def check_model(cfg, c, errors):
     m = cfg.model
     archs = registry.archs()
-    c.need("model.arch", lambda v: v in archs, f"one of {archs}{_closest(m.arch, archs)}")
+    c.need("model.arch", lambda v: v in archs, f"one of {archs}{closest(m.arch, archs)}")
     if not c.ok("model.arch"):
         return
     if m.pretrained is not None:
