@@ -110,7 +110,7 @@ def split_losses(model_state, root):
 
 
 def learning(args):
-    from infini_train.training.checkpoints import list_checkpoints, load_model_checkpoint
+    from infini_train.run_state import list_checkpoints, load_model_checkpoint
 
     with tempfile.TemporaryDirectory() as root:
         setup(root)

@@ -137,7 +137,7 @@ def main(argv=None):
     from infini_train.data.loader import DistributedDataLoader
     from infini_train.optim.lr_scheduler import cosine_with_warmup
     from infini_train.training.model_build import build_model
-    from infini_train.training import checkpoints as ckpt
+    import infini_train.run_state as ckpt
     from infini_train.training.config import default_config_path, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

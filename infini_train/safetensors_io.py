@@ -20,7 +20,8 @@ class SafetensorsError(ValueError):
     """A file that is not valid safetensors: names the file and what is wrong."""
 
 
-def _numpy_dtype(code, path, name):
+def numpy_dtype(code, path, name):
+    """The numpy dtype of a safetensors dtype code (``path`` and ``name`` name the tensor in errors)."""
     if code == "BF16":
         if backend.bfloat16 is None:
             raise SafetensorsError(f"{path}: tensor {name!r} is bfloat16, which needs the ml_dtypes package\n"
@@ -31,7 +32,8 @@ def _numpy_dtype(code, path, name):
     return np.dtype(_DTYPES[code])
 
 
-def _code(dtype):
+def dtype_code(dtype):
+    """The safetensors dtype code of a numpy dtype ("F32", "BF16", ...)."""
     dtype = np.dtype(dtype)
     if backend.bfloat16 is not None and dtype == backend.bfloat16:
         return "BF16"
@@ -39,6 +41,9 @@ def _code(dtype):
         if known is not None and np.dtype(known) == dtype:
             return code
     raise SafetensorsError(f"safetensors: cannot store dtype {dtype}; expected one of {sorted(_DTYPES)}")
+
+
+_numpy_dtype, _code = numpy_dtype, dtype_code  # (their earlier names)
 
 
 def read_header(path):
@@ -108,4 +113,5 @@ def write_safetensors(path, tensors, metadata=None):
     write_atomically(path, write)
 
 
-__all__ = ["read_safetensors", "mapped_safetensors", "write_safetensors", "read_header", "SafetensorsError"]
+__all__ = ["read_safetensors", "mapped_safetensors", "write_safetensors", "read_header", "SafetensorsError",
+           "numpy_dtype", "dtype_code"]

@@ -11,12 +11,14 @@ from .autograd.hooks import RemovableHandle
 from .autograd.grad_mode import _state
 from .lazy_mode.mode import ACTIVE as _LAZY
 from .tensor_methods import TensorMethods
+from .placement import REPLICATED
 
 
 class Tensor(TensorMethods):
     __slots__ = ("array", "device", "_requires_grad", "grad", "grad_fn", "_output_idx", "_version",
                  "_accumulate", "_view", "_lazy", "__weakref__")  # _lazy: set only on lazy mode's placeholders
     __array_priority__ = 1000
+    placement = REPLICATED  # where its values live across ranks (placement.py); a Parameter may hold another
     __array_ufunc__ = None  # numpy defers to our reflected operators: np.float32(2) * t -> t.__rmul__
 
     def __init__(self, data, dtype=None, device=None, requires_grad=False):

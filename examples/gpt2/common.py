@@ -15,7 +15,7 @@ import infini_train as it  # noqa: E402
 from infini_train import backend  # noqa: E402
 from infini_train.data.tokenizer import get_tokenizer, hf_name  # noqa: E402
 from infini_train.models import registry  # noqa: E402
-from infini_train.training.checkpoints import CheckpointError, load_model_checkpoint  # noqa: E402
+from infini_train.run_state import CheckpointError, load_model_checkpoint  # noqa: E402
 from infini_train.training.config import ConfigError  # noqa: E402
 
 
@@ -112,10 +112,11 @@ def _from_checkpoint(path, dtype):
     model = registry.build(state.get("arch", "gpt2"), state["model_config"])
     model.to(dtype=dtype)  # before loading: float64 weights stay exact in a float64 model
     if reference:
+        from infini_train.models.pretrained import mapped_pretrained
         from infini_train.nn.lora import merge_and_unload
-        from infini_train.training.lora_run import rebuild
+        from infini_train.run_state.lora_base import rebuild
 
-        merge_and_unload(rebuild(model, reference, model_state))
+        merge_and_unload(rebuild(model, reference, model_state, mapped_pretrained))
     else:
         model.load_state_dict(model_state)
     return model, state.get("tokenizer", "byte")

@@ -170,7 +170,7 @@ def cast_inputs(fn, inputs, device):
 def _cast(t, dtype):
     from .ops.conversion import cast
 
-    if not (_state.cache_enabled and t.grad_fn is None and t._requires_grad) or getattr(t, "sharded_by", None):
+    if not (_state.cache_enabled and t.grad_fn is None and t._requires_grad) or t.placement.flat_shard is not None:
         return cast(t, dtype)  # a fully_shard parameter's cast is redone in backward, never kept
     key = (id(t), dtype)
     hit = _state.cache.get(key)

@@ -148,27 +148,28 @@ class ShardedTensor:
 
 class ShardView(Tensor):
     """The Tensor an optimizer steps for a sharded parameter: this rank's elements of it, 1-D, knowing the whole
-    parameter's shape and placement, so that the optimizer's state dict places its state arrays as the parameter
-    is placed (``placed``)."""
+    parameter's shape and flat placement (``flat_piece``, a FlatShard), so that the optimizer's state dict places its
+    state arrays as the parameter is placed (``placed``). Its own ``placement`` (infini_train.placement) is
+    REPLICATED: the view itself is this rank's, whole."""
 
-    __slots__ = ("whole_shape", "placement", "group")
+    __slots__ = ("whole_shape", "flat_piece", "group")
 
     @classmethod
-    def of(cls, array, device, whole_shape, placement, group):
+    def of(cls, array, device, whole_shape, flat_piece, group):
         view = cls._make(array, device)
-        view.whole_shape, view.placement, view.group = tuple(whole_shape), placement, group
+        view.whole_shape, view.flat_piece, view.group = tuple(whole_shape), flat_piece, group
         return view
 
     def placed(self, local):
         """``local`` (state of this view's shape) as a ShardedTensor placed as the parameter is."""
-        return ShardedTensor(local, self.whole_shape, self.placement, self.group)
+        return ShardedTensor(local, self.whole_shape, self.flat_piece, self.group)
 
     def local_of(self, value, what):
         """This rank's elements of ``value`` (a ShardedTensor placed as this view, or the whole tensor) as an array;
         ``what`` names the value in errors."""
         if isinstance(value, ShardedTensor):
             if not value.same_placement(self.placed(self.array)):
-                raise ValueError(f"{what}: expected a piece placed as this rank's ({self.placement}, group ranks "
+                raise ValueError(f"{what}: expected a piece placed as this rank's ({self.flat_piece}, group ranks "
                                  f"{list(self.group.ranks)}, shape {self.whole_shape}), got {value!r}\nHINT: a sharded "
                                  "state loads only into the layout that made it; reshard it through "
                                  "it.distributed.checkpoint.save / load, or load a full state dict")
@@ -178,7 +179,7 @@ class ShardView(Tensor):
             raise ValueError(f"{what}: expected the whole tensor of shape {self.whole_shape} (or this rank's piece as "
                              f"a ShardedTensor), got shape {tuple(array.shape)}\nHINT: was it saved from a model "
                              "with the same configuration?")
-        start, stop = self.placement.local_range(self.group.rank, _numel(self.whole_shape))
+        start, stop = self.flat_piece.local_range(self.group.rank, _numel(self.whole_shape))
         return array.reshape(-1)[start:stop]
 
 

@@ -97,7 +97,7 @@ def token_positions(start, length, device):
 
 
 def whole_numel(param, tp_size):
-    spec = getattr(param, "tp_spec", None)
+    spec = param.placement.tensor_shard
     if spec is None:
         return param.numel()
     length = param.shape[spec.dim]

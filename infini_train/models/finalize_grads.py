@@ -86,7 +86,7 @@ def _grads(layout, which, owned):
 
 
 def _sequence_parallel(p):
-    return getattr(p, "sequence_parallel", False)
+    return p.placement.sequence_parallel
 
 
 __all__ = ["FINALIZE_STEPS", "finalize_model_grads", "clip_grad_norm", "reduce_expert_grads",

@@ -149,6 +149,12 @@ class TrainingLayout:
             return model
         return wrap(model)
 
+    def parameter_bytes(self):
+        """The bytes of parameter values this rank holds (under ZeRO-3 its shards)."""
+        spaces = {id(s): s for s in (p.placement.flat_shard for p in self.params) if s is not None}
+        whole = sum(p.array.nbytes for p in self.params if p.placement.flat_shard is None)
+        return whole + sum(s.shard.nbytes for s in spaces.values())
+
     def finalize_grads(self):
         finalize_model_grads(self)
 

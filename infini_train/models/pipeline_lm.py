@@ -6,7 +6,7 @@ ties (``tied_weight_names``); GPT2 and Llama do.
 ``PipelinedLM(model, group, schedule, virtual)`` takes a whole model (built and initialised as in one process, and
 possibly split over a tensor group already) and keeps this stage's chunks. Parameters keep the whole model's names,
 so checkpoints are the files of a one-process run. A tied embedding / output weight lives twice, as the first
-stage's embedding and the last stage's output layer (a copy marked ``shared_embedding``); their gradients are summed
+stage's embedding and the last stage's output layer (a copy placed as a ``tied_copy``); their gradients are summed
 over the embedding group (first and last stage) before the step, so the copies stay equal (Megatron-LM's embedding
 group), and only the embedding counts in the gradient norm.
 
@@ -23,6 +23,7 @@ from ..autograd.grad_mode import no_grad
 from ..nn.parallel.pipeline import PipelineParallel
 from ..nn.parallel.sharded_init import derived_from
 from ..nn.parallel.tensor_parallel import ParallelParameter
+from ..placement import place
 from ..tensor import Tensor
 from .flops import training_flops_per_token
 from .registry import spec_of
@@ -30,12 +31,11 @@ from .tensor_parallel_lm import VocabParallelHead
 
 
 def _head_copy(model):
-    """The last stage's output layer: the tied weight copied into its own Parameter (marked shared_embedding)."""
+    """The last stage's output layer: the tied weight copied into its own Parameter (placed as a tied copy)."""
     source = model.get_parameter(model.tied_weight_names()[0])
     weight = ParallelParameter(Tensor._make(backend.copy_array(source.array, source.device), source.device),
                                requires_grad=source.requires_grad)
-    weight.tp_spec = getattr(source, "tp_spec", None)
-    weight.shared_embedding = True
+    place(weight, tensor_shard=source.placement.tensor_shard, tied_copy=True)
     if source.device is backend.META:  # sharded initialisation gives the copy the tied weight's values
         derived_from(weight, source)
     if model.tp is not None:
@@ -184,7 +184,7 @@ class PipelinedLM(nn.Module):
         names = {}
         for name, p in self.state_dict(keep_vars=True).items():
             if isinstance(p, nn.Parameter):
-                names.setdefault(id(p), self.tied[0] if getattr(p, "shared_embedding", False) else name)
+                names.setdefault(id(p), self.tied[0] if p.placement.tied_copy else name)
         return names
 
 

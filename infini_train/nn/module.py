@@ -8,6 +8,7 @@ import numpy as np
 from .. import backend
 from ..autograd.hooks import RemovableHandle
 from ..autograd.grad_mode import no_grad
+from ..placement import REPLICATED
 from ..tensor import Tensor
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -17,13 +18,13 @@ class Parameter(Tensor):
     """A Tensor that a Module registers as a trainable parameter (requires grad by default).
 
     ``Parameter(tensor_or_array, requires_grad=True)`` shares memory with a Tensor or array source, as
-    torch.nn.Parameter does; lists and scalars are converted to float32. ``init_source``: for a shard or copy of
-    a parameter built on the meta device, that parameter (sharded initialisation gives it its values);
-    ``sharded_by``: the storage holding its values when ``fully_shard`` shards it (it.distributed.fsdp);
-    ``expert_parallel``: True for an expert an expert-parallel MoE keeps on this rank alone (nn.parallel).
+    torch.nn.Parameter does; lists and scalars are converted to float32. ``placement``: where its values live across
+    ranks (infini_train.placement: a tensor-parallel shard, a fully_shard flat piece, an expert, a tied copy);
+    ``init_source``: for a shard or copy of a parameter built on the meta device, that parameter (sharded
+    initialisation gives it its values), else None.
     """
 
-    __slots__ = ("init_source", "sharded_by", "expert_parallel")
+    __slots__ = ("placement", "init_source")
 
     def __init__(self, data=None, requires_grad=True):
         if data is None:
@@ -35,6 +36,7 @@ class Parameter(Tensor):
         else:
             array, dev = np.asarray(data, backend.get_default_dtype()), backend.CPU
         self._init_slots(array, dev, version=data._version if isinstance(data, Tensor) else None)
+        self.placement, self.init_source = REPLICATED, None
         self.requires_grad = requires_grad
 
     def __repr__(self):
@@ -283,9 +285,9 @@ class Module:
         with no_grad():
             for key, value in values.items():
                 target = own[key]
-                sharded_by = getattr(target, "sharded_by", None)
-                if sharded_by is not None:
-                    sharded_by.load_param(target, value)
+                flat_shard = target.placement.flat_shard
+                if flat_shard is not None:
+                    flat_shard.load_param(target, value)
                     continue
                 if not isinstance(value, Tensor):
                     value = backend.to_device_array(value, target.device)
@@ -341,9 +343,9 @@ class Module:
         an init)."""
         dev = backend.Device.parse(device)
         for t in self._own_tensors():
-            sharded_by = getattr(t, "sharded_by", None)
-            if sharded_by is not None:  # fully_shard's storage: only this rank's shard gets storage
-                sharded_by.to_empty(dev)
+            flat_shard = t.placement.flat_shard
+            if flat_shard is not None:  # fully_shard's storage: only this rank's shard gets storage
+                flat_shard.to_empty(dev)
             else:
                 with dev.context():
                     t.array = dev.array_module().empty(t.array.shape, t.array.dtype)
@@ -429,8 +431,8 @@ class Module:
 def _state_value(p):
     """A parameter as state_dict gives it: detached, or this rank's shard of a fully_shard parameter (unless it is
     gathered whole, inside ``unsharded()``)."""
-    sharded_by = getattr(p, "sharded_by", None)
-    return p.detach() if sharded_by is None or sharded_by.whole_gathered else sharded_by.local_shard(p)
+    flat_shard = p.placement.flat_shard
+    return p.detach() if flat_shard is None or flat_shard.whole_gathered else flat_shard.local_shard(p)
 
 
 def _load_hint(missing, unexpected):

@@ -23,6 +23,7 @@ from ..autograd.grad_mode import enable_grad, no_grad
 from ..distributed.sharded_tensor import ShardedTensor, ShardView
 from ..nn.utils import zero_grad
 from ..tensor import Tensor
+from .param_groups import group_sizes, numbering, packed_groups, paired
 
 # set by schedulers (OneCycleLR keeps its bounds in the groups, as torch does) / users for bookkeeping
 _EXTRA_GROUP_KEYS = {"initial_lr", "name", "max_lr", "min_lr", "max_momentum", "base_momentum"}
@@ -45,8 +46,8 @@ def _observed_step(step):
 
 def _stepped(p):
     """What an optimizer updates for ``p``: the parameter, or for one sharded by fully_shard, this rank's shard."""
-    sharded_by = getattr(p, "sharded_by", None)
-    return p if sharded_by is None else sharded_by.shard_views[id(p)]
+    flat_shard = p.placement.flat_shard
+    return p if flat_shard is None else flat_shard.shard_views[id(p)]
 
 
 class Optimizer:
@@ -175,12 +176,8 @@ class Optimizer:
         number the parameters across groups in order. Array state comes as Tensors on the parameter's device
         holding copies (a snapshot: later steps do not change it); ``step`` is an int. The state of a parameter
         fully_shard keeps sharded is this rank's shard of it with its placement (a ShardedTensor)."""
-        index = {}
-        groups = []
-        for g in self.param_groups:
-            packed = {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-            packed["params"] = [index.setdefault(id(p), len(index)) for p in g["params"]]
-            groups.append(packed)
+        index = numbering(self.param_groups)
+        groups = packed_groups(self.param_groups, index)
         state = {}
         for g in self.param_groups:
             for p in g["params"]:
@@ -197,16 +194,12 @@ class Optimizer:
         parameter takes a ShardedTensor of its placement or the whole state (this rank keeps its shard of it)."""
         name = type(self).__name__
         groups = state_dict["param_groups"]
-        saved_sizes = [len(g["params"]) for g in groups]
-        own_sizes = [len(g["params"]) for g in self.param_groups]
+        saved_sizes, own_sizes = group_sizes(groups), group_sizes(self.param_groups)
         if saved_sizes != own_sizes:
             raise ValueError(f"{name}.load_state_dict: the saved param groups hold {saved_sizes} parameters, this "
                              f"optimizer's hold {own_sizes}\nHINT: build the optimizer with the same param groups "
                              "(same model, same grouping) as the one that was saved")
-        by_index = {}
-        for saved, group in zip(groups, self.param_groups):
-            for i, p in zip(saved["params"], group["params"]):
-                by_index[int(i)] = p
+        by_index = paired(groups, self.param_groups)
         new_state = {}
         for i, st in state_dict["state"].items():
             p = by_index.get(int(i))

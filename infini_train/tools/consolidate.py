@@ -24,22 +24,18 @@ Exit status: 0, or 2 on bad input (the message says why).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
-import tempfile
-
-import numpy as np
 
 from .. import backend
 from ..distributed.checkpoint import read_metadata
-from ..distributed.checkpoint.whole_files import whole_tensor, write_whole_safetensors
+from ..distributed.checkpoint.whole_files import whole_tensor
 from ..models import registry
-from ..training import checkpoints as ckpt
-from ..training.config import ConfigError
-from ..training.sharded_checkpoints import is_sharded
-from ..training.sharded_state import optimizer_entries, whole_param_groups, whole_state
+from ..models.pretrained import mapped_pretrained
+from ..nn.lora import LoRAError, apply_lora, load_lora_state_dict, merge_and_unload, save_adapter
+from ..run_state import CheckpointError, is_sharded, lora_base, verified_checkpoint, whole_files
+from ..run_state.reader import whole_state
+from ..run_state.writer import write_whole_directory
 
 FORMATS = ("safetensors", "hf", "llmc", "peft")
 MODEL_FORMATS = ("hf", "llmc")
@@ -60,8 +56,8 @@ def consolidate(checkpoint, out, fmt="safetensors", merge_lora=False, warn=None)
                        "--format peft writes the adapter alone; a LoRA checkpoint's --format safetensors keeps it as "
                        "it is (adapters and their base's reference)")
     try:
-        path, state = ckpt.verified_checkpoint(checkpoint, model_only=fmt != "safetensors", warn=warn)
-    except ckpt.CheckpointError as exc:
+        path, state = verified_checkpoint(checkpoint, model_only=fmt != "safetensors", warn=warn)
+    except CheckpointError as exc:
         raise BadInput(str(exc)) from None
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise BadInput(f"{out} already exists\nHINT: name a new path; nothing is overwritten")
@@ -96,23 +92,15 @@ def consolidate(checkpoint, out, fmt="safetensors", merge_lora=False, warn=None)
 
 def _model_state(path, state):
     """{name: array} of the checkpoint's model entries (a LoRA run's: its adapters), whole."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     try:
-        if is_sharded(state):
-            return whole_state(path, state, model_only=True)[0]
-        return load_file(os.path.join(path, "model.safetensors"))
-    except (OSError, ValueError, SafetensorError) as exc:
-        raise BadInput(f"checkpoint {path} is unreadable: {exc}") from None
+        return whole_state(path, state, model_only=True)[0]
+    except CheckpointError as exc:
+        raise BadInput(str(exc).split("\nHINT")[0]) from None
 
 
 def _model(path, state):
     """The checkpoint's model; a LoRA run's: its pinned base with the adapters merged in, as plain layers (what
     generate.py and evaluate.py load)."""
-    from ..nn.lora import LoRAError, merge_and_unload
-    from ..training.lora_run import rebuild
-
     model_state = _model_state(path, state)
     reference = state.get("lora")
     if reference:  # the seeded init the run started from, for a base that was not loaded from elsewhere
@@ -122,24 +110,23 @@ def _model(path, state):
         model.load_state_dict(model_state)
         return model
     try:
-        return merge_and_unload(rebuild(model, reference, model_state))
-    except (ckpt.CheckpointError, ConfigError, LoRAError) as exc:
+        return merge_and_unload(lora_base.rebuild(model, reference, model_state, mapped_pretrained))
+    except (CheckpointError, LoRAError) as exc:
         raise BadInput(f"--merge-lora: {exc}") from None
 
 
 def _write_peft(path, state, out):
     """The LoRA checkpoint's adapter in PEFT's format, as the run writes it to out_dir/adapter (the base is not read:
     the model is built on the meta device and only the adapters get storage)."""
-    from ..nn.lora import load_lora_state_dict, save_adapter
-    from ..training.config import LoraConfig
-    from ..training.lora_run import apply_run_lora
-
     reference = state["lora"]
     adapters = _model_state(path, state)
     with backend.META:
         model = registry.build(state.get("arch", "gpt2"), state["model_config"])
-        apply_run_lora(model, LoraConfig(rank=reference["rank"], alpha=reference["alpha"],
-                                         dropout=reference["dropout"], target_modules=reference["target_modules"]))
+        try:
+            apply_lora(model, reference["rank"], reference["alpha"], reference["dropout"],
+                       lora_base.targets(reference["target_modules"]))
+        except LoRAError as exc:
+            raise BadInput(f"--format peft: lora.target_modules: {exc}") from None
     model.to_empty(device=backend.CPU).to(dtype=(state.get("config") or {}).get("dtype", "float32"))
     load_lora_state_dict(model, adapters)
     save_adapter(model, out, base_model_name_or_path=reference.get("base_source") or reference.get("base"))
@@ -147,41 +134,19 @@ def _write_peft(path, state, out):
 
 
 def _whole_checkpoint(path, state, out):
+    """The sharded checkpoint in ``path`` written at ``out`` in the whole format, as a one-process run writes it
+    (the tensors streamed from the shards one at a time)."""
     metadata = read_metadata(path)
     tensors = metadata["tensors"]
-    model_names = {e[len("model/"):]: e for e in sorted(tensors) if e.startswith("model/")}
-    index, groups = whole_param_groups(state["optimizer"]["param_groups"])
-    per_param, optimizer_names = {}, {}
-    for entry, name, key, info in optimizer_entries(tensors):
-        i = index[name]
-        if info["shape"]:
-            per_param.setdefault(i, {})[key] = np.empty(0)  # a placeholder: the data is streamed
-            optimizer_names[f"state.{i}.{key}"] = entry
-        else:
-            per_param.setdefault(i, {})[key] = int(whole_tensor(path, entry, metadata))
-    _, skeleton = ckpt.flatten_state({"state": per_param, "param_groups": groups})
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp")
-    os.chmod(tmp, ckpt._dir_mode())  # mkdtemp makes it 0700 whatever the umask; run checkpoints honour it
-    try:
-        write_whole_safetensors(path, os.path.join(tmp, "model.safetensors"), model_names)
-        write_whole_safetensors(path, os.path.join(tmp, "optimizer.safetensors"), optimizer_names)
-        whole = {k: v for k, v in state.items() if k not in ("format", "files", "optimizer", "state_sha256")}
-        whole.update(files={name: ckpt._fsync_and_describe(os.path.join(tmp, name)) for name in ckpt.TENSOR_FILES},
-                     optimizer=skeleton, model_keys=list(model_names))
-        whole["state_sha256"] = ckpt._state_digest(whole)
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump(whole, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.isdir(out):
-            os.rmdir(out)  # empty (checked above)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    model_keys = state.get("model_keys") or sorted(e[len("model/"):] for e in tensors if e.startswith("model/"))
+    files, skeleton = whole_files.layout(model_keys, state["optimizer"]["param_groups"], tensors,
+                                         lambda entry: whole_tensor(path, entry, metadata).item())
+    infos = {entry: (tuple(info["shape"]), info["dtype"]) for entry, info in tensors.items()}
+    kept = {k: v for k, v in state.items() if k not in ("step", "run_id", "format", "files", "optimizer", "model_keys",
+                                                         "state_sha256")}
+    return write_whole_directory(out, files, infos, lambda entry: whole_tensor(path, entry, metadata),
+                                 {"optimizer": skeleton, "model_keys": model_keys, **kept}, state["step"],
+                                 state.get("run_id"))
 
 
 def main(argv=None):

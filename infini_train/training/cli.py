@@ -15,7 +15,7 @@ from ..distributed.launch_utils import import_mpi, launcher_world_size
 from ..data.shards import ShardError
 from ..distributed.mesh import MeshError
 from ..models.tensor_parallel_lm import TensorParallelError
-from .checkpoints import CheckpointError
+from ..run_state import CheckpointError
 from .config import ConfigError, parse_args
 from .config.checks import backend_problem
 from .loop import Run, TrainingDiverged

@@ -26,7 +26,7 @@ from ..models.parallelize import gathered
 from ..models.tensor_parallel_lm import without_sequence_parallel
 from ..nn.lora import save_adapter
 from ..tensor import Tensor
-from . import checkpoints as ckpt
+from ..run_state import RunState, read_state
 from .config import ConfigError
 from .metrics import MetricsLog, plot_loss_curve
 from .peak_flops import run_peak
@@ -41,11 +41,7 @@ from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
 from .resume import check_config_changes, check_same_model, choose_checkpoint, run_id_of
-from .sharded_checkpoints import is_sharded, save_sharded_checkpoint
-from .sharded_state import ShardedState
-from .state_io import state_io_for
 from .signals import EXIT_STOPPED, StopSignals, signal_name
-from .expert_run import ExpertState
 from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
 
@@ -116,7 +112,7 @@ class Run:
         self.resumed_from = choose_checkpoint(cfg)
         resume_state = None
         if self.resumed_from:  # refuse another model or other LoRA settings before building anything
-            resume_state = ckpt.read_state(self.resumed_from)
+            resume_state = read_state(self.resumed_from)
             check_same_model(resume_state, cfg.model.arch, cfg.model.to_model_config().to_dict(), self.resumed_from)
             check_same_lora(resume_state.get("lora"), cfg.lora, self.resumed_from)
             check_config_changes(resume_state, cfg, self.resumed_from)  # lists them; refuses what alters the run
@@ -134,14 +130,8 @@ class Run:
         self.amp = lambda: autocast_for(cfg.precision, self.device)
         self.scaler = scaler_for(cfg.precision, self.device, cfg.train)
         self.step_plan = StepPlan(self.layout, self.grad_accum, self.device, self.amp, self.scaler)
-        experts = self.plan.experts
-        if experts is None or dims.pipeline_parallel:  # (a pipeline's stages load whole state by name, their
-            # experts included; they write sharded checkpoints only)
-            self.state_io = state_io_for(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
-        else:
-            self.state_io = ExpertState(dims, self.raw_model, self.optimizer, self.zero_stage, experts)
-        self.sharded = ShardedState(dims, self.raw_model, self.optimizer, self.zero_stage, bool(cfg.lora.rank))
-        self.sharded.experts = experts
+        self.state = RunState(self.raw_model, self.optimizer, dims, self.zero_stage, bool(cfg.lora.rank),
+                              self.plan.experts)
         self.checkpoint_format = cfg.train.checkpoint_format
         if self.checkpoint_format == "auto":
             self.checkpoint_format = "sharded" if self.world > 1 else "whole"
@@ -156,14 +146,9 @@ class Run:
         self.run_id = run_id_of(state)
 
     def _resume(self, path):
-        state = ckpt.read_state(path)  # verified by rank 0
-        if is_sharded(state):  # each rank reads the parts it holds; a LoRA run's pinned base was restored at build
-            self.sharded.load(path, state["optimizer"]["param_groups"])
-        else:
-            model_state, opt_state, state = ckpt.load_checkpoint(path, verify=False)
-            with gathered(self.raw_model, writeback=True):
-                self.state_io.scatter(model_state, opt_state)
-        self.state_io.load_data_position(self.train_loader, state["data"])
+        state = self.state.load(path)  # (verified by rank 0) each rank reads the parts it holds, from either format; a
+        # LoRA run's pinned base was restored at build
+        self.state.load_data_position(self.train_loader, state["data"])
         self.start_step = state["step"]
         self.skipped_total = state.get("skipped_steps", 0)
         self.skipped_in_a_row = state.get("skipped_in_a_row", 0)
@@ -175,7 +160,7 @@ class Run:
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self, step):
         cfg = self.cfg
-        data_states = self.state_io.data_positions(self.train_loader)
+        data_states = self.state.data_positions(self.train_loader)
         run_state = {
             "config": cfg.to_dict(), "arch": cfg.model.arch, "model_config": self.raw_model.config.to_dict(),
             "tokenizer": self.tok_name, "rng": {"seed": cfg.seed, "per_step": PER_STEP_SEEDS}, "data": data_states,
@@ -183,16 +168,9 @@ class Run:
             "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "lora": checkpoint_reference(cfg.lora, cfg.seed, self.lora_base) if cfg.lora.rank else None}
         self.memory.start("save")
-        if self.checkpoint_format == "sharded":  # every rank writes its own shard, nothing is gathered
-            path = save_sharded_checkpoint(cfg.out_dir, step, self.sharded, run_state, keep_last=cfg.train.keep_last,
-                                           run_id=self.run_id)
-        else:
-            with gathered(self.raw_model):  # ZeRO-3: every rank gathers the model for the whole format
-                model_state, opt_state = self.state_io.gather()
-            path = None
-            if self.rank == 0:
-                path = ckpt.save_checkpoint(cfg.out_dir, step, model_state, opt_state, run_state,
-                                            keep_last=cfg.train.keep_last, run_id=self.run_id)
+        # sharded: every rank writes its own shard, nothing is gathered; whole: gathered on rank 0, which writes
+        path = self.state.save(cfg.out_dir, step, self.checkpoint_format, run_state, keep_last=cfg.train.keep_last,
+                               run_id=self.run_id)
         self.memory.stop()
         print0(f"saved checkpoint {path}")
         wait_for_rank0()
@@ -286,11 +264,8 @@ class Run:
     def _report_memory(self):
         """Once, after the first step: each rank's parameter, gradient and optimizer-state bytes (from the
         tensors it holds) and its peak resident memory."""
-        spaces = {id(s): s for s in (getattr(p, "sharded_by", None) for p in self.raw_model.parameters()) if s}
-        params = (sum(p.array.nbytes for p in self.raw_model.parameters() if getattr(p, "sharded_by", None) is None)
-                  + sum(s.shard.nbytes for s in spaces.values()))  # ZeRO-3: the shards this rank keeps
-        mine = Tensor(np.array([params, self.optimizer.grad_bytes(), self.optimizer.state_bytes(), peak_rss_bytes()],
-                               np.int64))
+        mine = Tensor(np.array([self.layout.parameter_bytes(), self.optimizer.grad_bytes(),
+                                self.optimizer.state_bytes(), peak_rss_bytes()], np.int64))
         parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]
         dist.all_gather(parts, mine)
         mb = [[int(v) / 2 ** 20 for v in p.numpy()] for p in parts]

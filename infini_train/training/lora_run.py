@@ -1,149 +1,50 @@
 """LoRA fine-tuning in a run (the ``lora`` config section): the base weights come from ``lora.init_from``, adapters
 wrap the target layers (after the tensor-parallel split, so they are split too), every base weight is frozen, and
-checkpoints hold only the adapters (whole) plus a reference to the base. The same steps rebuild such a model from
-its checkpoint for resuming, evaluation and generation.
-
-The reference pins the base: the source actually read (a run's out_dir resolves to the step directory it held
-then) and a SHA-256 of the base's values. Resuming, evaluating or generating reads that source again and refuses
-weights whose digest differs, so adapters are never applied to another base than the one they were trained on.
+checkpoints hold only the adapters (whole) plus a reference to the base, which pins it (infini_train.run_state's
+lora_base: the source read and a digest of its values; a resume, evaluation or generation refuses another base).
+This module reads the base for a run, each rank only the boxes it keeps, with the run's config errors.
 """
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import os
-from dataclasses import dataclass
 
-import numpy as np
-
+from ..models.pretrained import mapped_pretrained
 from ..nn import lora as lora_lib
-from . import checkpoints as ckpt
+from ..run_state import lora_base
+from ..run_state.lora_base import BaseWeights, checked_base, streamed_digest, weights_digest  # noqa: F401 (the loop's)
 from .config import ConfigError
 
 LORA_SETTINGS = ("rank", "alpha", "dropout", "target_modules")
-DIGEST_CHUNK = 1 << 20  # elements hashed at a time
 
 
-@dataclass
-class BaseWeights:
-    """Where a LoRA run's frozen base came from: ``init_from`` as configured (absolute; None: the seeded init),
-    ``source`` the file or directory read (a checkpoint's step directory rather than an out_dir), and ``sha256`` the
-    digest of its values (weights_digest)."""
-
-    init_from: str = None
-    source: str = None
-    sha256: str = None
-
-
-def weights_digest(model):
-    """SHA-256 of ``model``'s state (names, shapes and values as float64, so a float32 copy and an exact float64
-    copy of the same weights agree), in name order: what identifies a LoRA run's base."""
-    digest = hashlib.sha256()
-    for name, value in sorted(model.state_dict().items()):
-        flat = value.numpy().reshape(-1)
-        digest.update(f"{name}:{tuple(value.shape)};".encode())
-        for start in range(0, flat.size, DIGEST_CHUNK):  # bounded extra memory, whatever the tensor's size
-            digest.update(flat[start:start + DIGEST_CHUNK].astype(np.float64).tobytes())
-    return digest.hexdigest()
-
-
-def resolve_base(init_from):
-    """The file or directory ``init_from`` stands for: an HF directory or an llm.c .bin as given, a training run's
-    out_dir as its newest checkpoint (absolute paths)."""
-    path = os.path.abspath(init_from)
-    if (os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))) or (
-            os.path.isfile(path) and path.endswith(".bin")):
-        return path
+@contextlib.contextmanager
+def config_errors():
+    """Base weights that cannot be read or do not fit: a ConfigError naming the key (the run's config errors)."""
     try:
-        return os.path.abspath(ckpt.resolve_checkpoint(path))
-    except ckpt.CheckpointError as exc:
-        raise ConfigError(f"lora.init_from: {exc}") from None
-
-
-def load_base_weights(model, init_from):
-    """Copy the base weights at ``init_from`` into the whole (not yet split) ``model``: an HF directory (GPT-2 or
-    LLaMA), an llm.c .bin file, or a training checkpoint (a step directory or a run's out_dir). Returns the source
-    read (resolve_base)."""
-    source = resolve_base(init_from)
-    state = mapped_base(source, model)
-    own = model.state_dict()
-    _check_fits(state, {k: tuple(v.shape) for k, v in own.items()}, init_from)
-    model.load_state_dict({k: np.asarray(state[k]) for k in own})
-    return source
-
-
-def _check_fits(state, shapes, init_from, key="lora.init_from"):
-    wrong = [f"{k}: base {tuple(state[k].shape)}, model {shape}" for k, shape in shapes.items()
-             if k in state and tuple(state[k].shape) != shape]
-    missing = [k for k in shapes if k not in state]
-    if wrong or missing:
-        raise ConfigError(f"{key}: {init_from} does not fit the model the config builds ("
-                          f"{'; '.join(wrong[:3] or [f'missing {missing[:3]}'])})\nHINT: set model.* (arch, preset or "
-                          "the shape fields) to the base model's shape")
-
-
-def mapped_base(path, model):
-    """{name: tensor read box by box} of the base weights at ``path`` (resolve_base) for a model like ``model``:
-    nothing is read until a box is asked for."""
-    from ..models.pretrained import mapped_pretrained
-
-    weights = mapped_pretrained(path, model)  # an HF directory or an llm.c file, read by the model's spec
-    if weights is not None:
-        return weights
-    try:
-        weights, state = ckpt.mapped_model_checkpoint(path)
-    except ckpt.CheckpointError as exc:
-        raise ConfigError(f"lora.init_from: {exc}") from None
-    if state.get("lora"):
-        raise ConfigError(f"lora.init_from: {path} is a LoRA run's checkpoint (adapters only)\nHINT: fine-tune from "
-                          "its base, or merge its adapters first (generate.py loads it merged)")
-    return weights
+        yield
+    except lora_base.BaseWeightsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def base_source(lora_cfg, reference):
     """The file or directory a LoRA run reads its base from: a resumed checkpoint's recorded source, else
     ``lora.init_from`` resolved; None for the seeded init."""
-    if reference is None:
-        return resolve_base(lora_cfg.init_from) if lora_cfg.init_from else None
-    source = reference.get("base_source") or reference.get("base")
-    if source and not os.path.exists(source):
-        raise ckpt.CheckpointError(
-            f"the LoRA checkpoint's base weights {source} are gone\nHINT: put the base model back at that path "
-            "(a base run's checkpoint may have been pruned by its train.keep_last)")
-    return source or None
+    with config_errors():
+        return lora_base.base_source(lora_cfg.init_from, reference)
 
 
 def prepare_base(model, init_from):
     """A new LoRA run's base: load ``init_from`` into ``model`` (None: keep its seeded init) and pin it."""
-    source = load_base_weights(model, init_from) if init_from else None
+    with config_errors():
+        source = lora_base.load_base_weights(model, init_from, mapped_pretrained) if init_from else None
     return BaseWeights(os.path.abspath(init_from) if init_from else None, source, weights_digest(model))
 
 
 def restore_base(model, reference):
-    """A LoRA checkpoint's base, loaded into ``model`` (which holds the seeded init the run started from) from the
-    source the run read, and checked against the recorded digest (checkpoints written before digests were recorded
-    load unchecked)."""
-    source = base_source(None, reference)
-    if source:
-        try:
-            load_base_weights(model, source)
-        except ConfigError as exc:
-            raise ckpt.CheckpointError(f"the LoRA checkpoint's base weights could not be read: {exc}") from None
-    return checked_base(reference, source, lambda: weights_digest(model))
-
-
-def checked_base(reference, source, found_digest):
-    """The BaseWeights of a resumed LoRA checkpoint whose base was read from ``source``: ``found_digest()`` must
-    give the digest the checkpoint recorded."""
-    base = BaseWeights(reference.get("base"), source, reference.get("base_sha256"))
-    if base.sha256 is not None:
-        found = found_digest()
-        if found != base.sha256:
-            what = f"the base weights at {source}" if source else "the seeded initial weights"
-            raise ckpt.CheckpointError(
-                f"{what} are not the ones the LoRA adapters were trained on (SHA-256 of their values: recorded "
-                f"{base.sha256[:16]}..., found {found[:16]}...)\nHINT: the base was replaced or retrained after the "
-                "fine-tune; put the original base back at that path, or fine-tune again from the new one")
-    return base
+    """A LoRA checkpoint's base, loaded into ``model`` from the source the run read and checked against the recorded
+    digest (lora_base.restore_base)."""
+    return lora_base.restore_base(model, reference, mapped_pretrained)
 
 
 def load_base_pieces(model, source, like, shapes, tp_rank=0, tp_size=1):
@@ -153,8 +54,9 @@ def load_base_pieces(model, source, like, shapes, tp_rank=0, tp_size=1):
     streamed tensor by tensor on rank 0 and shared with every rank)."""
     from .. import distributed as dist
 
-    state = mapped_base(source, like)
-    _check_fits(state, shapes, source)
+    with config_errors():
+        state = lora_base.mapped_base(source, like, mapped_pretrained)
+        lora_base.check_fits(state, shapes, source)
     dtype = fill_base_pieces(model, state, tp_rank, tp_size)
     found = [None] * dist.get_world_size()
     dist.all_gather_object(found, streamed_digest(state, shapes, dtype) if dist.get_rank() == 0 else None)
@@ -165,8 +67,9 @@ def load_pretrained_pieces(model, path, like, shapes, tp_rank=0, tp_size=1):
     """Fill every weight ``model`` holds on this rank (built on the meta device, split, staged, sharded and given
     storage) from the pretrained model at ``path`` (model.pretrained), reading only this rank's boxes: full
     fine-tuning's start. ``like`` and ``shapes`` as load_base_pieces."""
-    state = mapped_base(os.path.abspath(path), like)
-    _check_fits(state, shapes, path, key="model.pretrained")
+    with config_errors():
+        state = lora_base.mapped_base(os.path.abspath(path), like, mapped_pretrained)
+        lora_base.check_fits(state, shapes, path, key="model.pretrained")
     fill_base_pieces(model, state, tp_rank, tp_size)
 
 
@@ -187,33 +90,12 @@ def fill_base_pieces(model, state, tp_rank=0, tp_size=1):
     dtype = None
     for name, t in base_entries(model):
         if dtype is None:
-            dtype = getattr(t, "sharded_by", t).dtype
+            dtype = (t.placement.flat_shard or t).dtype
         for offsets, view in param_pieces(t, tp_rank, tp_size).pieces:
             box = read_box(state[name], offsets, view.shape).astype(view.dtype)
             view[...] = backend.to_device_array(box, backend.device_of_array(view))
         t._version[0] += 1
     return dtype
-
-
-def streamed_digest(state, shapes, dtype):
-    """weights_digest of the weights ``state`` ({name: tensor read box by box}) holds as ``dtype``, read a few rows
-    at a time: memory is one chunk, whatever the model's size."""
-    from ..mapped_arrays import read_box
-
-    digest = hashlib.sha256()
-    for name in sorted(shapes):
-        shape = shapes[name]
-        digest.update(f"{name}:{shape};".encode())
-        if not shape:
-            digest.update(np.asarray(state[name][...]).astype(dtype).astype(np.float64).tobytes())
-            continue
-        row = int(np.prod(shape[1:], dtype=np.int64)) or 1
-        step = max(1, DIGEST_CHUNK // row)
-        for start in range(0, shape[0], step):
-            rows = read_box(state[name], (start,) + (0,) * (len(shape) - 1),
-                            (min(step, shape[0] - start),) + tuple(shape[1:]))
-            digest.update(rows.astype(dtype).astype(np.float64).reshape(-1).tobytes())
-    return digest.hexdigest()
 
 
 def check_same_lora(reference, lora_cfg, path):
@@ -254,19 +136,6 @@ def checkpoint_reference(lora_cfg, seed, base):
             "base_sha256": base.sha256, "seed": seed}
 
 
-def rebuild(model, reference, adapters):
-    """A LoRA run's model from its checkpoint: the base weights (restore_base; ``model`` holds the seeded init the
-    run started from), then the adapters."""
-    from .config import LoraConfig
-
-    restore_base(model, reference)
-    settings = LoraConfig(rank=reference["rank"], alpha=reference["alpha"], dropout=reference["dropout"],
-                          target_modules=reference["target_modules"])
-    apply_run_lora(model, settings)
-    return lora_lib.load_lora_state_dict(model, adapters)
-
-
-__all__ = ["BaseWeights", "weights_digest", "resolve_base", "load_base_weights", "prepare_base", "restore_base",
-           "base_source", "checked_base", "load_base_pieces", "load_pretrained_pieces", "fill_base_pieces",
-           "base_entries", "streamed_digest", "mapped_base", "check_same_lora", "apply_run_lora",
-           "checkpoint_reference", "rebuild"]
+__all__ = ["prepare_base", "restore_base", "base_source", "load_base_pieces", "load_pretrained_pieces",
+           "fill_base_pieces", "base_entries", "check_same_lora", "apply_run_lora", "checkpoint_reference",
+           "config_errors"]

@@ -85,7 +85,7 @@ def _fill(plan, cfg, device, init_calls, like, shapes, resuming):
     model.to_empty(device=device).to(dtype=cfg.dtype)
     if resuming:  # the checkpoint fills every element but a split vocabulary's padding, which stays zero
         for p in model.parameters():
-            if getattr(p, "sharded_by", None) is None:  # shards start zero-filled
+            if p.placement.flat_shard is None:  # shards start zero-filled
                 p.array[...] = 0
     elif cfg.model.pretrained and not cfg.lora.rank:  # full fine-tuning: this rank's boxes of the weights
         load_pretrained_pieces(model, cfg.model.pretrained, like, shapes, *plan.tensor_rank)

@@ -14,7 +14,6 @@ Rank 0 verifies (hashing each file once) and broadcasts its choice; the other ra
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import uuid
@@ -23,7 +22,8 @@ import numpy as np
 
 from .. import distributed as dist
 from ..models import registry
-from . import checkpoints as ckpt
+from .. import run_state
+from ..run_state.directory import step_of
 from .config import ConfigError
 from .config.resume_changes import check_config_changes  # noqa: F401  (the run's entry: resume.check_config_changes)
 
@@ -38,45 +38,23 @@ def choose_checkpoint(cfg):
     if dist.get_world_size() > 1:
         from ..tensor import Tensor
 
-        step = Tensor(np.array([-1 if path is None else _step_of(path)], np.int64))
+        step = Tensor(np.array([-1 if path is None else step_of(path)], np.int64))
         dist.broadcast(step, src=0)
         step = int(step.numpy()[0])
         if dist.get_rank() != 0 and step >= 0:
-            path = ckpt.step_dir(cfg.out_dir, step) if cfg.resume == "auto" else ckpt.resolve_checkpoint(cfg.resume)
+            path = (run_state.step_dir(cfg.out_dir, step) if cfg.resume == "auto"
+                    else run_state.resolve_checkpoint(cfg.resume))
     return path
 
 
-def _step_of(path):
-    with open(os.path.join(path, "state.json")) as f:
-        return int(json.load(f)["step"])
-
-
 def _choose_on_rank0(cfg):
-    if cfg.resume == "auto":
-        found = ckpt.list_checkpoints(cfg.out_dir)
-        failures = []
-        for path in reversed(found):
-            try:
-                ckpt.verify_checkpoint(path)
-            except ckpt.CheckpointError as exc:
-                failures.append((path, str(exc).split("\nHINT")[0]))
-                continue
-            for damaged, failure in failures:
-                _warn(f"resume=auto: skipping {failure}; {_set_aside(damaged)}")
-            return path
-        if found:
-            listing = "\n  ".join(failure for _, failure in failures)
-            raise ckpt.CheckpointError(
-                f"resume=auto: none of the {len(found)} checkpoint(s) in {cfg.out_dir} verifies, so there is nothing "
-                f"to resume from and the run stops without touching them:\n  {listing}\nHINT: restore a good copy "
-                "of one of them, pass resume=PATH to another run's checkpoint, or move checkpoints/ away to start "
-                "over on purpose")
-        return None
+    if cfg.resume == "auto":  # the newest that verifies; newer damaged ones set aside
+        return run_state.newest_to_resume(cfg.out_dir, _warn)
     if cfg.resume:
-        path = ckpt.resolve_checkpoint(cfg.resume)
-        ckpt.verify_checkpoint(path)
+        path = run_state.resolve_checkpoint(cfg.resume)
+        run_state.verify_checkpoint(path)
         return path
-    existing = ckpt.list_checkpoints(cfg.out_dir)
+    existing = run_state.list_checkpoints(cfg.out_dir)
     if existing:
         raise ConfigError(
             f"out_dir: {cfg.out_dir} already holds {len(existing)} checkpoint(s) of an earlier run (newest "
@@ -92,15 +70,6 @@ def _run_key(arch, field):
         return "model.arch"
     keys = getattr(registry.model_class(arch)[1], "RUN_KEYS", {}).get(field, field)
     return "/".join(f"model.{k}" for k in ((keys,) if isinstance(keys, str) else keys))
-
-
-def _set_aside(path):
-    """Move a damaged checkpoint out of the run's list (checkpoints.set_aside); says where, or why it stayed."""
-    try:
-        return (f"moved it to {ckpt.set_aside(path)} so that train.keep_last does not count it (a good checkpoint "
-                "would be pruned in its place)")
-    except OSError as exc:
-        return f"could not move it aside ({exc}), so train.keep_last still counts it"
 
 
 def run_id_of(state):

@@ -9,7 +9,7 @@ import torch
 import torch.utils.checkpoint
 
 import infini_train as it
-import infini_train.training.checkpoints
+import infini_train.run_state  # noqa: F401  (the run's checkpoints: not it.utils.checkpoint)
 from infini_train import backend
 from infini_train.autograd import recompute
 from infini_train.models.gpt2 import Block, GPT2Config

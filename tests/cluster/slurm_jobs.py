@@ -91,7 +91,7 @@ def rank_pid(job_id, rank):
 
 
 def final_weights(out_dir, step):
-    from infini_train.training.checkpoints import load_checkpoint
+    from infini_train.run_state import load_checkpoint
 
     return load_checkpoint(os.path.join(out_dir, "checkpoints", f"step_{step:06d}"))[0]
 

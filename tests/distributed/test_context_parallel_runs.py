@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints
+from infini_train.run_state import list_checkpoints
 from tests.distributed.mpi_jobs import REPO, job_env, needs_mpiexec, output
 from tests.training.tiny_run import grad_norms, losses_by_step, run, tiny_args
 

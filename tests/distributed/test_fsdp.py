@@ -59,7 +59,7 @@ def test_deferred_gradient_sync_accumulates_then_reduces_the_sum():
         model.set_requires_gradient_sync(k == len(data) - 1)
         model(it.tensor(x), it.tensor(y))[1].backward()
     for p, q in zip(model.parameters(), reference.parameters()):
-        shard = p.sharded_by.shard_views[id(p)]
+        shard = p.placement.flat_shard.shard_views[id(p)]
         np.testing.assert_allclose(shard.grad.numpy(), q.grad.numpy().reshape(-1), rtol=1e-5, atol=1e-7)
 
 

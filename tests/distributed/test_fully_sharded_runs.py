@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints
+from infini_train.run_state import list_checkpoints
 from tests.distributed.mpi_jobs import needs_mpiexec, output
 from tests.training.tiny_run import grad_norms, losses_by_step, run, tiny_args
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import MPIEXEC, REPO, job_env, needs_mpiexec, output
 from tests.distributed.test_lora_runs import LORA, base, tune_dir  # noqa: F401 (fixtures)
 from tests.distributed.test_llama_runs import LLAMA
@@ -198,7 +198,7 @@ def test_the_base_digest_is_the_same_for_float32_and_float64_copies():
     import infini_train as it
     from infini_train.models.gpt2 import GPT2
     from infini_train.models.gpt2.config import GPT2Config
-    from infini_train.training.lora_run import weights_digest
+    from infini_train.run_state.lora_base import weights_digest
 
     it.manual_seed(0)
     model = GPT2(GPT2Config(block_size=8, vocab_size=17, n_layer=1, n_head=2, n_embd=8))

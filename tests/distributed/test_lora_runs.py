@@ -17,7 +17,7 @@ import torch
 import infini_train as it
 from infini_train.data.corpus import prepare_shards
 from infini_train.models.gpt2 import GPT2
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import REPO, job_env, mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
@@ -63,10 +63,12 @@ def single(tune_dir, base, tmp_path_factory):
 def _rebuilt(out):
     """The LoRA run's model as generate.py builds it (base + adapters), without merging."""
     from infini_train.models import registry
-    from infini_train.training.lora_run import rebuild
+    from infini_train.models.pretrained import mapped_pretrained
+    from infini_train.run_state.lora_base import rebuild
 
     adapters, _, state = load_checkpoint(list_checkpoints(out)[-1])
-    return rebuild(registry.build(state["arch"], state["model_config"]), state["lora"], adapters), adapters, state
+    model = registry.build(state["arch"], state["model_config"])
+    return rebuild(model, state["lora"], adapters, mapped_pretrained), adapters, state
 
 
 def test_loss_falls_and_the_base_weights_stay_bitwise_unchanged(single, base):

@@ -4,7 +4,7 @@ start-up address space plus 300 MB (RLIMIT_AS), the run trains, saves a sharded 
 plain data parallelism under the same cap cannot hold the model and fails."""
 import sys
 
-from infini_train.training.checkpoints import list_checkpoints
+from infini_train.run_state import list_checkpoints
 from tests.distributed.mpi_jobs import MPIEXEC, needs_mpiexec, output
 from tests.training.tiny_run import REPO, job_env, metrics
 

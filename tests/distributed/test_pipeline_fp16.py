@@ -12,7 +12,7 @@ tests/training/test_precision.py compares those layouts with one process."""
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import metrics, run, tiny_args
 

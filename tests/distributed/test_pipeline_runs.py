@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint, load_model_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint, load_model_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec, output
 from tests.training.tiny_run import losses_by_step, run, tiny_args
 

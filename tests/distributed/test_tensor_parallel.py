@@ -86,7 +86,7 @@ def test_layers_in_a_group_of_one_equal_the_full_layers():
     out.sum().backward()
     for tp_p, p in [(tp_fc.weight, fc.weight), (tp_proj.weight, proj.weight), (tp_proj.bias, proj.bias)]:
         np.testing.assert_allclose(tp_p.grad.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-7)
-    emb_grad = whole_from_shards(tp_emb.weight.grad, tp_emb.weight.tp_spec, ONE)
+    emb_grad = whole_from_shards(tp_emb.weight.grad, tp_emb.weight.placement.tensor_shard, ONE)
     np.testing.assert_allclose(emb_grad, emb.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
     assert not tp_emb.weight.grad.numpy()[11:].any()
 
@@ -111,11 +111,12 @@ def test_vocab_parallel_cross_entropy_in_a_group_of_one_equals_cross_entropy():
 
 def test_parallel_parameters_carry_their_spec_through_to_and_state_dict():
     layer = RowParallelLinear(4, 3, group=ONE, sequence_parallel=True)
-    assert isinstance(layer.weight, ParallelParameter) and layer.weight.tp_spec == ShardSpec(1)
-    assert layer.bias.tp_spec is None and layer.bias.sequence_parallel and not layer.weight.sequence_parallel
+    assert isinstance(layer.weight, ParallelParameter) and layer.weight.placement.tensor_shard == ShardSpec(1)
+    assert layer.bias.placement.tensor_shard is None and layer.bias.placement.sequence_parallel
+    assert not layer.weight.placement.sequence_parallel
     weight = layer.weight
     layer.to(it.float64)
-    assert layer.weight is weight and weight.tp_spec == ShardSpec(1) and weight.dtype == it.float64
+    assert layer.weight is weight and weight.placement.tensor_shard == ShardSpec(1) and weight.dtype == it.float64
     assert sorted(layer.state_dict()) == ["bias", "weight"]
 
 
@@ -123,12 +124,13 @@ def test_mark_sequence_parallel_keeps_the_memory_and_ties():
     ln = nn.LayerNorm(4)
     weight = ln.weight
     mark_sequence_parallel(ln)
-    assert ln.weight.sequence_parallel and ln.bias.sequence_parallel and isinstance(ln.weight, ParallelParameter)
+    assert ln.weight.placement.sequence_parallel and ln.bias.placement.sequence_parallel
+    assert isinstance(ln.weight, ParallelParameter)
     assert np.shares_memory(ln.weight.numpy(), weight.numpy())
     tied = nn.ModuleDict({"a": nn.Linear(2, 2), "b": nn.Linear(2, 2)})
     tied["b"].weight = tied["a"].weight
     mark_sequence_parallel(tied)
-    assert tied["a"].weight is tied["b"].weight and tied["a"].weight.sequence_parallel
+    assert tied["a"].weight is tied["b"].weight and tied["a"].weight.placement.sequence_parallel
     ln(it.ones(2, 4)).sum().backward()
     before = ln.weight.grad.numpy().copy()
     all_reduce_sequence_parallel_grads(ln, ONE)  # a group of one: nothing to sum

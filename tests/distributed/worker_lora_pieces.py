@@ -14,7 +14,8 @@ from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.gpt2.io import save_hf, save_llmc
 from infini_train.nn.parallel.sharded_pieces import param_pieces
 from infini_train.training.config import load_config
-from infini_train.training.lora_run import base_entries, weights_digest
+from infini_train.run_state.lora_base import weights_digest
+from infini_train.training.lora_run import base_entries
 from infini_train.training.model_build import build_model
 from infini_train.training.parallel_dims import ParallelDims
 

@@ -83,10 +83,10 @@ for name, p in split.named_parameters():
     if not p.requires_grad:
         assert p.grad is None, f"rank {rank}: frozen {name} got a gradient"
         continue
-    spec = getattr(p, "tp_spec", None)
+    spec = p.placement.tensor_shard
     grad = whole_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
     close(grad, whole_params[name].grad, f"gradient of {name}")
-    if getattr(p, "sequence_parallel", False):
+    if p.placement.sequence_parallel:
         marked.append(name.rsplit(".", 3)[-3] + "." + name.rsplit(".", 2)[-2])
 if sequence_parallel:  # the column layers' A and the row layers' B see one sequence slice
     assert sorted(set(marked)) == ["c_attn.lora_A", "c_fc.lora_A", "c_proj.lora_B"], marked
@@ -142,7 +142,8 @@ for build, what in ((lambda lin: ColumnParallelLinear.from_linear(lin, group, bl
     close(xs[1].grad, xs[0].grad, f"{what}: input gradient")
     for part in ("lora_A", "lora_B"):
         p = getattr(parallel, part).weight
-        grad = whole_from_shards(p.grad.array, p.tp_spec, group) if p.tp_spec is not None else p.grad.array
+        spec = p.placement.tensor_shard
+        grad = whole_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
         close(grad, getattr(plain, part).weight.grad, f"{what}: {part} gradient")
 
 print(f"rank {rank} LoRA TP OK {checks}", flush=True)

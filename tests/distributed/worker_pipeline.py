@@ -5,11 +5,16 @@ every schedule (interleaved with V = 2):
 - the mean loss and every gradient (the tied embedding's summed over its two copies) equal the whole model's;
 - each stage holds at most the activations the schedule promises: M micro-batches under gpipe, P - stage under 1f1b;
 - the sequential forward (validation, generation) gives the whole model's loss and last-position logits;
-- gathered on rank 0 the stages' state is the whole model's state dict, and after an AdamW step the whole AdamW
-  state dict (numbering included); the local part taken back from it is what each stage holds.
+- gathered on rank 0 (RunState.gather) the stages' state is the whole model's state dict, and after an AdamW step
+  the whole AdamW state dict (numbering included); the whole model's checkpoint read back by every stage
+  (RunState.load) gives each stage the optimizer state it holds.
 Prints "rank R: pipeline ok".
 """
+import os
+import shutil
 import sys
+import tempfile
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -17,7 +22,7 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.pipeline_lm import PipelinedLM
-from infini_train.nn.parallel.pipeline_state import gather_model_state, gather_optimizer_state, local_optimizer_state
+from infini_train.run_state import RunState, save_checkpoint
 from infini_train.nn.parallel.tensor_parallel import all_reduce_grads
 
 on_gpu = "--cuda" in sys.argv
@@ -75,7 +80,8 @@ close(logits, whole(xs[0][:, 5:6], kv_cache=whole_cache, last_only=True)[0], "ca
 tokens = stage.generate(xs[0][:1, :3], 6, temperature=0)
 assert tokens.numpy().tolist() == whole.generate(xs[0][:1, :3], 6, temperature=0).numpy().tolist()
 
-state = gather_model_state(stage, stage.whole_state_names, group)
+dims = SimpleNamespace(tensor_parallel=False, pipeline_parallel=True, world=world, dp_rank=0, dp_size=1)
+state, _ = RunState(stage, it.optim.AdamW(stage.optimizer_groups(0.1), lr=1e-3), dims).gather()
 assert (state is None) == (rank != 0)
 if state is not None:
     reference = whole.state_dict()
@@ -93,22 +99,30 @@ if rank in (0, world - 1):
     all_reduce_grads([p.grad for p in stage.shared_embedding_params()], embedding_group)
 opt.step()
 whole_opt.step()
-names = stage.canonical_names()
-gathered = gather_optimizer_state(opt, opt.state_dict(), names, stage.whole_groups, group)
+run_state = RunState(stage, opt, dims)
+_, gathered = run_state.gather()
 if rank == 0:
     ref = whole_opt.state_dict()
     assert gathered["param_groups"] == ref["param_groups"], (gathered["param_groups"], ref["param_groups"])
-    assert sorted(gathered["state"]) == sorted(ref["state"])
+    assert list(gathered["state"]) == list(ref["state"])
     for i, entry in ref["state"].items():
         for key, value in entry.items():
             close(gathered["state"][i][key], value, f"optimizer {key} of {i}", rtol=1e-4)
-whole_state = whole_opt.state_dict()
-local = local_optimizer_state(whole_state, opt, names, stage.whole_groups)
 mine = opt.state_dict()
+out = [None] * world
+dist.all_gather_object(out, tempfile.mkdtemp() if rank == 0 else None)
+if rank == 0:
+    save_checkpoint(out[0], 1, whole.state_dict(), whole_opt.state_dict(), {})
+dist.barrier()
+run_state.load(os.path.join(out[0], "checkpoints", "step_000001"))
+local = opt.state_dict()
 assert local["param_groups"] == mine["param_groups"]
 for i, entry in mine["state"].items():
     for key, value in entry.items():
         close(local["state"][i][key], value, f"local {key} of {i}", rtol=1e-4)
+dist.barrier()
+if rank == 0:
+    shutil.rmtree(out[0])
 
 print(f"rank {rank}: pipeline ok", flush=True)
 dist.destroy_process_group()

@@ -10,10 +10,9 @@ from infini_train import distributed as dist
 from infini_train.models import registry
 from infini_train.optim import AdamW
 from infini_train.training.config import load_config
-from infini_train.models.parallelize import gathered
 from infini_train.training.model_build import build_model
 from infini_train.training.parallel_dims import ParallelDims
-from infini_train.training.state_io import state_io_for
+from infini_train.run_state import RunState
 
 dist.init_process_group("mpi")
 rank = dist.get_rank()
@@ -42,10 +41,9 @@ for model_name, model_args in MODELS.items():
         p = cfg.parallel
         dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule)
         model = build_model(cfg, backend.CPU, dims)[0].model
-        with gathered(model):  # (ZeRO-3: each rank holds only its shards until gathered)
-            whole, _ = state_io_for(dims, model, AdamW(model.optimizer_groups(0.0), lr=1e-3), 0, False).gather()
+        whole, _ = RunState(model, AdamW(model.optimizer_groups(0.0), lr=1e-3), dims).gather()  # (ZeRO-3: shards)
         if rank == 0:
             assert sorted(whole) == sorted(eager), (model_name, layout, set(whole) ^ set(eager))
             for name in eager:
-                assert np.array_equal(np.asarray(whole[name].numpy()), eager[name].numpy()), (model_name, layout, name)
+                assert np.array_equal(whole[name], eager[name].numpy()), (model_name, layout, name)
 print(f"rank {rank}: sharded init ok", flush=True)

@@ -174,7 +174,8 @@ def column_checks(group):
         full = nn.Linear(width, out)
         tp = ColumnParallelLinear.from_linear(full, group, blocks, gather_output, sequence_parallel)
         spec = ShardSpec(0, blocks)
-        check(tp.weight.tp_spec == spec and tp.bias.tp_spec == spec, f"{label}: tp_spec")
+        check(tp.weight.placement.tensor_shard == spec and tp.bias.placement.tensor_shard == spec,
+              f"{label}: tensor_shard")
         check(tuple(tp.weight.shape) == (out // size, width), f"{label}: weight shape {tuple(tp.weight.shape)}")
         x_full, g_full = data(3, (batch, seq, width)), data(4, (batch, seq, out))
         x_ref = leaf(x_full)
@@ -215,8 +216,9 @@ def row_checks(group):
         it.manual_seed(2)
         full = nn.Linear(width, out)
         tp = RowParallelLinear.from_linear(full, group, input_is_parallel, sequence_parallel)
-        check(tp.weight.tp_spec == ShardSpec(1) and tp.bias.tp_spec is None, f"{label}: tp_spec")
-        check(tp.bias.sequence_parallel == sequence_parallel, f"{label}: bias.sequence_parallel")
+        check(tp.weight.placement.tensor_shard == ShardSpec(1) and tp.bias.placement.tensor_shard is None,
+              f"{label}: tensor_shard")
+        check(tp.bias.placement.sequence_parallel == sequence_parallel, f"{label}: bias placed sequence_parallel")
         x_full, g_full = data(5, (batch, seq, width)), data(6, (batch, seq, out))
         x_ref = leaf(x_full)
         y_ref = full(x_ref)
@@ -256,7 +258,8 @@ def embedding_checks(group):
         y = tp(it.tensor(ids))
         close(y, y_ref, f"{label}: forward")
         y.backward(it.tensor(g))
-        close(whole_from_shards(tp.weight.grad, tp.weight.tp_spec, group), full.weight.grad, f"{label}: weight grad")
+        close(whole_from_shards(tp.weight.grad, tp.weight.placement.tensor_shard, group), full.weight.grad,
+              f"{label}: weight grad")
         start = rank * per
         padding_rows = tp.weight.grad.numpy()[max(257 - start, 0):]
         check(not padding_rows.any(), f"{label}: padding rows get no gradient")
@@ -332,12 +335,12 @@ def mlp_checks(group, seed):
         close(x.grad, mine(x_ref.grad.numpy()), f"{label}: input grad")
         chain = nn.ModuleDict({"ln": tp_ln, "fc": tp_fc, "proj": tp_proj})
         all_reduce_sequence_parallel_grads(chain, group)
-        marked = sorted(n for n, p in chain.named_parameters() if getattr(p, "sequence_parallel", False))
+        marked = sorted(n for n, p in chain.named_parameters() if p.placement.sequence_parallel)
         check(marked == (["ln.bias", "ln.weight", "proj.bias"] if sequence_parallel else []), f"{label}: {marked}")
         for name, tp_p, p in [("ln.weight", tp_ln.weight, ln.weight), ("ln.bias", tp_ln.bias, ln.bias),
                               ("fc.weight", tp_fc.weight, fc.weight), ("fc.bias", tp_fc.bias, fc.bias),
                               ("proj.weight", tp_proj.weight, proj.weight), ("proj.bias", tp_proj.bias, proj.bias)]:
-            spec = getattr(tp_p, "tp_spec", None)
+            spec = tp_p.placement.tensor_shard
             grad = whole_from_shards(tp_p.grad, spec, group) if spec else tp_p.grad
             close(grad, p.grad, f"{label}: {name} grad")
 

@@ -4,9 +4,14 @@ split with parallelize_gpt2 against the whole model built from the same seed, on
 - the loss, and every gradient once gathered whole, equal the whole model's (with sequence parallelism too);
 - clip_grad_norm_model_parallel_ (2-norm and inf-norm) gives the whole model's norm and scaling;
 - whole_state_dict is the whole model's state dict; loading it back gives every rank its shards;
-- the AdamW state after a step, gathered whole, is the whole model's; sharded again, it is what the rank holds.
+- the model and AdamW state after a step, gathered whole (RunState.gather), are the whole model's; written as a
+  whole checkpoint by the one-process model and read back (RunState.load), every rank gets the state it holds.
 """
+import os
+import shutil
 import sys
+import tempfile
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -16,8 +21,8 @@ from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.gpt2.parallel import parallelize_gpt2
 from infini_train.nn.parallel import all_reduce_sequence_parallel_grads, whole_from_shards
 from infini_train.nn.parallel.grad_norm import clip_grad_norm_model_parallel_
-from infini_train.nn.parallel.whole_state import (load_whole_state_dict, shard_optimizer_state,
-                                                    whole_optimizer_state, whole_state_dict)
+from infini_train.nn.parallel.whole_state import load_whole_state_dict, whole_state_dict
+from infini_train.run_state import RunState, save_checkpoint
 from infini_train.nn.utils import clip_grad_norm_
 
 on_gpu = "--cuda" in sys.argv  # one GPU per rank over NCCL
@@ -55,7 +60,7 @@ loss_split.backward()
 all_reduce_sequence_parallel_grads(split, group)
 names_whole = dict(whole.named_parameters())
 for name, p in split.named_parameters():
-    spec = getattr(p, "tp_spec", None)
+    spec = p.placement.tensor_shard
     grad = whole_from_shards(p.grad.array, spec, group) if spec is not None else p.grad.array
     close(grad, names_whole[name].grad.numpy(), f"gradient of {name}")
 
@@ -95,18 +100,40 @@ opt_whole = it.optim.AdamW(whole.optimizer_groups(0.1), lr=1e-3)
 opt_split = it.optim.AdamW(split.optimizer_groups(0.1), lr=1e-3)
 opt_whole.step()
 opt_split.step()
-whole_state = whole_optimizer_state(opt_split.state_dict(), opt_split, group)
+dims = SimpleNamespace(tensor_parallel=True, tp_rank=rank, tp_size=world, pipeline_parallel=False, world=world,
+                       dp_rank=0, dp_size=1)
+run_state = RunState(split, opt_split, dims)
+model_state, whole_state = run_state.gather()
+assert (whole_state is None) == (rank != 0)
 ref_state = opt_whole.state_dict()
-assert whole_state["param_groups"] == ref_state["param_groups"]
-for i, entry in ref_state["state"].items():
-    for key, value in entry.items():
-        close(whole_state["state"][i][key], value, f"{key} of parameter {i}", rtol=1e-4)
-assert (whole_optimizer_state(opt_split.state_dict(), opt_split, group, to=0) is None) == (rank != 0)
+whole_now = whole_state_dict(split, group)  # (the model after the step, gathered by the tensor-parallel layers)
+if rank == 0:
+    assert list(model_state) == list(whole_now)
+    for name, value in whole_now.items():
+        close(model_state[name], value, f"gathered {name}", rtol=0, atol=0)
+    assert whole_state["param_groups"] == ref_state["param_groups"]
+    assert list(whole_state["state"]) == list(ref_state["state"])
+    for i, entry in ref_state["state"].items():
+        for key, value in entry.items():
+            close(whole_state["state"][i][key], value, f"{key} of parameter {i}", rtol=1e-4)
 mine = opt_split.state_dict()
-again = shard_optimizer_state(whole_state, opt_split, group)
+out = [None] * world
+dist.all_gather_object(out, tempfile.mkdtemp() if rank == 0 else None)
+if rank == 0:
+    save_checkpoint(out[0], 1, whole.state_dict(), ref_state, {})
+dist.barrier()
+for st in opt_split.state.values():
+    for value in st.values():
+        if hasattr(value, "shape"):
+            value[...] = 0
+run_state.load(os.path.join(out[0], "checkpoints", "step_000001"))
+again = opt_split.state_dict()
 for i, entry in mine["state"].items():
     for key, value in entry.items():
-        close(again["state"][i][key], value, f"resharded {key} of {i}", rtol=0, atol=0)
+        close(again["state"][i][key], value, f"resharded {key} of {i}", rtol=1e-4)
+dist.barrier()
+if rank == 0:
+    shutil.rmtree(out[0])
 
 print(f"rank {rank}: tp state ok", flush=True)
 dist.destroy_process_group()

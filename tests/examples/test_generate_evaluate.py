@@ -11,7 +11,7 @@ import pytest
 import infini_train as it
 from infini_train.data.shards import read_shard, write_shard
 from infini_train.models.gpt2 import GPT2
-from infini_train.training.checkpoints import load_checkpoint
+from infini_train.run_state import load_checkpoint
 from tests.training.tiny_run import run, tiny_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -5,7 +5,7 @@ import shutil
 
 import numpy as np
 
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.training.tiny_run import metrics, run, tiny_args
 
 

@@ -48,7 +48,7 @@ def rank_pid(launcher_pid, rank):
 
 
 def final_weights(out_dir):
-    from infini_train.training.checkpoints import load_checkpoint
+    from infini_train.run_state import load_checkpoint
     return load_checkpoint(os.path.join(out_dir, "checkpoints", f"step_{STEPS:06d}"))[0]  # sharded: 2 ranks
 
 

@@ -392,4 +392,4 @@ def test_parallel_wrappers_in_a_group_of_one_equal_the_plain_layer():
         close(layer(x), plain(x), 1e-6, what=base_cls.__name__)
         assert list(lora.lora_state_dict(layer, whole=True)) == ["lora_A.weight", "lora_B.weight"]
         split = layer.lora_B.weight if base_cls is ColumnParallelLinear else layer.lora_A.weight
-        assert split.tp_spec.dim == (0 if base_cls is ColumnParallelLinear else 1)
+        assert split.placement.tensor_shard.dim == (0 if base_cls is ColumnParallelLinear else 1)

@@ -7,7 +7,7 @@ import torch
 
 import infini_train as it
 from infini_train import optim
-from infini_train.training.checkpoints import flatten_state, unflatten_state
+from infini_train.run_state import flatten_state, unflatten_state
 from tests.optim.trajectory import loss, make_arrays
 
 

@@ -13,7 +13,7 @@ import torch
 import infini_train as it
 from infini_train.models.gpt2 import GPT2
 from infini_train.tools.consolidate import main as consolidate
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.training.tiny_run import run, tiny_args
 
 TOKENS = np.random.default_rng(0).integers(0, 257, (2, 16))

@@ -5,7 +5,7 @@ import stat
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import (
+from infini_train.run_state import (
     CheckpointError,
     flatten_state,
     latest_checkpoint,

@@ -16,7 +16,7 @@ from infini_train.models import finalize_grads
 from infini_train.training import Run, TrainingDiverged
 from infini_train.training.evaluation import evaluate, sample_text
 from infini_train.data.tokenizer import get_tokenizer
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from infini_train.training.config import parse_args
 from tests.distributed.mpi_jobs import MPIEXEC, needs_mpiexec
 from tests.training.tiny_run import CONFIG, REPO, job_env, metrics, tiny_args

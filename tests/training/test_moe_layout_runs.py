@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, metrics, run, tiny_args

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.test_expert_parallel_runs import COMMON, CONFIG, MOE_KEYS
 from tests.training.tiny_run import metrics, run, tiny_args

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infini_train.models.gpt2 import GPT2, GPT2Config
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import REPO, job_env, metrics, run, same_run, tiny_args
 

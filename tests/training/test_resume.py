@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from infini_train.training.checkpoints import list_checkpoints
+from infini_train.run_state import list_checkpoints
 from tests.training.tiny_run import metrics, run, same_run, tiny_args
 
 COMMON = ["train.num_iterations=12", "train.save_every=4", "train.keep_last=3", "model.dropout=0.1"]
@@ -146,7 +146,7 @@ def test_resume_auto_in_an_out_dir_without_checkpoints_starts_fresh(data_dir, tm
 def test_resume_auto_sets_a_damaged_checkpoint_aside_so_pruning_keeps_the_good_ones(tmp_path, capsys):
     import numpy as np
 
-    from infini_train.training.checkpoints import save_checkpoint
+    from infini_train.run_state import save_checkpoint
     from infini_train.training.config import load_config
     from infini_train.training.resume import choose_checkpoint
 

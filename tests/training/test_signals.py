@@ -9,7 +9,7 @@ import time
 import pytest
 
 from infini_train.training import EXIT_INTERRUPTED, EXIT_STOPPED, Run, StopSignals
-from infini_train.training.checkpoints import list_checkpoints
+from infini_train.run_state import list_checkpoints
 from infini_train.training.config import parse_args
 from tests.distributed.mpi_jobs import needs_mpiexec
 from tests.training.tiny_run import (CONFIG, REPO, command, job_env, metrics, rank_pids, run, same_run,

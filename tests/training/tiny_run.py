@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from infini_train.data.corpus import prepare_shards, stdlib_documents
-from infini_train.training.checkpoints import list_checkpoints, load_checkpoint
+from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.processes import processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

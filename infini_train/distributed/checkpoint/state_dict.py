@@ -72,8 +72,8 @@ def _as_list(optimizers):
 
 def _stepped(p):
     """What an optimizer lists for ``p``: the parameter, or for one fully_shard keeps sharded, its ShardView."""
-    sharded_by = getattr(p, "sharded_by", None)
-    return p if sharded_by is None else sharded_by.shard_views[id(p)]
+    flat_shard = p.placement.flat_shard
+    return p if flat_shard is None else flat_shard.shard_views[id(p)]
 
 
 def _on_host(value):
@@ -125,10 +125,10 @@ def set_model_state_dict(model, model_state_dict, *, options=None):
 def _model_part(own, path, whole):
     """What a rank keeps of the whole tensor ``whole`` broadcast for the model's key ``path[0]``: its shard."""
     target = own.get(path[0]) if len(path) == 1 else None
-    sharded_by = getattr(target, "sharded_by", None)
-    if sharded_by is None:
+    flat_shard = target.placement.flat_shard
+    if flat_shard is None:
         return whole
-    view = sharded_by.shard_views[id(target)]
+    view = flat_shard.shard_views[id(target)]
     return view.placed(Tensor._make(view.local_of(whole, "set_model_state_dict").copy(), whole.device))
 
 

@@ -1,15 +1,10 @@
-"""Whole tensors out of a sharded checkpoint, one at a time: ``whole_tensor`` assembles one from its saved chunks;
-``write_whole_safetensors`` streams a chosen set of them into one safetensors file, holding at most one whole
-tensor in memory (the header comes from the metadata's shapes and dtypes, written first)."""
+"""Whole tensors out of a sharded checkpoint, one at a time: ``whole_tensor`` assembles one from its saved chunks,
+``SavedTensor`` reads any box of one (only the chunks it overlaps)."""
 from __future__ import annotations
-
-import json
-import struct
 
 import numpy as np
 
-from ...atomic_file import write_atomically
-from ...safetensors_io import _numpy_dtype
+from ...safetensors_io import numpy_dtype
 from .pieces import LocalPieces
 from .storage import load, read_metadata
 
@@ -28,7 +23,7 @@ class SavedTensor:
         self.metadata = metadata or read_metadata(directory)
         info = self.metadata["tensors"][entry]
         self.shape = tuple(info["shape"])
-        self.dtype = np.dtype(_numpy_dtype(info["dtype"], directory, entry))
+        self.dtype = np.dtype(numpy_dtype(info["dtype"], directory, entry))
 
     @property
     def ndim(self):
@@ -56,31 +51,4 @@ class SavedTensor:
         return whole if dtype is None else whole.astype(dtype)
 
 
-def write_whole_safetensors(directory, path, names, file_metadata=None):
-    """Write the global tensors ``names`` ({name in the file: entry in the checkpoint}) of the sharded checkpoint
-    in ``directory`` to the safetensors file ``path`` (atomically), one tensor in memory at a time."""
-    metadata = read_metadata(directory)
-    header, offset = {}, 0
-    for name, entry in names.items():
-        info = metadata["tensors"][entry]
-        nbytes = int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(
-            _numpy_dtype(info["dtype"], directory, entry)).itemsize
-        header[name] = {"dtype": info["dtype"], "shape": list(info["shape"]), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    if file_metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in file_metadata.items()}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for entry in names.values():
-                f.write(np.ascontiguousarray(whole_tensor(directory, entry, metadata)).reshape(-1).view(np.uint8).data)
-
-    write_atomically(path, write)
-    return path
-
-
-__all__ = ["whole_tensor", "write_whole_safetensors"]
+__all__ = ["whole_tensor", "SavedTensor"]

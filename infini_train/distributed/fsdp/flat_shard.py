@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import backend
+from ...placement import place
 from ...tensor import Tensor
 from ..optim.zero_redundancy_optimizer import FlatSpace
 from ..sharded_tensor import FlatShard, ShardedError, ShardedTensor, ShardView
@@ -94,7 +95,7 @@ class ShardedFlatSpace(FlatSpace):
         self._make_views()
         for p in params:
             p.array = Placeholder(p.shape, self.param_dtype)
-            p.sharded_by = self
+            place(p, flat_shard=self)
             p.grad = None
 
     def _allocate(self, n, dtype, zero=True):
@@ -130,7 +131,7 @@ class ShardedFlatSpace(FlatSpace):
         view.array[...] = backend.to_device_array(local, self.device)
         if self.flat is not None:
             if isinstance(value, ShardedTensor):
-                start, stop = view.placement.local_range(self.rank, p.numel())
+                start, stop = view.flat_piece.local_range(self.rank, p.numel())
                 p.array.reshape(-1)[start:stop] = view.array
             else:
                 p.array[...] = backend.to_device_array(value.array if isinstance(value, Tensor) else value,

@@ -66,7 +66,7 @@ def fully_shard(module, mesh_or_group=None, *, reshard_after_forward=True, mp_po
     group = _resolve_group(mesh_or_group)
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
-    params = [p for p in module.parameters() if getattr(p, "sharded_by", None) is None]
+    params = [p for p in module.parameters() if p.placement.flat_shard is None]
     unit = FSDPParamGroup(params, group, reshard_after_forward, mp_policy) if params else None
     object.__setattr__(module, "_fsdp", _ModuleState(module, unit, group))
     cls = type(module)
@@ -136,7 +136,7 @@ def _pack(tensor):
     if isinstance(fn, Cast) and fn.next_functions:  # autocast's cast of a parameter
         producer = fn.next_functions[0][0]
         source = getattr(producer, "tensor", None)
-        if source is not None and getattr(source, "sharded_by", None) is not None and source.sharded_by.gathered:
+        if source is not None and source.placement.flat_shard is not None and source.placement.flat_shard.gathered:
             return ("cast", source, array.dtype)
     return ("array", array)
 
@@ -149,7 +149,7 @@ def _unpack(packed):
         space, offset, shape, strides = packed[1]
         return space.view_at(offset, shape, strides)
     source, dtype = packed[1], packed[2]
-    source.sharded_by.require_gathered()
+    source.placement.flat_shard.require_gathered()
     return source.array.astype(dtype)
 
 

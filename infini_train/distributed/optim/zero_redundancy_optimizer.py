@@ -145,13 +145,13 @@ class ZeroRedundancyOptimizer:
         listed = {id(p) for g in groups for p in g["params"]}
         ordered = [p for p in ordered if id(p) in listed]
         self.params = ordered
-        self.spaces = list({id(s): s for s in (getattr(p, "sharded_by", None) for p in ordered) if s is not None}
+        self.spaces = list({id(s): s for s in (p.placement.flat_shard for p in ordered) if s is not None}
                            .values())  # fully_shard's spaces (ZeRO-3): the parameters keep only their shards
         experts = {id(p) for p in expert_params}
-        if experts and (expert_data_group is None or any(getattr(p, "sharded_by", None) for p in expert_params)):
+        if experts and (expert_data_group is None or any(p.placement.flat_shard for p in expert_params)):
             raise ValueError("ZeroRedundancyOptimizer: expert_params need an expert_data_group, and cannot be sharded "
                              "by fully_shard\nHINT: pass the expert-data group the experts are replicated over")
-        whole = [p for p in ordered if getattr(p, "sharded_by", None) is None]
+        whole = [p for p in ordered if p.placement.flat_shard is None]
         self.expert_spaces = []
         for expert, group in ((False, self.group), (True, expert_data_group)):
             members = [p for p in whole if (id(p) in experts) == expert]
@@ -331,15 +331,14 @@ class ZeroRedundancyOptimizer:
         """Scale every rank's gradient shard so that the global norm is at most ``max_norm``; returns the
         global norm (over the whole model) as a 0-d float32 tensor, the same on every rank.
 
-        The parameters may also be split over a ``tensor_group`` (a parameter with a ``tp_spec`` counts its shard on
-        every rank of it, a replicated one only on tensor rank 0) and a ``pipeline_group`` (each stage counts its
-        own; the last stage's copy of a tied weight, marked ``shared_embedding``, does not count)."""
+        The parameters may also be split over a ``tensor_group`` (a parameter placed as a tensor shard counts its
+        shard on every rank of it, a replicated one only on tensor rank 0) and a ``pipeline_group`` (each stage counts
+        its own; the last stage's copy of a tied weight, placed as a ``tied_copy``, does not count)."""
         self._point_grads()
         pieces = [view.grad.array for view, *_ in self.pieces]
         skip_replicated = tensor_group is not None and tensor_group.rank != 0
         counted = [g for g, (_, _, p, *_) in zip(pieces, self.pieces)
-                   if not getattr(p, "shared_embedding", False)
-                   and not (skip_replicated and getattr(p, "tp_spec", None) is None)]
+                   if not p.placement.tied_copy and not (skip_replicated and p.placement.replicated)]
         groups = [self.group] + [g for g in (tensor_group, pipeline_group) if g is not None and g.size > 1]
         return clip_sharded_grads_(pieces, counted, max_norm, norm_type, groups)
 
@@ -426,34 +425,32 @@ class ZeroRedundancyOptimizer:
         return out
 
     def _gather_state(self, to):
+        from ...optim.param_groups import numbering, packed_groups
+
         whole = self.whole_states(build=self.rank == to or self.world == 1)
-        index = {id(p): i for i, p in enumerate(self.params)}
+        index = numbering(self.whole_param_groups, order=self.params)  # (ZeRO's numbering: the flat order)
         device = {id(p): p.device for p in self.params}
         state = {index[key]: {k: Tensor._make(v, device[key]) if hasattr(v, "shape") else v for k, v in entry.items()}
                  for key, entry in whole.items() if key in index}
-        groups = []
-        for g_whole, g_inner in zip(self.whole_param_groups, self.optim.param_groups):
-            packed = {k: v for k, v in g_inner.items() if k != "params"}
-            packed["params"] = [index[id(p)] for p in g_whole["params"]]
-            groups.append(packed)
+        groups = packed_groups(self.whole_param_groups, index, options=self.optim.param_groups)
         return {"state": state, "param_groups": groups}
 
     @no_grad()
     def load_state_dict(self, state_dict):
         """Load a whole state dict (from this optimizer, or ``optimizer_class`` without ZeRO, at any number
         of ranks): each rank keeps its shard."""
-        saved_sizes = [len(g["params"]) for g in state_dict["param_groups"]]
-        own_sizes = [len(g["params"]) for g in self.whole_param_groups]
+        from ...optim.param_groups import group_sizes, numbering, packed_groups, paired, saved_entry
+
+        saved_sizes, own_sizes = group_sizes(state_dict["param_groups"]), group_sizes(self.whole_param_groups)
         if saved_sizes != own_sizes:
             raise ValueError(f"ZeroRedundancyOptimizer.load_state_dict: the saved param groups hold {saved_sizes} "
                              f"parameters, this optimizer's hold {own_sizes}\nHINT: build the optimizer over the same "
                              "model with the same param groups as the one that was saved")
         saved_of = {}  # id(param) -> its saved state
-        for saved, group in zip(state_dict["param_groups"], self.whole_param_groups):
-            for i, p in zip(saved["params"], group["params"]):
-                st = state_dict["state"].get(i, state_dict["state"].get(int(i)))
-                if st is not None:
-                    saved_of[id(p)] = st
+        for i, p in paired(state_dict["param_groups"], self.whole_param_groups).items():
+            st = saved_entry(state_dict["state"], i)
+            if st is not None:
+                saved_of[id(p)] = st
         inner_state = {}
         for view, _, p, _, a, b in self.pieces:
             saved = saved_of.get(id(p))
@@ -469,16 +466,9 @@ class ZeroRedundancyOptimizer:
                 else:
                     entry[key] = value
             inner_state[len(inner_state)] = (view, entry)
-        index = {}
-        groups = []
-        for g in self.optim.param_groups:
-            packed = {k: v for k, v in g.items() if k != "params"}
-            packed["params"] = [index.setdefault(id(v), len(index)) for v in g["params"]]
-            groups.append(packed)
-        for saved, packed in zip(state_dict["param_groups"], groups):
-            for k, v in saved.items():
-                if k != "params":
-                    packed[k] = v
+        index = numbering(self.optim.param_groups)
+        groups = packed_groups(self.optim.param_groups, index, options=[
+            {**g, **saved} for g, saved in zip(self.optim.param_groups, state_dict["param_groups"])])
         self.optim.load_state_dict({"state": {index[id(v)]: e for v, e in inner_state.values()},
                                     "param_groups": groups})
 

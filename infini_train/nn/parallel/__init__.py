@@ -32,13 +32,7 @@ from .tensor_parallel import (
 )
 from .tensor_parallel_lora import ColumnParallelLoRALinear, RowParallelLoRALinear  # registers them with nn.lora
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from .whole_state import (
-    load_whole_state_dict,
-    shard_optimizer_state,
-    shard_state_dict,
-    whole_optimizer_state,
-    whole_state_dict,
-)
+from .whole_state import load_whole_state_dict, shard_state_dict, whole_state_dict
 from .expert_parallel import (
     all_reduce_expert_grads,
     expert_parallel,

@@ -43,6 +43,7 @@ import numpy as np
 
 from ... import backend
 from ...autograd.grad_mode import no_grad
+from ...placement import place
 from ...tensor import Tensor
 from ..containers import ModuleDict
 from ..moe import combine, keep_within_capacity, run_experts, sort_by_expert
@@ -134,7 +135,7 @@ def expert_parallel(moe, group):
     for e in dispatch.local_experts:
         local[str(e)] = moe.experts[e]
         for p in local[str(e)].parameters():
-            p.expert_parallel = True  # a different expert on each rank of the group (gradient norms count each)
+            place(p, expert_local=True)  # a different expert on each rank of the group (gradient norms count each)
     moe.experts = local  # the other experts are no longer referenced: freed
     moe.token_dispatcher = dispatch
     moe.group_tokens_per_expert, moe.all_to_all_bytes = None, 0

@@ -1,11 +1,11 @@
 """Gradient clipping of a model split over tensor-parallel ranks and pipeline stages, by the norm of the whole
 model's gradient.
 
-A sharded parameter (``tp_spec`` set) holds a different part of the gradient on each rank of the tensor group; a
-replicated one the same gradient on every rank (after ``all_reduce_sequence_parallel_grads`` for those marked
-``sequence_parallel``); the last pipeline stage's copy of a tied weight (``shared_embedding``) the same gradient as
-the first stage's original. The global norm counts every shard once, every replicated gradient once (on tensor rank
-0) and no copy, then sums over the tensor and pipeline groups, as Megatron-LM's clip_grad_norm does.
+A parameter split over the tensor group (its placement's ``tensor_shard``) holds a different part of the gradient on
+each rank of the group; a replicated one the same gradient on every rank (after ``all_reduce_sequence_parallel_grads``
+for those placed ``sequence_parallel``); the last pipeline stage's copy of a tied weight (``tied_copy``) the same
+gradient as the first stage's original. The global norm counts every shard once, every replicated gradient once (on
+tensor rank 0) and no copy, then sums over the tensor and pipeline groups, as Megatron-LM's clip_grad_norm does.
 """
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ from ..utils import clip_grads_with_norm_, get_total_norm
 
 def counts_in_norm(param, tensor_group=None, expert_group=None):
     """Whether this rank counts ``param``'s gradient in the global norm."""
-    if getattr(param, "shared_embedding", False):
+    placement = param.placement
+    if placement.tied_copy:
         return False
-    if expert_group is not None and not getattr(param, "expert_parallel", False) and expert_group.rank != 0:
+    if expert_group is not None and not placement.expert_local and expert_group.rank != 0:
         return False  # replicated over the expert group: counted on its rank 0
-    return getattr(param, "tp_spec", None) is not None or tensor_group is None or tensor_group.rank == 0
+    return not placement.replicated or tensor_group is None or tensor_group.rank == 0
 
 
 @no_grad()

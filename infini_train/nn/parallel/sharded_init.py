@@ -30,8 +30,7 @@ def derived_from(param, source):
 
 
 def _source_of(param):
-    source = getattr(param, "init_source", None)
-    return param if source is None else source
+    return param if param.init_source is None else param.init_source
 
 
 def replay_inits(calls, model, rank=0, size=1):
@@ -41,7 +40,7 @@ def replay_inits(calls, model, rank=0, size=1):
     holders = {}  # id of a recorded meta tensor -> [(parameter here, its pieces of the whole tensor)]
     for p in model.parameters():
         source = _source_of(p)
-        if getattr(p, "sharded_by", None) is None:  # (fully_shard's shards start zero-filled)
+        if p.placement.flat_shard is None:  # (fully_shard's shards start zero-filled)
             p.array[...] = 0
         pieces = param_pieces(p, rank, size)
         holders.setdefault(id(source), []).append((p, pieces))

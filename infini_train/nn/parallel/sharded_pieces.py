@@ -69,14 +69,13 @@ def flat_pieces(local_shape, flat_view, flat_start, spec=None, rank=0, size=1):
 
 def param_pieces(p, rank=0, size=1):
     """The pieces of the whole tensor that this rank holds of ``p`` (a parameter or buffer): its values split by its
-    ``tp_spec``, or, for a parameter fully_shard keeps sharded, its flat piece of that."""
-    spec = getattr(p, "tp_spec", None)
-    sharded_by = getattr(p, "sharded_by", None)
-    if sharded_by is None:
+    placement's tensor shard, or, for a parameter fully_shard keeps sharded, its flat piece of that."""
+    spec, flat_shard = p.placement.tensor_shard, p.placement.flat_shard
+    if flat_shard is None:
         return tensor_pieces(p.array, spec, rank, size)
-    piece = sharded_by.local_piece(p)
+    piece = flat_shard.local_piece(p)
     if piece is None:
-        return LocalPieces(whole_shape(tuple(p.shape), spec, size), sharded_by.dtype, [])
+        return LocalPieces(whole_shape(tuple(p.shape), spec, size), flat_shard.dtype, [])
     start, view = piece
     return flat_pieces(tuple(p.shape), view, start, spec, rank, size)
 

@@ -7,10 +7,10 @@ An MLP or attention projection is column -> (elementwise) -> row: one all-reduce
 sequence parallelism the activations between such pairs are split along the sequence (dim 1 of (B, T, C)): the
 column layer all-gathers the sequence first and the row layer reduce-scatters it instead of all-reducing.
 
-How a parameter is split is its ``tp_spec`` (a ShardSpec; None or absent: replicated), so checkpoints can be
-written whole (``whole_from_shards``) and loaded into any layout (``shard_from_whole``). Parameters whose
-gradient is partial per sequence shard (layer norms, row-parallel biases under sequence parallelism) carry
-``sequence_parallel = True``; ``all_reduce_sequence_parallel_grads`` sums those gradients over the group.
+How a parameter is split is its placement's ``tensor_shard`` (a ShardSpec; None: replicated), so checkpoints can be
+written whole (``whole_from_shards``) and loaded into any layout (``shard_from_whole``). Parameters whose gradient is
+partial per sequence shard (layer norms, row-parallel biases under sequence parallelism) are placed
+``sequence_parallel``; ``all_reduce_sequence_parallel_grads`` sums those gradients over the group.
 
 Layers built directly initialise the whole weight as nn.Linear would (same RNG stream on every rank) and keep
 their shard, so a seeded run builds the shards of the single-device layer's weights.
@@ -23,6 +23,7 @@ from ... import backend
 from ...autograd.grad_mode import no_grad
 from ...distributed import default_group
 from ...distributed.grad_hooks import globally_unused
+from ...placement import place
 from ...tensor import Tensor
 from .. import functional as F
 from .sharded_init import derived_from
@@ -120,11 +121,8 @@ def whole_from_shards(shard_array, spec, group):
 
 
 class ParallelParameter(Parameter):
-    """A Parameter carrying its tensor-parallel metadata: ``tp_spec`` (ShardSpec, or None when replicated) and
-    ``sequence_parallel`` (its gradient is partial per sequence shard)."""
-
-    tp_spec = None
-    sequence_parallel = False
+    """A Parameter made by a tensor-parallel split (its placement says how: a ShardSpec, or replicated, and whether its
+    gradient is partial per sequence shard)."""
 
 
 def shard_parameter(param, spec, group):
@@ -138,8 +136,8 @@ def shard_parameter(param, spec, group):
     else:
         with param.device.context():
             array = shard_from_whole(param.array, spec, group.rank, group.size, xp)
-    out = ParallelParameter(Tensor._make(array, param.device), requires_grad=param.requires_grad)
-    out.tp_spec = spec
+    out = place(ParallelParameter(Tensor._make(array, param.device), requires_grad=param.requires_grad),
+                tensor_shard=spec)
     _keep_init_source(param, out)
     return out
 
@@ -158,7 +156,7 @@ def _replicated_parameter(param):
 
 
 def mark_sequence_parallel(module):
-    """Mark every parameter of ``module`` (e.g. a LayerNorm running on sequence shards) ``sequence_parallel``.
+    """Place every parameter of ``module`` (e.g. a LayerNorm running on sequence shards) ``sequence_parallel``.
     Plain Parameters are replaced by ParallelParameters over the same memory, so call this before building the
     optimizer."""
     replaced = {}  # id of a plain Parameter -> its replacement, so tied parameters stay tied
@@ -170,15 +168,15 @@ def mark_sequence_parallel(module):
                     _keep_init_source(p, replaced[id(p)])
                 p = replaced[id(p)]
                 setattr(sub, name, p)
-            p.sequence_parallel = True
+            place(p, sequence_parallel=True)
     return module
 
 
 @no_grad()
 def all_reduce_sequence_parallel_grads(module, group):
-    """Sum over ``group`` the gradients of the parameters marked ``sequence_parallel`` (one all-reduce per dtype)."""
+    """Sum over ``group`` the gradients of the parameters placed ``sequence_parallel`` (one all-reduce per dtype)."""
     all_reduce_grads([p.grad for p in module.parameters()
-                      if getattr(p, "sequence_parallel", False) and p.grad is not None], group)
+                      if p.placement.sequence_parallel and p.grad is not None], group)
 
 
 @no_grad()
@@ -299,8 +297,7 @@ class RowParallelLinear(Module):
         whole = _whole if _whole is not None else Linear(in_features, out_features, bias, device=device, dtype=dtype)
         self.weight = shard_parameter(whole.weight, ShardSpec(1), self.group)
         if whole.bias is not None:
-            self.bias = _replicated_parameter(whole.bias)
-            self.bias.sequence_parallel = bool(sequence_parallel)
+            self.bias = place(_replicated_parameter(whole.bias), sequence_parallel=bool(sequence_parallel))
         else:
             self.register_parameter("bias", None)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ... import backend
 from .. import functional as F
+from ...placement import place
 from ..layers import Dropout
 from ..lora import LoRALinear, register_lora_wrapper
 from .mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
@@ -66,8 +67,7 @@ class ColumnParallelLoRALinear(_ParallelLoRALinear):
     def _split_adapters(self):
         base = self.base_layer
         a = self.lora_A.weight
-        self.lora_A.weight = _rewrapped(a, ParallelParameter)
-        self.lora_A.weight.sequence_parallel = bool(base.sequence_parallel)
+        self.lora_A.weight = place(_rewrapped(a, ParallelParameter), sequence_parallel=bool(base.sequence_parallel))
         self.lora_B.weight = shard_parameter(self.lora_B.weight, ShardSpec(0, base.blocks), base.group)
 
     def forward(self, x):
@@ -93,8 +93,7 @@ class RowParallelLoRALinear(_ParallelLoRALinear):
         base = self.base_layer
         self.lora_A.weight = shard_parameter(self.lora_A.weight, ShardSpec(1), base.group)
         b = self.lora_B.weight
-        self.lora_B.weight = _rewrapped(b, ParallelParameter)
-        self.lora_B.weight.sequence_parallel = bool(base.sequence_parallel)
+        self.lora_B.weight = place(_rewrapped(b, ParallelParameter), sequence_parallel=bool(base.sequence_parallel))
 
     def forward(self, x):
         base = self.base_layer

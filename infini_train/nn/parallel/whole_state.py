@@ -1,10 +1,9 @@
-"""Whole state of a tensor-parallel model and its optimizer: checkpoints hold the whole tensors, in the same
-files and under the same names as a one-process run, so they load at any tensor-parallel size.
+"""Whole state dicts of a tensor-parallel model: the whole tensors under the same names as the one-process
+model's, and back (a run's checkpoints are infini_train.run_state's).
 
-A parameter split over the tensor group carries ``tp_spec`` (a ShardSpec); unsharding all-gathers it over the
-group and puts the shards back in order (vocabulary padding dropped); sharding slices the whole tensor. Optimizer
-state follows its parameter: every array entry shaped like the parameter (AdamW's moments) uses the parameter's
-spec, scalars (``step``) are kept. Every rank of ``group`` calls the gathers (they are collectives).
+A parameter split over the tensor group is placed by a ShardSpec (its placement's ``tensor_shard``); unsharding
+all-gathers it over the group and puts the shards back in order (vocabulary padding dropped); sharding slices the
+whole tensor. Every rank of ``group`` calls the gathers (they are collectives).
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from .tensor_parallel import whole_from_shards, shard_from_whole
 
 
 def _spec(t):
-    return getattr(t, "tp_spec", None)
+    return t.placement.tensor_shard
 
 
 def _as_array(value):
@@ -61,57 +60,6 @@ def load_whole_state_dict(model, whole_state, group, strict=True):
     return model.load_state_dict(shard_state_dict(model, whole_state, group), strict=strict)
 
 
-def params_by_index(state_dict, optimizer):
-    """{state index: parameter of ``optimizer``}: the saved param groups' indices paired, group by group and in
-    order, with the optimizer's parameters (as ``load_state_dict`` pairs them)."""
-    groups = optimizer.whole_param_groups
-    saved = state_dict["param_groups"]
-    sizes = ([len(g["params"]) for g in saved], [len(g["params"]) for g in groups])
-    if sizes[0] != sizes[1]:
-        raise ValueError(f"optimizer state: the saved param groups hold {sizes[0]} parameters, this optimizer's hold "
-                         f"{sizes[1]}\nHINT: the checkpoint was written for another model; resume with its own config")
-    return {int(i): p for s, g in zip(saved, groups) for i, p in zip(s["params"], g["params"])}
-
-
-def whole_optimizer_state(state_dict, optimizer, group, to=None):
-    """``state_dict`` (torch's layout, of ``optimizer`` over a sharded model) with the state of every sharded
-    parameter gathered whole. Every rank of ``group`` calls it, with the same layout; with ``to`` only that group
-    rank keeps the result (the others get None)."""
-    if group.size == 1:
-        return state_dict
-    keep = to is None or group.rank == to
-
-    def gather(value, p, spec, where):
-        whole = whole_from_shards(_as_array(value), spec, group)
-        return Tensor._make(whole, p.device) if keep else None
-
-    state = _map_state(state_dict, optimizer, gather)
-    return state if keep else None
-
-
-def shard_optimizer_state(state_dict, optimizer, group):
-    """This rank's part of a whole optimizer state dict, for ``optimizer`` over the sharded model."""
-    if group.size == 1:
-        return state_dict
-    return _map_state(state_dict, optimizer,
-                      lambda value, p, spec, where: _shard_value(value, p, spec, group, where))
-
-
-def _map_state(state_dict, optimizer, convert):
-    params = params_by_index(state_dict, optimizer)
-    state = {}
-    for index, entry in state_dict["state"].items():
-        p = params.get(int(index))
-        if p is None:
-            raise ValueError(f"optimizer state: entry {index} names no parameter of the param groups\nHINT: the "
-                             "checkpoint was written for another model; resume with its own config")
-        spec = _spec(p)
-        state[index] = {key: (convert(value, p, spec, f"optimizer state {key!r} of parameter {index}")
-                              if spec is not None and getattr(_as_array(value), "ndim", 0) else value)
-                        for key, value in entry.items()}
-    return {**state_dict, "state": state}
-
-
 def _shard_value(value, param, spec, group, where):
     array = _as_array(value)
     if hasattr(array, "get") and param.device.type == "cpu":
@@ -127,5 +75,4 @@ def _shard_value(value, param, spec, group, where):
     return Tensor._make(shard, param.device)
 
 
-__all__ = ["whole_state_dict", "shard_state_dict", "load_whole_state_dict", "params_by_index",
-           "whole_optimizer_state", "shard_optimizer_state"]
+__all__ = ["whole_state_dict", "shard_state_dict", "load_whole_state_dict"]

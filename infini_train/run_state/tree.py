@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def _to_numpy(value):
+def to_numpy(value):
     return value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
 
 
@@ -15,7 +15,7 @@ def flatten_state(state, prefix=""):
     arrays = {}
 
     def walk(node, path):
-        node = _to_numpy(node)
+        node = to_numpy(node)
         if isinstance(node, np.ndarray):
             arrays[path] = np.ascontiguousarray(node)
             return {"__array__": path}
@@ -50,4 +50,4 @@ def unflatten_state(skeleton, arrays):
     return walk(skeleton)
 
 
-__all__ = ["flatten_state", "unflatten_state"]
+__all__ = ["flatten_state", "unflatten_state", "to_numpy"]
