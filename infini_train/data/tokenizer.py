@@ -25,6 +25,7 @@ import threading
 import numpy as np
 
 TOKENIZERS = ("byte", "gpt2", "auto")
+TOKENIZER_VOCAB = {"byte": 257, "gpt2": 50257}  # the ids each named tokenizer gives: the smallest model vocab_size
 HF_PREFIX = "hf:"  # hf:PATH, PATH a Hugging Face model directory or its tokenizer.json
 EOT_TEXT = "<|endoftext|>"
 

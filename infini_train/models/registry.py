@@ -1,18 +1,24 @@
-"""The models a run can build, by ``model.arch`` name: each model module registers one ModelSpec (as torchtitan's
-ModelSpec) saying everything a run needs of it. Checkpoints record the arch, so a script loads whichever model a run
-trained; a new model is a module that defines its blocks on the CausalLM shell and registers its spec.
+"""The models a run can build, by ``model.arch`` name: each arch has a ModelSection, declared in a small module of its
+family's folder (the run-config keys it takes, its presets, how it builds its model config and what it checks:
+models/model_section.py), and a ModelSpec, registered by its model module (as torchtitan's ModelSpec: everything a run
+needs of the model). Checkpoints record the arch, so a script loads whichever model a run trained. A new model is files
+under models/ -- a module that defines its blocks on the CausalLM shell and registers its spec, and its section in its
+family's section module (SECTIONS) -- and one line in ARCH_SECTIONS; nothing in the run names it.
 
-A spec's module is imported the first time its arch is asked for, so reading a config does not build models."""
+A section's module is imported the first time its arch is asked for, and a spec's module the first time its model is:
+reading a config imports the families' small section modules, building (or checking the shape of) a model its own."""
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-# arch -> the module under infini_train.models that registers it
-ARCH_MODULES = {"gpt2": "gpt2.model", "llama3": "llama.model", "qwen3": "llama.qwen3", "qwen3_moe": "llama.qwen3_moe",
-                "mixtral": "llama.mixtral"}
-ARCHS = tuple(ARCH_MODULES)
+# arch -> the module under infini_train.models that declares its ModelSection (in the module's SECTIONS)
+ARCH_SECTIONS = {"gpt2": "gpt2.section", "llama3": "llama.section", "qwen3": "llama.section",
+                 "qwen3_moe": "llama.section", "mixtral": "llama.section"}
+ARCHS = tuple(ARCH_SECTIONS)  # (archs() adds the ones registered by register_section)
+DEFAULT_ARCH = "gpt2"  # the arch of a config that names none, and of checkpoints that recorded none
+_SECTIONS = {}
 _SPECS = {}
 
 
@@ -20,15 +26,25 @@ _SPECS = {}
 class ModelSpec:
     """One model: its class and config class, its tensor/sequence-parallel plan (``tensor_parallel(model, group,
     sequence_parallel)``, in place), the attention head counts a tensor group must divide (``head_counts(config)``:
-    {config key: count}); ``parallelize(model, dims, cfg)`` applies a run's whole layout (models/parallelize.py);
-    pipeline chunks, weight IO and generation come with the class (CausalLM)."""
+    {config key: count}), what else its shape refuses of a layout (``layout_problems``), and the readers that map a
+    checkpoint's weights onto its names (``read_hf``, ``read_llmc``: models/pretrained.py chooses by them);
+    ``parallelize(model, dims, cfg)`` applies a run's whole layout (models/parallelize.py); ``section`` is how a run
+    config's model section becomes its config; pipeline chunks, saving and generation come with the class
+    (CausalLM)."""
 
     arch: str
     model_class: type
     config_class: type
     tensor_parallel: Callable
     head_counts: Callable
-    layout_problems: Callable | None = None  # (config, tensor, pipeline, virtual) -> [problem]: what the model refuses
+    layout_problems: Callable | None = None  # (config, tensor, pipeline, virtual, sequence) -> [problem]
+    read_hf: Callable | None = None  # HF directory -> (model config, {our name: tensor read box by box})
+    read_llmc: Callable | None = None  # llm.c model file -> the same, for the arch whose section says llmc
+
+    @property
+    def section(self):
+        """The arch's ModelSection (how a run config's model section becomes its model config, and its checks)."""
+        return section(self.arch)
 
     def parallelize(self, model, dims, cfg):
         """The run's layout applied to ``model`` in one declared order: the ParallelPlan (models/parallelize.py)."""
@@ -36,9 +52,10 @@ class ModelSpec:
 
         return parallelize(self, model, dims, cfg)
 
-    def validate(self, config, tensor=1, pipeline=1, virtual=1):
+    def validate(self, config, tensor=1, pipeline=1, virtual=1, sequence=None):
         """The ways the model ``config`` cannot take the layout, one line each (the key to change first): blocks that
-        do not cut into pipeline x virtual equal chunks, heads that ``tensor`` ranks cannot share."""
+        do not cut into pipeline x virtual equal chunks, heads that ``tensor`` ranks cannot share, and what the
+        model's own ``layout_problems`` refuses (``sequence``: parallel.sequence, None where not known)."""
         problems = []
         stages = pipeline * virtual
         if stages > 1 and config.num_layers % stages:
@@ -51,21 +68,56 @@ class ModelSpec:
                                 f"{name} / tensor heads), got {tensor}; HINT: use one of {divisors}")
                 break
         if self.layout_problems is not None:
-            problems += self.layout_problems(config, tensor, pipeline, virtual)
+            problems += self.layout_problems(config, tensor, pipeline, virtual, sequence)
         return problems
 
 
 def register(spec):
+    """Register the ModelSpec ``spec`` (its model module does, when imported)."""
     _SPECS[spec.arch] = spec
     return spec
 
 
+def register_section(model_section):
+    """Register the ModelSection of an arch that has no ARCH_SECTIONS line (a model defined outside the package);
+    the run config takes its arch and keys from then on."""
+    _SECTIONS[model_section.arch] = model_section
+    return model_section
+
+
+def unregister(arch):
+    """Forget an arch registered with register_section (and its spec)."""
+    if arch in ARCH_SECTIONS:
+        raise ValueError(f"unregister: {arch!r} is one of the package's archs {ARCHS}")
+    _SECTIONS.pop(arch, None)
+    _SPECS.pop(arch, None)
+
+
+def archs():
+    """Every arch a run can build: the ARCH_SECTIONS lines, then those registered with register_section."""
+    return ARCHS + tuple(arch for arch in _SECTIONS if arch not in ARCH_SECTIONS)
+
+
+def section(arch):
+    """The ModelSection of ``arch`` (importing the small module that declares it)."""
+    if arch not in _SECTIONS:
+        if arch not in ARCH_SECTIONS:
+            raise ValueError(f"model.arch: expected one of {archs()}, got {arch!r}")
+        module = importlib.import_module(f"{__package__}.{ARCH_SECTIONS[arch]}")
+        _SECTIONS[arch] = module.SECTIONS[arch]
+    return _SECTIONS[arch]
+
+
+def sections():
+    """The ModelSections of archs(), in that order."""
+    return tuple(section(arch) for arch in archs())
+
+
 def model_spec(arch):
     """The ModelSpec of ``arch`` (importing the module that registers it)."""
-    if arch not in ARCH_MODULES:
-        raise ValueError(f"model.arch: expected one of {ARCHS}, got {arch!r}")
+    model_section = section(arch)
     if arch not in _SPECS:
-        importlib.import_module(f"{__package__}.{ARCH_MODULES[arch]}")
+        importlib.import_module(model_section.model_module, __package__)
     return _SPECS[arch]
 
 
@@ -102,5 +154,6 @@ def arch_of(model):
     return spec_of(model).arch
 
 
-__all__ = ["ARCHS", "ModelSpec", "register", "model_spec", "spec_of", "model_class", "tensor_parallel", "build",
+__all__ = ["ARCHS", "ARCH_SECTIONS", "DEFAULT_ARCH", "ModelSpec", "register", "register_section", "unregister",
+           "archs", "section", "sections", "model_spec", "spec_of", "model_class", "tensor_parallel", "build",
            "arch_of"]

@@ -81,8 +81,8 @@ def check_same_model(state, arch, model_config, path):
     """A resumed run must build the model its checkpoint was trained with."""
     saved = state.get("model_config") or {}
     differ = {k: (saved[k], v) for k, v in model_config.items() if k in saved and saved[k] != v}
-    if state.get("arch", "gpt2") != arch:
-        differ = {"arch": (state.get("arch", "gpt2"), arch), **differ}
+    if state.get("arch", registry.DEFAULT_ARCH) != arch:
+        differ = {"arch": (state.get("arch", registry.DEFAULT_ARCH), arch), **differ}
     if differ:
         listing = "; ".join(dict.fromkeys(f"{_run_key(arch, k)}: checkpoint {a!r}, config {b!r}"
                                           for k, (a, b) in differ.items()))

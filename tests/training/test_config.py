@@ -166,7 +166,7 @@ def test_overrides_are_parsed_as_yaml_and_coerced_by_field_type(tmp_path):
     assert cfg.train.overfit_single_batch is True and cfg.plot is False and cfg.model.bias is False
     assert cfg.out_dir == "2024" and cfg.resume == "" and cfg.data.val is None
     assert cfg.data.train == "data/x/train_*.bin"
-    gpt = cfg.model.to_gpt2_config()
+    gpt = cfg.model.to_model_config()
     assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.bias) == (2, 12, 768, False)
     assert parse_value("3e-4") == "3e-4" and parse_value("*.bin") == "*.bin" and parse_value("cpu:1") == "cpu:1"
     msg, _ = errors_of(None, ["train.learning_rate", "=3"])
@@ -175,9 +175,9 @@ def test_overrides_are_parsed_as_yaml_and_coerced_by_field_type(tmp_path):
 
 
 def test_model_config_without_preset_uses_gpt2_defaults():
-    gpt = load_config(None, ["model.n_layer=3"]).model.to_gpt2_config()
+    gpt = load_config(None, ["model.n_layer=3"]).model.to_model_config()
     assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.vocab_size, gpt.block_size) == (3, 12, 768, 50257, 1024)
-    gpt = load_config(None, ["model.preset=gpt2-medium", "model.vocab_size=50304"]).model.to_gpt2_config()
+    gpt = load_config(None, ["model.preset=gpt2-medium", "model.vocab_size=50304"]).model.to_model_config()
     assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.vocab_size) == (24, 16, 1024, 50304)
 
 
@@ -238,7 +238,7 @@ def test_shipped_configs_validate(path, hf_llama_dir):
     cfg = load_config(path, [f"model.pretrained={hf_llama_dir}"] if pretrained else [])
     assert isinstance(cfg, RunConfig)
     assert raw["out_dir"] == f"runs/{os.path.basename(path)[:-5]}"
-    model = cfg.model.to_model_config() if pretrained else cfg.model.to_gpt2_config()
+    model = cfg.model.to_model_config()
     assert cfg.train.sequence_length <= model.context_length
 
 
@@ -264,7 +264,7 @@ def test_shipped_configs_have_the_intended_batch_arithmetic():
         assert (run.model.preset, run.data.tokenizer, t.learning_rate, t.warmup_iters, t.weight_decay, t.beta1,
                 t.beta2, t.grad_clip, t.num_iterations, t.learning_rate_decay_frac) == \
             ("d12", "gpt2", 6e-4, 700, 0.1, 0.9, 0.95, 1.0, 18865, 0.0)
-        assert run.model.to_gpt2_config().block_size == 1024 and t.sequence_length == 1024
+        assert run.model.to_model_config().block_size == 1024 and t.sequence_length == 1024
 
 
 def test_resolved_config_round_trips_and_is_written_atomically(tmp_path):
@@ -313,7 +313,7 @@ def test_mapping_overrides_merge_into_the_config_files_section():
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.dropout) == (2, 2, 256, 64, 257, 0.0)
     assert (t.batch_size, t.sequence_length, t.num_iterations, t.learning_rate, t.warmup_iters) == \
         (2, 64, 300, 0.001, 20)
-    gpt = m.to_gpt2_config()
+    gpt = m.to_model_config()
     assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.block_size, gpt.vocab_size) == (2, 2, 256, 64, 257)
     # later overrides apply in order, dotted or mapping
     cfg = load_config(TINY, ["model.n_embd=128", "model={n_head: 8}", "model.n_layer=1"])
@@ -324,7 +324,7 @@ def test_mapping_override_keeps_a_preset_from_the_file(tmp_path):
     path = write(tmp_path, "model:\n  preset: d12\n  vocab_size: 50304\ntrain:\n  sequence_length: 32\n")
     cfg = load_config(path, ["model={n_layer: 2}"])
     assert (cfg.model.preset, cfg.model.vocab_size, cfg.model.n_layer) == ("d12", 50304, 2)
-    gpt = cfg.model.to_gpt2_config()
+    gpt = cfg.model.to_model_config()
     assert (gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.vocab_size) == (2, 12, 768, 50304)
     assert load_config(path, ["model={}"]).model == load_config(path).model
 

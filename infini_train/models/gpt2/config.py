@@ -42,6 +42,11 @@ class GPT2Config(LMConfig):
             raise ValueError(f"GPT2Config.dropout: expected a value in [0, 1), got {self.dropout!r}")
 
     @classmethod
+    def presets(cls):
+        """{name: fields} of the presets (GPT2_PRESETS)."""
+        return GPT2_PRESETS
+
+    @classmethod
     def from_preset(cls, name: str, **overrides) -> "GPT2Config":
         if name not in GPT2_PRESETS:
             import difflib

@@ -12,7 +12,7 @@ from ..attention import TP_RANDOM, KVCache, cached_attention, sharded_random, to
 from ..causal_lm import CausalLM
 from ..registry import ModelSpec, register
 from .config import GPT2_PRESETS, GPT2Config
-from .io import HF_CONV1D
+from .io import HF_CONV1D, hf_weights, llmc_weights
 
 
 class CausalSelfAttention(nn.Module):
@@ -135,11 +135,19 @@ class GPT2(CausalLM):
 
     # ------------------------------------------------------------------------------------- weights
     @classmethod
-    def from_pretrained(cls, path, device=None):
-        """Load an HF GPT-2 directory (config.json + model.safetensors) or an llm.c .bin checkpoint."""
+    def from_pretrained(cls, path, device=None, dtype=None):
+        """Load an HF GPT-2 directory (config.json + model.safetensors) or an llm.c .bin checkpoint (``dtype``: the
+        weights converted to it, float32 otherwise)."""
         from .io import load_pretrained
         model = load_pretrained(cls, path)
-        return model.to(device) if device is not None else model
+        model = model.to(device) if device is not None else model
+        return model.to(dtype=dtype) if dtype is not None else model
+
+    @classmethod
+    def config_from_hf(cls, hf, source):
+        """Our config from an HF config.json dict (``source`` names it in errors)."""
+        from .io import hf_config_to_gpt2
+        return hf_config_to_gpt2(hf, source)
 
     def save_pretrained(self, directory):
         """Write the Hugging Face layout: config.json + model.safetensors (Conv1D weights transposed)."""
@@ -158,6 +166,7 @@ def _parallelize(model, group, sequence_parallel=False):
     return parallelize_gpt2(model, group, sequence_parallel)
 
 
-SPEC = register(ModelSpec("gpt2", GPT2, GPT2Config, _parallelize, head_counts=lambda config: {"n_head": config.n_head}))
+SPEC = register(ModelSpec("gpt2", GPT2, GPT2Config, _parallelize, head_counts=lambda config: {"n_head": config.n_head},
+                          read_hf=hf_weights, read_llmc=llmc_weights))
 
 __all__ = ["GPT2", "GPT2Config", "GPT2_PRESETS", "KVCache", "SPEC"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..gpt2.io import WeightsError
 from ..moe_lm import MoECausalLM, check_moe_config
 from ..registry import ModelSpec, register
-from .model import Llama, _head_counts
+from .model import Llama, _head_counts, read_hf
 from .config import LlamaConfig
 from .parallel import parallelize_llama
 from .qwen3 import check_sliding_window
@@ -89,6 +89,6 @@ class Mixtral(MoECausalLM, Llama):
         return re.sub(r"(\.experts\.\d+\.)(gate_proj|up_proj|down_proj)\.", lambda m: f"{m[1]}{_TO_HF[m[2]]}.", name)
 
 
-SPEC = register(ModelSpec("mixtral", Mixtral, MixtralConfig, parallelize_llama, _head_counts))
+SPEC = register(ModelSpec("mixtral", Mixtral, MixtralConfig, parallelize_llama, _head_counts, read_hf=read_hf))
 
 __all__ = ["Mixtral", "MixtralConfig", "MIXTRAL_PRESETS", "SPEC"]

@@ -211,6 +211,14 @@ def _head_counts(config):
     return {"n_head": config.n_heads, "n_kv_head": config.n_kv_heads}  # query and key/value heads split alike
 
 
-SPEC = register(ModelSpec("llama3", Llama, LlamaConfig, _parallelize, _head_counts))
+def read_hf(directory):
+    """(config, {our name: tensor read box by box}) of an HF directory of a LLaMA-like model (io.hf_weights: the
+    class of its config.json's model_type reads it)."""
+    from .io import hf_weights
+
+    return hf_weights(directory)[:2]
+
+
+SPEC = register(ModelSpec("llama3", Llama, LlamaConfig, _parallelize, _head_counts, read_hf=read_hf))
 
 __all__ = ["Llama", "LlamaConfig", "LlamaAttention", "LlamaMLP", "LlamaDecoderLayer", "SPEC"]

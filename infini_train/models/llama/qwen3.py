@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..gpt2.io import WeightsError
 from ..registry import ModelSpec, register
-from .model import Llama, _head_counts
+from .model import Llama, _head_counts, read_hf
 from .config import LlamaConfig
 
 
@@ -93,6 +93,21 @@ def parallelize_qwen3(model, group, sequence_parallel=False):
     return model
 
 
-SPEC = register(ModelSpec("qwen3", Qwen3, Qwen3Config, parallelize_qwen3, _head_counts))
+def qk_norm_layout(arch):
+    """The layout problems of ``arch``'s per-head q_norm / k_norm (ModelSpec.layout_problems): under tensor
+    parallelism their gradients need the sequence-parallel sum (parallelize_qwen3)."""
+    def problems(config, tensor, pipeline, virtual, sequence):
+        if tensor > 1 and sequence is False:
+            return [f"parallel.sequence: expected true for model.arch={arch} with parallel.tensor={tensor} (the "
+                    "gradients of the per-head q_norm / k_norm weights are partial sums over the tensor group, which "
+                    "the sequence-parallel gradient sum completes), got false; HINT: add parallel.sequence=true"]
+        return []
 
-__all__ = ["Qwen3", "Qwen3Config", "QWEN3_PRESETS", "SPEC", "check_sliding_window", "qwen3_to_hf_config"]
+    return problems
+
+
+SPEC = register(ModelSpec("qwen3", Qwen3, Qwen3Config, parallelize_qwen3, _head_counts, qk_norm_layout("qwen3"),
+                          read_hf=read_hf))
+
+__all__ = ["Qwen3", "Qwen3Config", "QWEN3_PRESETS", "SPEC", "check_sliding_window", "qwen3_to_hf_config",
+           "qk_norm_layout"]

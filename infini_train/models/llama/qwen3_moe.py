@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from ..moe_lm import MoECausalLM, check_moe_config
 from ..registry import ModelSpec, register
-from .model import Llama, _head_counts
-from .qwen3 import Qwen3Config, check_sliding_window, parallelize_qwen3, qwen3_to_hf_config
+from .model import Llama, _head_counts, read_hf
+from .qwen3 import Qwen3Config, check_sliding_window, parallelize_qwen3, qk_norm_layout, qwen3_to_hf_config
 
 HF_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
                "mlp_only_layers", "router_aux_loss_coef")
@@ -73,6 +73,7 @@ class Qwen3Moe(MoECausalLM, Llama):
         return hf
 
 
-SPEC = register(ModelSpec("qwen3_moe", Qwen3Moe, Qwen3MoeConfig, parallelize_qwen3, _head_counts))
+SPEC = register(ModelSpec("qwen3_moe", Qwen3Moe, Qwen3MoeConfig, parallelize_qwen3, _head_counts,
+                          qk_norm_layout("qwen3_moe"), read_hf=read_hf))
 
 __all__ = ["Qwen3Moe", "Qwen3MoeConfig", "QWEN3_MOE_PRESETS", "SPEC"]

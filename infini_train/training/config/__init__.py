@@ -5,7 +5,7 @@ total_batch_size = -d, learning_rate = -l, warmup_iters = -u, learning_rate_deca
     cfg = load_config("configs/gpt2_tiny.yaml", ["train.learning_rate=3e-4", "out_dir=runs/x"])
     cfg = parse_args(sys.argv[1:])           # train.py [--config FILE] [dotted.key=value ...]
     grad_accum = cfg.train.grad_accum_steps(world_size)   # raises ConfigError when it does not divide
-    gpt2_config = cfg.model.to_gpt2_config()
+    model_config = cfg.model.to_model_config()  # the arch's model config (GPT2Config, LlamaConfig, ...)
     cfg.save_resolved()                      # out_dir/config.yaml, loadable with load_config
     print(cfg.pretty())
 
@@ -18,14 +18,16 @@ Command-line values are YAML, except that a text setting (out_dir, data.train, .
 setting keeps its text when YAML would read it as a number or date. A mapping merges into its section key by key,
 as in Hydra: ``'model={n_layer: 2, n_head: 2}'`` keeps the config file's other model keys.
 
-The package: the sections (.sections; the model's in .model) and the whole run's RunConfig with its validation
-(.schema), the range and consistency checks (.checks), strict YAML and the command-line overrides (.yaml_io), the
-entry points load_config and parse_args (.load), and what a resume changes of its checkpoint's config
-(.resume_changes).
+The package: the sections (.sections; the model's in .model, its keys declared by the registered archs' sections:
+infini_train.models.model_section) and the whole run's RunConfig with its validation (.schema), the range and
+consistency checks (.checks, with .checker; the model's, through its arch's section and spec, in .model_checks),
+strict YAML and the command-line overrides (.yaml_io), the entry points load_config and parse_args (.load), and what
+a resume changes of its checkpoint's config (.resume_changes). Nothing here names a model architecture.
 """
-from .checks import BACKENDS, DTYPES, PRECISIONS, SOURCES, TOKENIZER_VOCAB, TOKENIZERS, check_ranges
+from ...data.tokenizer import TOKENIZER_VOCAB, TOKENIZERS
+from .checks import BACKENDS, DTYPES, PRECISIONS, SOURCES, check_ranges
 from .load import DEFAULT_CONFIG, REPO_ROOT, default_config_path, load_config, parse_args
-from .model import ModelConfig
+from .model import ModelConfig, model_config_class
 from .schema import RENAMED_SECTIONS, SECTIONS, RunConfig, config_keys
 from .sections import ConfigError, DataConfig, LoraConfig, NumericsConfig, ParallelConfig, ProfileConfig, TrainConfig
 from .yaml_io import apply_overrides, load_yaml, parse_value
@@ -34,4 +36,4 @@ __all__ = ["ConfigError", "RunConfig", "ModelConfig", "DataConfig", "TrainConfig
            "ProfileConfig", "NumericsConfig", "SECTIONS", "RENAMED_SECTIONS", "config_keys", "load_config",
            "parse_args", "default_config_path", "REPO_ROOT", "DEFAULT_CONFIG", "parse_value", "load_yaml",
            "apply_overrides", "check_ranges", "BACKENDS", "DTYPES", "PRECISIONS", "SOURCES", "TOKENIZERS",
-           "TOKENIZER_VOCAB"]
+           "TOKENIZER_VOCAB", "model_config_class"]

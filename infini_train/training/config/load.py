@@ -10,7 +10,7 @@ import os
 
 import yaml
 
-from .model import ModelConfig
+from .model import model_config_class
 from .schema import RENAMED_SECTIONS, RunConfig, _describe, _key_docs, _rename_sections, _validated
 from .sections import ConfigError
 from .yaml_io import apply_overrides, load_yaml
@@ -114,14 +114,14 @@ def _renamed_override(text, renamed):
 
 def _preset_replaces_file_shape(raw, overrides):
     """A model.preset set on the command line takes the architecture from the preset: the config file's keys that a
-    preset defines (ModelConfig.PRESET_KEYS: the shape, LLaMA's rope, norm and tying) give way unless the command line
-    sets them too."""
+    preset defines (ModelConfig.PRESET_KEYS: the shape and context, and each arch's own preset keys) give way unless
+    the command line sets them too."""
     given = {}
     apply_overrides(given, list(overrides), [], RunConfig)  # what the command line alone sets
     model, cli_model = raw.get("model"), given.get("model")
     if not isinstance(model, dict) or not isinstance(cli_model, dict) or cli_model.get("preset") is None:
         return
-    for key in ModelConfig.PRESET_KEYS:
+    for key in model_config_class().PRESET_KEYS:
         if key not in cli_model:
             model[key] = None
 

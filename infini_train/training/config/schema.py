@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .checks import check_ranges
-from .model import ModelConfig, _key
+from .model import ModelConfig, _key, model_config_class
 from .sections import (ConfigError, DataConfig, LoraConfig, NumericsConfig, ParallelConfig, ProfileConfig,
                        TrainConfig)
 from .yaml_io import parse_value
@@ -22,7 +22,7 @@ from .yaml_io import parse_value
 class RunConfig:
     """A whole run: the three sections plus where it writes, how it resumes and where it runs."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=lambda: model_config_class()())
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -102,10 +102,15 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "par
             "lora": LoraConfig, "profile": ProfileConfig, "numerics": NumericsConfig}
 
 
+def _sections():
+    """SECTIONS with the model section of the archs registered now (model_config_class)."""
+    return {**SECTIONS, "model": model_config_class()}
+
+
 def _key_docs():
     """{dotted key: one-line description} for every setting, top-level ones first, then model.*, data.*, train.*."""
     docs = {f.name: f.metadata["doc"] for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS}
-    for section, cls in SECTIONS.items():
+    for section, cls in _sections().items():
         docs.update({f"{section}.{f.name}": f.metadata["doc"] for f in dataclasses.fields(cls)})
     return docs
 
@@ -250,7 +255,7 @@ def _build(cls, raw, prefix, errors, bad):
             errors.append(f"{path}: unknown key{_suggest(path)}")
             continue
         if cls is RunConfig and key in SECTIONS:
-            kwargs[key] = _build(SECTIONS[key], value, key, errors, bad)
+            kwargs[key] = _build(_sections()[key], value, key, errors, bad)
             continue
         if key in getattr(cls, "LISTS_AS_TEXT", ()):
             value = _names_as_text(value)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ...data.tokenizer import HF_PREFIX, hf_name
+from ...models import registry
 from .model import _key
 
 
@@ -116,9 +117,9 @@ class ParallelConfig:
     virtual_pipeline: int = _key(1, "model chunks per pipeline stage (> 1 with pipeline_schedule=interleaved)")
     pipeline_schedule: str = _key("1f1b", "gpipe | 1f1b | interleaved; micro-batches are the gradient-accumulation "
                                           "steps")
-    expert: int = _key(1, "expert-parallel size (qwen3_moe | mixtral): each MoE layer's experts split over groups of "
-                          "this many data-parallel ranks (tokens exchanged all-to-all); divides the data-parallel "
-                          "size and num_experts")
+    expert: int = _key(1, f"expert-parallel size ({' | '.join(s.arch for s in registry.sections() if s.experts)}): "
+                          "each MoE layer's experts split over groups of this many data-parallel ranks (tokens "
+                          "exchanged all-to-all); divides the data-parallel size and num_experts")
     zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
                               "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too; 3: parameters "
                               "sharded too, gathered per block while it runs (fully_shard)")
