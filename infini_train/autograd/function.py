@@ -113,6 +113,7 @@ class Function:
     _row_updates = False  # set by an embedding's backward on the node its RowUpdates goes to (grad_sum.py)
     _create_graph = False  # True while backward runs with create_graph (saved tensors come back connected)
     retain_graph = False  # True while backward runs on a graph that will be reused (stashes must survive)
+    _precision_name = None  # the name the numerics checker (training/numerics.py) gave this node in forward
 
     backward_graph = None  # Op: backward on Tensors, recorded, for create_graph=True (double backward)
 
@@ -267,7 +268,7 @@ class Function:
     def _collect(self, grad_output, idx, create_graph=False):
         """Add one incoming gradient; True once every edge counted for this pass has arrived."""
         if grad_output is not None:
-            if not create_graph and hasattr(grad_output, "grad_fn"):
+            if not create_graph and isinstance(grad_output, _tensor_class()):
                 grad_output = grad_output.array
             grads = self.grad_outputs
             if grads is None:
