@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from ..backend import CPU, Device
+from ..backend import CPU, Device, is_array_like, is_device_array
 from .autocast import _state as _autocast
 from .grad_mode import _state
 from ..lazy_mode.mode import ACTIVE as _LAZY
@@ -71,10 +71,12 @@ def _sum_to_tensor(grad, shape):
 def _describe(inputs):
     parts = []
     for x in inputs:
-        if hasattr(x, "shape") and hasattr(x, "device"):
-            parts.append(f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device})")
+        if not is_array_like(x):
+            parts.append(repr(x))
+        elif is_device_array(x) or isinstance(x, np.generic):
+            parts.append(f"array(shape={x.shape})")
         else:
-            parts.append(repr(x) if not hasattr(x, "shape") else f"array(shape={x.shape})")
+            parts.append(f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device})")
     return ", ".join(parts)
 
 
