@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 
 import numpy as np
@@ -184,6 +185,12 @@ class _NullContext:
 _NULL_CONTEXT = _NullContext()
 
 
+def host_errstate(xp, **kinds):
+    """``numpy.errstate(**kinds)`` for the host's array modules (numpy, the meta device's); a no-op for cupy, which
+    has no floating-point warnings to silence."""
+    return np.errstate(**kinds) if xp is np or xp is _META_XP else _NULL_CONTEXT
+
+
 class _MetaArrays:
     """The array module of the meta device: arrays with a shape and dtype but no storage (every element aliases one
     zero, read-only), and writes into them dropped; anything else is numpy's."""
@@ -273,13 +280,33 @@ def device_count(kind="cuda"):
     raise ValueError(f"device_count: expected 'cuda' or 'cpu', got {kind!r}")
 
 
+def is_array_like(value):
+    """True for anything shaped and typed as an array: numpy and cupy arrays and scalars, Tensors, other libraries'
+    tensors. Their types are not all ours, so this is the one place that asks by attribute."""
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def is_cupy_array(value):
+    """True for a cupy array (cupy has been imported wherever one exists)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(value, cupy.ndarray)
+
+
+def is_device_array(value):
+    """True for a numpy or cupy ndarray (not a scalar, a Tensor or another library's tensor)."""
+    return isinstance(value, np.ndarray) or is_cupy_array(value)
+
+
+def is_writeable(array):
+    """Whether ``array`` may be written in place: a numpy array can be read-only (a broadcast view, the meta
+    device's arrays) and a numpy scalar never can; a cupy array always can."""
+    return array.flags.writeable if isinstance(array, (np.ndarray, np.generic)) else True
+
+
 def device_of_array(array):
     """The Device holding a raw array (numpy -> cpu, cupy -> its cuda device)."""
-    if isinstance(array, np.ndarray) or np.isscalar(array):
-        return CPU
-    dev = getattr(array, "device", None)
-    if dev is not None and hasattr(dev, "id"):
-        return Device.parse(f"cuda:{dev.id}")
+    if is_cupy_array(array):
+        return Device.parse(f"cuda:{array.device.id}")
     return CPU
 
 
@@ -288,7 +315,7 @@ def to_device_array(array, dev: Device):
     if dev.type == "cpu":
         if isinstance(array, np.ndarray):
             return array
-        return array.get() if hasattr(array, "get") else np.asarray(array)
+        return array.get() if is_cupy_array(array) else np.asarray(array)
     cp = dev.array_module()
     with cp.cuda.Device(dev.index):
         return cp.asarray(array)

@@ -18,7 +18,7 @@ def as_array(data, dtype, dev, copy=True):
         arr = np.stack([x.numpy() if isinstance(x, Tensor) else np.asarray(x) for x in data])
     else:
         arr = data
-        if not hasattr(arr, "dtype") or np.isscalar(arr) and not hasattr(arr, "shape"):
+        if not backend.is_array_like(arr):
             try:
                 arr = np.asarray(arr)
             except ValueError as exc:

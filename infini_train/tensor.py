@@ -542,6 +542,11 @@ def _shape_arg(shape):
     return tuple(int(s) for s in shape)
 
 
+def array_of(value):
+    """The array a Tensor holds; anything else (an array, a scalar) as it is."""
+    return value.array if isinstance(value, Tensor) else value
+
+
 # Bound after the class exists: the op families import Tensor from this module.
 from . import creation  # noqa: E402
 from .autograd.ops import (  # noqa: E402

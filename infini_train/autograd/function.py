@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from ..backend import CPU, Device
+from ..backend import CPU, Device, is_array_like, is_device_array
 from .autocast import _state as _autocast
 from .grad_mode import _state
 from ..lazy_mode.mode import ACTIVE as _LAZY
@@ -71,10 +71,12 @@ def _sum_to_tensor(grad, shape):
 def _describe(inputs):
     parts = []
     for x in inputs:
-        if hasattr(x, "shape") and hasattr(x, "device"):
-            parts.append(f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device})")
+        if not is_array_like(x):
+            parts.append(repr(x))
+        elif is_device_array(x) or isinstance(x, np.generic):
+            parts.append(f"array(shape={x.shape})")
         else:
-            parts.append(repr(x) if not hasattr(x, "shape") else f"array(shape={x.shape})")
+            parts.append(f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device})")
     return ", ".join(parts)
 
 
@@ -113,6 +115,7 @@ class Function:
     _row_updates = False  # set by an embedding's backward on the node its RowUpdates goes to (grad_sum.py)
     _create_graph = False  # True while backward runs with create_graph (saved tensors come back connected)
     retain_graph = False  # True while backward runs on a graph that will be reused (stashes must survive)
+    _precision_name = None  # the name the numerics checker (training/numerics.py) gave this node in forward
 
     backward_graph = None  # Op: backward on Tensors, recorded, for create_graph=True (double backward)
 
@@ -267,7 +270,7 @@ class Function:
     def _collect(self, grad_output, idx, create_graph=False):
         """Add one incoming gradient; True once every edge counted for this pass has arrived."""
         if grad_output is not None:
-            if not create_graph and hasattr(grad_output, "grad_fn"):
+            if not create_graph and isinstance(grad_output, _tensor_class()):
                 grad_output = grad_output.array
             grads = self.grad_outputs
             if grads is None:

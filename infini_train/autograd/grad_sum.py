@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 
+from ..backend import is_device_array, is_writeable
+
 
 class RowUpdates:
     """A (V, C) gradient that is zero except at rows ``ids`` (distinct), which hold ``rows``."""
@@ -37,7 +39,7 @@ def dense(grad):
 
 
 def _in_place_ok(array, unshared):
-    if not unshared or not getattr(array.flags, "writeable", True):
+    if not unshared or not is_writeable(array):
         return False
     base = array.base
     if base is None:
@@ -58,7 +60,7 @@ def add_gradients(prev, new, prev_unshared=False):
         if prev.shape != new.shape or prev.dtype != new.dtype:
             return prev + new.dense()
         return new.add_to(prev if _in_place_ok(prev, prev_unshared) else prev.copy())
-    if (type(prev) is type(new) and prev.shape == new.shape and prev.dtype == new.dtype and hasattr(prev, "flags")
+    if (type(prev) is type(new) and prev.shape == new.shape and prev.dtype == new.dtype and is_device_array(prev)
             and _in_place_ok(prev, prev_unshared)):
         prev += new
         return prev

@@ -2,6 +2,8 @@
 floating-point warnings where they handle inf and nan themselves."""
 from __future__ import annotations
 
+from ..backend import host_errstate
+
 
 class OpError(ValueError):
     """A bad input to an op: names the op, what was expected, what was received, and a hint."""
@@ -18,15 +20,13 @@ class ignore_fp_errors:
     """Silence numpy's divide/invalid warnings where an op handles inf/nan itself (cupy has no errstate)."""
 
     def __init__(self, xp):
-        self.ctx = xp.errstate(divide="ignore", invalid="ignore") if hasattr(xp, "errstate") else None
+        self.ctx = host_errstate(xp, divide="ignore", invalid="ignore")
 
     def __enter__(self):
-        if self.ctx is not None:
-            self.ctx.__enter__()
+        self.ctx.__enter__()
 
     def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
+        self.ctx.__exit__(*exc)
         return False
 
 

@@ -66,6 +66,10 @@ def _jinja():
     return jinja2
 
 
+class _SpanRecording(threading.local):
+    state = None  # per thread: (blocks rendered so far, spans) while a render asks for the generation spans
+
+
 @functools.lru_cache(maxsize=32)
 def compile_chat_template(template, source="the chat template"):
     """``template`` compiled in the sandbox described above (cached); a syntax error is a ChatTemplateError naming
@@ -80,7 +84,7 @@ def compile_chat_template(template, source="the chat template"):
 
         def __init__(self, environment):
             super().__init__(environment)
-            self.active = threading.local()
+            self.active = _SpanRecording()
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno
@@ -89,7 +93,7 @@ def compile_chat_template(template, source="the chat template"):
 
         def _span(self, caller):
             text = caller()
-            state = getattr(self.active, "state", None)
+            state = self.active.state
             if state is not None:
                 blocks, spans = state
                 start = sum(len(b) for b in blocks)

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import backend
+from ..tensor import array_of
+
 
 @dataclass
 class P2POp:
@@ -48,8 +51,8 @@ def send_arrays(named, dst, group, tag=0):
     a header with the names, shapes and dtypes, then each array. Checkpoints gather pipeline stages' state so."""
     header, arrays = [], []
     for name, value in named.items():
-        array = getattr(value, "array", value)
-        if hasattr(array, "shape") and hasattr(array, "dtype"):
+        array = array_of(value)
+        if backend.is_array_like(array):
             header.append([name, list(array.shape), array.dtype.name])
             arrays.append(array)
         else:

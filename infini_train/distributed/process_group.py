@@ -27,7 +27,9 @@ import functools
 
 import numpy as np
 
+from .. import backend
 from ..autograd import observers
+from ..tensor import array_of
 from .work import DEFAULT_TIMEOUT, CompletedWork, Work
 
 
@@ -61,9 +63,8 @@ def is_floating(dtype):
 
 def _array_of(tensor, what, writes):
     """The array under a Tensor (or a raw numpy/cupy array), checked to be writable when the call writes."""
-    arr = getattr(tensor, "array", tensor)
-    if type(arr) is not np.ndarray and not (hasattr(arr, "dtype") and hasattr(arr, "shape")
-                                            and hasattr(arr, "flags")):
+    arr = array_of(tensor)
+    if not (backend.is_device_array(arr) or isinstance(arr, np.generic)):
         raise TypeError(f"{what}: expected an infini_train Tensor (or a numpy/cupy array), got "
                         f"{type(tensor).__name__}")
     if writes and type(arr) is np.ndarray and not arr.flags.writeable:

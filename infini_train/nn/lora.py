@@ -337,8 +337,8 @@ def lora_settings(model):
     recorded = vars(model).get("lora_settings")
     if recorded is not None:
         return recorded
-    kinds = {(layer.r, layer.lora_alpha, layer.use_rslora, getattr(layer.lora_dropout, "p", 0.0))
-             for _, layer in layers}
+    kinds = {(layer.r, layer.lora_alpha, layer.use_rslora,
+              layer.lora_dropout.p if isinstance(layer.lora_dropout, Dropout) else 0.0) for _, layer in layers}
     if len(kinds) > 1:
         raise LoRAError(f"save_adapter: expected one rank, alpha and dropout for every adapter, got {sorted(kinds)}"
                         "\nHINT: PEFT's config holds one of each; use the same for every layer")

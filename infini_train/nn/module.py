@@ -31,7 +31,7 @@ class Parameter(Tensor):
             data = np.zeros((0,), backend.get_default_dtype())
         if isinstance(data, Tensor):
             array, dev = data.array, data.device
-        elif hasattr(data, "dtype") and hasattr(data, "shape"):
+        elif backend.is_array_like(data):
             array, dev = data, backend.device_of_array(data)
         else:
             array, dev = np.asarray(data, backend.get_default_dtype()), backend.CPU
@@ -273,7 +273,7 @@ class Module:
             if key not in state_dict:
                 continue
             value = state_dict[key]
-            if not isinstance(value, Tensor) and not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            if not backend.is_array_like(value):
                 value = np.asarray(value)
             if tuple(value.shape) != tuple(target.shape):
                 problems.append(f"  size mismatch for {key}: expected shape {tuple(target.shape)}, "

@@ -347,10 +347,7 @@ class RNNCellBase(Module):
 
     def extra_repr(self):
         s = f"{self.input_size}, {self.hidden_size}"
-        if not self.bias:
-            s += ", bias=False"
-        nonlinearity = getattr(self, "nonlinearity", "tanh")
-        return s + (f", nonlinearity={nonlinearity}" if nonlinearity != "tanh" else "")
+        return s if self.bias else s + ", bias=False"
 
 
 class RNNCell(RNNCellBase):
@@ -366,6 +363,10 @@ class RNNCell(RNNCellBase):
         gi, gh, _, batched = self._projections(input, hx)
         h = rnn_cell(gi, gh, self.nonlinearity)
         return h if batched else h.squeeze(0)
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        return s + (f", nonlinearity={self.nonlinearity}" if self.nonlinearity != "tanh" else "")
 
 
 class LSTMCell(RNNCellBase):

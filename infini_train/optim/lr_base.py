@@ -55,6 +55,15 @@ class LRScheduler:
         """The lr of every param group at iteration ``last_epoch`` (chainable schedulers: from the current lrs)."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_lr")
 
+    def _get_closed_form_lr(self):
+        """The lrs at iteration ``last_epoch`` from the base lrs (``step(epoch)``); a scheduler without a closed form
+        takes its chainable one (``get_lr``)."""
+        return self.get_lr()
+
+    def _undo_initial_step(self):
+        """Take back the step construction took (SequentialLR starts its schedulers over)."""
+        self.last_epoch -= 1
+
     def step(self, epoch=None):
         """Advance one iteration, or (deprecated in torch, kept for its callers) jump to iteration ``epoch``."""
         self._step_count += 1
@@ -66,8 +75,7 @@ class LRScheduler:
             lrs = self.get_lr()
         else:
             self.last_epoch = epoch
-            closed_form = getattr(self, "_get_closed_form_lr", None)
-            lrs = closed_form() if closed_form is not None else self.get_lr()
+            lrs = self._get_closed_form_lr()
         self._apply(lrs)
 
     def _current_lrs(self):

@@ -233,10 +233,14 @@ class SequentialLR(LRScheduler):
         self.last_epoch = last_epoch + 1
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"]
-        _undo_initial_steps(self)  # each scheduler's construction already took its first step
+        self._undo_initial_step()  # each scheduler's construction already took its first step
         first = schedulers[bisect.bisect_right(milestones, 0)]
         first._initial_step()
         self._last_lr = first.get_last_lr()
+
+    def _undo_initial_step(self):
+        for scheduler in self._schedulers:
+            scheduler._undo_initial_step()
 
     def step(self):
         """Advance one iteration: the active scheduler steps, or the next one starts at a milestone."""
@@ -267,14 +271,6 @@ class SequentialLR(LRScheduler):
             g["lr"] = lr
 
 
-def _undo_initial_steps(scheduler):
-    for s in getattr(scheduler, "_schedulers", ()):
-        if hasattr(s, "_schedulers"):
-            _undo_initial_steps(s)
-        elif hasattr(s, "last_epoch"):
-            s.last_epoch -= 1
-
-
 class ChainedScheduler(LRScheduler):
     """Steps every scheduler of ``schedulers`` at each ``step()``, in order: their factors compose (the same as
     stepping each by hand). ``optimizer`` defaults to the first scheduler's."""
@@ -293,6 +289,7 @@ class ChainedScheduler(LRScheduler):
             scheduler.step()
         self._last_lr = self._current_lrs()
 
+    _undo_initial_step = SequentialLR._undo_initial_step
     state_dict = SequentialLR.state_dict
 
     def load_state_dict(self, state):

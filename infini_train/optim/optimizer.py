@@ -15,14 +15,12 @@ from __future__ import annotations
 import copy
 import functools
 
-import numpy as np
-
 from .. import backend, host_threads
 from ..autograd import observers
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..distributed.sharded_tensor import ShardedTensor, ShardView
 from ..nn.utils import zero_grad
-from ..tensor import Tensor
+from ..tensor import Tensor, array_of
 from .param_groups import group_sizes, numbering, packed_groups, paired
 
 # set by schedulers (OneCycleLR keeps its bounds in the groups, as torch does) / users for bookkeeping
@@ -79,7 +77,7 @@ class Optimizer:
 
     def state_bytes(self):
         """Bytes of the per-parameter state arrays this optimizer holds (AdamW's moments)."""
-        return sum(v.nbytes for st in self.state.values() for v in st.values() if hasattr(v, "nbytes"))
+        return sum(v.nbytes for st in self.state.values() for v in st.values() if backend.is_array_like(v))
 
     def grad_bytes(self):
         """Bytes of the gradients of the parameters this optimizer updates."""
@@ -183,7 +181,7 @@ class Optimizer:
             for p in g["params"]:
                 st = self.state.get(p)
                 if st:
-                    state[index[id(p)]] = {k: (_state_copy(p, v) if hasattr(v, "shape") else v)
+                    state[index[id(p)]] = {k: (_state_copy(p, v) if backend.is_array_like(v) else v)
                                            for k, v in st.items() if not k.startswith("_")}
         return {"state": state, "param_groups": groups}
 
@@ -227,18 +225,17 @@ def _state_copy(p, array):
 
 def _restore(value, param, key, opt_name):
     if isinstance(param, ShardView) and key != "step" and (isinstance(value, ShardedTensor) or (
-            getattr(value, "ndim", 0) and tuple(value.shape) == param.whole_shape)):
+            backend.is_array_like(value) and value.ndim and tuple(value.shape) == param.whole_shape)):
         value = param.local_of(value, f"{opt_name}.load_state_dict: state {key!r}")
     elif isinstance(value, ShardedTensor):
         raise ValueError(f"{opt_name}.load_state_dict: state {key!r} is a shard ({value!r}) but its parameter is "
                          f"not sharded\nHINT: gather it with full_tensor(), or load with "
                          "it.distributed.checkpoint.set_optimizer_state_dict")
-    if isinstance(value, Tensor):
-        value = value.array
-    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+    value = array_of(value)
+    if not backend.is_array_like(value):
         return value
     if key == "step":  # torch keeps the step as a 0-d tensor; ours is an int
-        return int(np.asarray(value.get() if hasattr(value, "get") else value).item())
+        return int(backend.to_device_array(value, backend.CPU).item())
     if value.shape != param.array.shape and value.ndim:
         raise ValueError(f"{opt_name}.load_state_dict: state {key!r} has shape {tuple(value.shape)} but its "
                          f"parameter has shape {tuple(param.shape)}")

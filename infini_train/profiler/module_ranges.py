@@ -13,25 +13,24 @@ import threading
 from ..autograd import observers
 
 
+class _Ranges(threading.local):
+    def __init__(self):
+        self.stack = []  # per thread: [(module, open range)], innermost last
+
+
 @contextlib.contextmanager
 def module_ranges(model):
-    local = threading.local()  # per thread: [(module, open range)], innermost last
-
-    def stack():
-        s = getattr(local, "stack", None)
-        if s is None:
-            s = local.stack = []
-        return s
+    local = _Ranges()
 
     def enter(name):
         def pre_hook(module, args):
             scope = observers.record(name, "module")
             scope.__enter__()
-            stack().append((module, scope))
+            local.stack.append((module, scope))
         return pre_hook
 
     def leave(module, args, output):
-        s = stack()
+        s = local.stack
         while s:  # ranges of calls that raised were never closed: close them on the way out
             owner, scope = s.pop()
             scope.__exit__(None, None, None)

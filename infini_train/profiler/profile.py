@@ -19,6 +19,7 @@ import threading
 import time
 
 from ..autograd import observers
+from ..backend import is_array_like
 from .chrome_trace import write_chrome_trace
 from .cuda_timing import CudaTimer, cuda_profiling_available
 from .events import BACKWARD, FORWARD, EventList, FunctionEvent
@@ -33,7 +34,7 @@ class ProfilerActivity(enum.Enum):
 
 
 def _shapes(values):
-    return [list(v.shape) if hasattr(v, "shape") else [] for v in values]
+    return [list(v.shape) if is_array_like(v) else [] for v in values]
 
 
 def _cuda_index(fn, inputs):
@@ -47,6 +48,10 @@ def _cuda_index(fn, inputs):
     return device.index if getattr(device, "type", None) == "cuda" else None
 
 
+class _ThreadEvents(threading.local):
+    stack = None  # per thread: the events open now, innermost last (a list from the thread's first event on)
+
+
 class _Recorder(observers.OpObserver):
     """The observer: one event per forward, backward and range, nested per thread."""
 
@@ -55,13 +60,13 @@ class _Recorder(observers.OpObserver):
         self.cuda = cuda_timer
         self.events = []  # finished events (list.append is atomic: replicas' threads append concurrently)
         self.threads = {}  # native thread id -> thread name
-        self._local = threading.local()
+        self._local = _ThreadEvents()
         self._ids = itertools.count()
         self._sequence_nrs = itertools.count()
         self._sequence = {}  # id(fn) -> sequence number of its forward (an object's id is unique while it lives)
 
     def _stack(self):
-        stack = getattr(self._local, "stack", None)
+        stack = self._local.stack
         if stack is None:
             stack = self._local.stack = []
             self.threads[_native_id()] = threading.current_thread().name

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import backend
 from ..distributed import checkpoint as dcp
 from ..nn.lora import lora_state_dict
 from ..nn.parallel.sharded_pieces import flat_pieces, param_pieces, tensor_pieces
@@ -158,7 +159,7 @@ class RunEntries:
         for holder, p, start, length in self.state_holders():
             for key, value in (self.inner.state.get(holder) or {}).items():
                 entry = optimizer_entry(names[id(p)], key)
-                if getattr(value, "ndim", 0):
+                if backend.is_array_like(value) and value.ndim:
                     out[entry] = self.state_pieces(value, p, start, length)
                 elif not key.startswith("_"):
                     out[entry] = dcp.LocalPieces.whole(np.array(value))

@@ -48,7 +48,7 @@ def gather_whole(entries, group, device, to=0):
             parts = [received[str(k)] for k in range(len(sent[rank]))]
         for (name, offsets), part in zip(sent[rank], parts):
             target = whole[name]
-            part = backend.to_device_array(part, backend.CPU) if hasattr(part, "shape") else np.asarray(part)
+            part = backend.to_device_array(part, backend.CPU) if backend.is_array_like(part) else np.asarray(part)
             target[tuple(slice(o, o + n) for o, n in zip(offsets, part.shape))] = part
     return whole
 

@@ -38,6 +38,7 @@ from functools import partial
 
 from ..atomic_file import write_text_atomically
 from ..autograd import observers
+from ..tensor import Tensor, array_of
 from .tensor_stats import dtype_name, tensor_stats
 
 LEVELS = (0, 1, 2)
@@ -52,12 +53,20 @@ class _Frame:
         self.module, self.label, self.counts = module, label, {}
 
 
+class _ThreadState(threading.local):
+    """Per thread: the frames of the modules running (innermost last), the depth of backward passes running, and the
+    frame of the ops outside every module."""
+
+    def __init__(self):
+        self.stack, self.depth, self.outside = [], 0, _Frame(None, OUTSIDE)
+
+
 def _tensors(out):
     """[(suffix, tensor)] of a module's or op's output: "" for a lone tensor, "[i]" for the tensors of a tuple."""
-    if hasattr(out, "array") and hasattr(out, "shape"):
+    if isinstance(out, Tensor):
         return [("", out)]
     if isinstance(out, (tuple, list)):
-        return [(f"[{i}]", t) for i, t in enumerate(out) if hasattr(t, "array") and hasattr(t, "shape")]
+        return [(f"[{i}]", t) for i, t in enumerate(out) if isinstance(t, Tensor)]
     return []
 
 
@@ -88,7 +97,7 @@ class NumericsChecker(observers.OpObserver):
         self.active, self.step = active, 0
         self.keep_before = keep_before
         self.loss_scale, self._scale = loss_scale, None
-        self._entries, self._lock, self._local = [], threading.Lock(), threading.local()
+        self._entries, self._lock, self._local = [], threading.Lock(), _ThreadState()
         self._handles, self._file, self._started = [], None, False
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -147,8 +156,8 @@ class NumericsChecker(observers.OpObserver):
         """Entries from now on carry ``step`` (what was buffered for the previous step is written first)."""
         self.flush()
         self.step = int(step)
-        self._state().depth = 0  # a backward that raised never decremented it
-        self._state().outside = _Frame(None, OUTSIDE)
+        self._local.depth = 0  # a backward that raised never decremented it
+        self._local.outside = _Frame(None, OUTSIDE)
 
     def flush(self):
         with self._lock:
@@ -158,15 +167,9 @@ class NumericsChecker(observers.OpObserver):
             self._file.flush()
 
     # ---------------------------------------------------------------------------------------------- entries
-    def _state(self):
-        state = self._local
-        if not hasattr(state, "stack"):
-            state.stack, state.depth, state.outside = [], 0, _Frame(None, OUTSIDE)
-        return state
-
     def record(self, phase, name, tensor_or_array):
         """Append one entry (the statistics of a Tensor or an array) for the current step."""
-        array = getattr(tensor_or_array, "array", tensor_or_array)
+        array = array_of(tensor_or_array)
         entry = {"step": self.step, "phase": phase, "name": name, "shape": list(array.shape),
                  "dtype": dtype_name(array.dtype)}
         entry.update(tensor_stats(array))
@@ -176,10 +179,10 @@ class NumericsChecker(observers.OpObserver):
             self._entries.append(entry)
 
     def _enter_module(self, label, module, args):
-        self._state().stack.append(_Frame(module, label))
+        self._local.stack.append(_Frame(module, label))
 
     def _leave_module(self, label, module, args, out):
-        state = self._state()
+        state = self._local
         while state.stack:  # down to this module's frame (a forward that raised left its own above it)
             if state.stack.pop().module is module:
                 break
@@ -205,7 +208,7 @@ class NumericsChecker(observers.OpObserver):
     def forward_end(self, token, fn, inputs, outputs):
         if self.level < 2 or not self.active:
             return
-        state = self._state()
+        state = self._local
         frame = state.stack[-1] if state.stack else state.outside
         op = fn.name
         count = frame.counts.get(op, 0)
@@ -217,12 +220,12 @@ class NumericsChecker(observers.OpObserver):
                 self.record("forward", name + suffix, t)
 
     def backward_begin(self, fn, grad_outputs):
-        self._state().depth += 1
+        self._local.depth += 1
 
     def backward_end(self, token, fn, grad_inputs):
-        state = self._state()
+        state = self._local
         state.depth = max(state.depth - 1, 0)
-        name = getattr(fn, "_precision_name", None)
+        name = fn._precision_name
         if self.level < 2 or not self.active or name is None:
             return
         inputs = [k for k, (nxt, _) in enumerate(fn.next_functions) if nxt is not None]

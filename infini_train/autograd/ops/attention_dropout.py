@@ -17,7 +17,7 @@ _MIX2 = 0x94D049BB133111EB
 def draw_seed(device):
     """One 53-bit seed from the device's generator (the call's dropout stream)."""
     value = backend.generator_for(device).random(1, dtype=np.float64)
-    value = value.get() if hasattr(value, "get") else value
+    value = backend.to_device_array(value, backend.CPU)
     return int(float(value[0]) * 2 ** 53)
 
 

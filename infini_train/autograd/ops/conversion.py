@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ... import backend
+from ...tensor import Tensor
 from ..function import Op, op_error, sum_to
 from .low_precision import narrow
 
@@ -65,8 +66,7 @@ class Copy(Op):
         self.output_devices = device
 
     def forward(self, dst, src):
-        src_device = getattr(src, "device", None)
-        if src_device is not None and not isinstance(src, self.xp.ndarray):
+        if backend.is_array_like(src) and not isinstance(src, self.xp.ndarray):  # an array of another device
             src = backend.to_device_array(src, self.output_devices)
         out = self.xp.empty_like(dst)
         try:
@@ -78,7 +78,7 @@ class Copy(Op):
         return out
 
     def setup_context(self, inputs, output):
-        self.source = getattr(inputs[1], "device", None)
+        self.source = inputs[1].device if isinstance(inputs[1], Tensor) else None
 
     def backward(self, g):
         need_dst, need_src = self.needs_input_grad

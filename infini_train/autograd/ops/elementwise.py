@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ...backend import is_array_like
 from ...promotion import category, promote_for_compute, promote_pair
 from ...tensor import Tensor
 from ..function import Op, ignore_fp_errors, op_error, sum_to
@@ -118,7 +119,7 @@ class Div(_Binary):
     def forward(self, a, b):
         (a, b), dtype, low = promote_for_compute(a, b)
         if category(dtype) < 2:  # true division of integers gives the default float dtype
-            a, b = _as_float(a) if hasattr(a, "dtype") else a, _as_float(b) if hasattr(b, "dtype") else b
+            a, b = _as_float(a) if is_array_like(a) else a, _as_float(b) if is_array_like(b) else b
         return _rounded(a / b, low)
 
     def backward(self, g):
@@ -138,10 +139,10 @@ class IntegerDivisionByZero(ZeroDivisionError, RuntimeError):
 
 def check_integer_divisor(op, a, b):
     """Raise IntegerDivisionByZero when ``a`` and ``b`` (after promotion) are integers and a divisor is zero."""
-    dtype = getattr(a, "dtype", None) or getattr(b, "dtype", None)
+    dtype = a.dtype if is_array_like(a) else b.dtype if is_array_like(b) else None
     if dtype is None or category(dtype) >= 2:
         return
-    if (b == 0).any() if hasattr(b, "dtype") else b == 0:
+    if (b == 0).any() if is_array_like(b) else b == 0:
         raise IntegerDivisionByZero(f"{op}: integer division by zero (a divisor of dtype {dtype} is 0)\nHINT: "
                                     "mask the zero divisors first, or divide in floating point (true division gives "
                                     "inf/nan)")

@@ -2,6 +2,7 @@
 modulo, the divisor's sign) in elementwise.py."""
 from __future__ import annotations
 
+from ...backend import is_array_like
 from .elementwise import Remainder, _constant, _raw, _rounded, check_integer_divisor, promote_pair
 
 __all__ = ["fmod"]
@@ -20,7 +21,7 @@ class Fmod(Remainder):
         if need_b:  # d/db (a - trunc(a / b) * b) = -trunc(a / b), as torch
             xp = self.xp
             with_sign = xp.trunc(xp.true_divide(_raw(a), _raw(b)))
-            gb = -g * _constant(g, with_sign.astype(g.dtype if hasattr(g, "dtype") else with_sign.dtype))
+            gb = -g * _constant(g, with_sign.astype(g.dtype if is_array_like(g) else with_sign.dtype))
         return self.reduce_grads(g if need_a else None, gb)
 
     backward_graph = backward

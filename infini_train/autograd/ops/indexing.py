@@ -59,14 +59,14 @@ def host_index(t, index):
                 raise op_error("index", f"index tensors on the indexed tensor's device ({t.device})",
                                f"an index tensor on {item.device}", "move the index with .to(device) first")
             item = backend.to_device_array(item.array, t.device)
-        if getattr(item, "dtype", None) == backend.uint8:
+        if backend.is_array_like(item) and item.dtype == backend.uint8:
             item = item.astype(bool)
         out.append(item)
     return tuple(out) if isinstance(index, tuple) else out[0]
 
 
 def _as_index_array(xp, i):
-    foreign = hasattr(i, "dtype") and not isinstance(i, (xp.ndarray, numbers.Integral))  # numpy on a GPU
+    foreign = backend.is_array_like(i) and not isinstance(i, (xp.ndarray, numbers.Integral))  # numpy on a GPU
     if foreign or isinstance(i, (list, tuple)):
         i = xp.asarray(i)
         if i.size == 0 and i.dtype.kind == "f":  # x[[]] selects nothing; asarray([]) says float64
@@ -98,7 +98,7 @@ def normalize_index(xp, index, shape, op="getitem", view=False):
             out.extend(item.nonzero())
             dim += item.ndim
             continue
-        elif hasattr(item, "dtype"):
+        elif backend.is_array_like(item):
             if item.dtype.kind not in "iu":
                 raise op_error(op, "integer or bool index arrays", f"an index of dtype {item.dtype}",
                                "convert with .long()")
@@ -201,7 +201,7 @@ class IndexPut(Op):
 
 
 def _is_mask(i):
-    return hasattr(i, "dtype") and i.dtype == bool and i.ndim > 0
+    return backend.is_array_like(i) and i.dtype == bool and i.ndim > 0
 
 
 def _dims_used(i):
@@ -211,7 +211,7 @@ def _dims_used(i):
 
 
 def _is_scalar_bool(i):
-    return isinstance(i, bool) or (hasattr(i, "dtype") and i.dtype == bool and i.ndim == 0)
+    return isinstance(i, bool) or (backend.is_array_like(i) and i.dtype == bool and i.ndim == 0)
 
 
 class Gather(Op):

@@ -36,7 +36,7 @@ def check_writable(t, op):
         from ...lazy_mode.graph import before_write
         before_write(t)
     arr = t.array
-    if any(s == 0 and n > 1 for s, n in zip(arr.strides, arr.shape)) or not getattr(arr.flags, "writeable", True):
+    if any(s == 0 and n > 1 for s, n in zip(arr.strides, arr.shape)) or not backend.is_writeable(arr):
         raise RuntimeError(
             f"{op}: unsupported operation: more than one element of the written-to tensor refers to a single "
             f"memory location (an expanded view of shape {tuple(arr.shape)}).\n"

@@ -20,6 +20,7 @@ import warnings
 
 import numpy as np
 
+from ...backend import is_array_like
 from ...kernels import registry
 from ...tensor import Tensor
 from ..double_backward import graph_handle, recomputed_grads
@@ -93,8 +94,8 @@ class _ClassLoss(Op):
         """(N, C, d...) -> (N*d..., C) and target -> (N*d...,); validates dtypes, shapes and class indices."""
         op = self.op_name
         num_classes = self._num_classes(x)
-        if not hasattr(target, "dtype") or target.dtype.kind not in "iu":
-            got = f"targets of dtype {target.dtype}" if hasattr(target, "dtype") else f"targets {type(target)}"
+        if not is_array_like(target) or target.dtype.kind not in "iu":
+            got = f"targets of dtype {target.dtype}" if is_array_like(target) else f"targets {type(target)}"
             raise op_error(op, "integer class-index targets", got, "use target.long(); class probabilities "
                            "are float targets of the input's shape (cross_entropy only)")
         expect = () if x.ndim == 1 else (x.shape[0],) + tuple(x.shape[2:])
@@ -527,7 +528,7 @@ class BinaryCrossEntropyWithLogits(_ElementLoss):
 
 # ------------------------------------------------------------------------------------------ public
 def _check_class_weight(op, weight):
-    if weight is not None and getattr(weight, "requires_grad", False):
+    if isinstance(weight, Tensor) and weight.requires_grad:
         raise op_error(op, "a weight that does not require grad", "weight with requires_grad=True",
                        "class weights are constants of the loss (as in torch): pass weight.detach()")
 
@@ -548,7 +549,7 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mea
     gradients too. ``label_smoothing`` eps mixes the target with the uniform distribution: (1 - eps) * target +
     eps / C. 'sum' adds; 'none' keeps the per-row losses in the target's layout."""
     eps = _check_smoothing(label_smoothing)
-    if hasattr(target, "dtype") and _is_float(target) and tuple(target.shape) == tuple(logits.shape):
+    if is_array_like(target) and _is_float(target) and tuple(target.shape) == tuple(logits.shape):
         if ignore_index >= 0:
             raise op_error("cross_entropy", "a negative ignore_index (unused) with class-probability targets",
                            f"ignore_index={ignore_index}", "ignore_index applies to class-index targets only")
@@ -584,7 +585,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
     sigmoid(x))]. ``target`` has the input's shape; ``weight`` and ``pos_weight`` (e.g. (C,) for (N, C), one per
     class) broadcast to it. Gradients flow to input and target, not to the weights (as torch)."""
     for name, w in (("weight", weight), ("pos_weight", pos_weight)):
-        if w is not None and getattr(w, "requires_grad", False):
+        if isinstance(w, Tensor) and w.requires_grad:
             raise op_error("binary_cross_entropy_with_logits", f"a {name} that does not require grad",
                            f"{name} with requires_grad=True", f"pass {name}.detach() (torch does not differentiate it)")
     return BinaryCrossEntropyWithLogits(reduction).apply(input, target, weight, pos_weight)

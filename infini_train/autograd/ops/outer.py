@@ -1,6 +1,7 @@
 """Outer product of two vectors."""
 from __future__ import annotations
 
+from ...backend import is_array_like
 from ...tensor import Tensor
 from ..function import Op, op_error
 
@@ -12,8 +13,8 @@ class Outer(Op):
 
     def forward(self, a, b):
         for which, v in (("a", a), ("b", b)):
-            if getattr(v, "ndim", None) != 1:
-                got = f"{v.ndim}-D {which} of shape {tuple(v.shape)}" if hasattr(v, "ndim") else type(v).__name__
+            if not (is_array_like(v) and v.ndim == 1):
+                got = f"{v.ndim}-D {which} of shape {tuple(v.shape)}" if is_array_like(v) else type(v).__name__
                 raise op_error("Outer", "1-D tensors for a and b", got,
                                "flatten the input with .reshape(-1), or use matmul / broadcasting "
                                "(a[:, None] * b) for batched outer products")

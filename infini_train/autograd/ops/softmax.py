@@ -8,10 +8,9 @@ once and updated with ``out=`` ufuncs.
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
+from ...backend import host_errstate
 from ..function import Op, op_error
 from .low_precision import narrow
 
@@ -28,7 +27,7 @@ def upcast(x):
 
 def ignore_overflow(xp):
     """exp overflowing to inf is expected (and handled) by the callers; numpy would warn."""
-    return xp.errstate(over="ignore") if hasattr(xp, "errstate") else contextlib.nullcontext()
+    return host_errstate(xp, over="ignore")
 
 
 def row_max(xp, x, axis):

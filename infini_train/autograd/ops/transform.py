@@ -317,11 +317,11 @@ class MaskedFill(Op):
         if not fits:
             raise op_error("masked_fill", f"a mask broadcastable to the input's shape {a.shape}",
                            f"a mask of shape {mask.shape}")
-        if getattr(value, "ndim", 0) != 0:
+        if backend.is_array_like(value) and value.ndim != 0:
             raise op_error("masked_fill", "a Python scalar or a 0-d tensor as value",
                            f"a value of shape {value.shape}")
         self.stash(mask)
-        self.value_dtype = getattr(value, "dtype", None)
+        self.value_dtype = value.dtype if backend.is_array_like(value) else None
         return xp.where(mask, xp.asarray(value, dtype=a.dtype), a)
 
     def backward(self, g):
@@ -354,7 +354,7 @@ class RepeatInterleave(Op):
         n = a.shape[dim]
         if isinstance(repeats, (list, tuple)):
             repeats = self.xp.asarray(repeats, dtype=np.int64)
-        if hasattr(repeats, "shape"):  # an int tensor: its values decide the output size, so read them
+        if backend.is_array_like(repeats):  # an int tensor: its values decide the output size, so read them
             if repeats.dtype.kind not in "iu" or repeats.ndim > 1:
                 raise op_error("repeat_interleave", "an int or a 0-d/1-D integer tensor of repeats",
                                f"repeats of dtype {repeats.dtype} and shape {repeats.shape}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import backend
+
 from ..sharded_tensor import ShardedTensor
 from .pieces import LocalPieces
 
@@ -20,7 +22,7 @@ SEPARATOR = "/"
 def is_tensor(value):
     if isinstance(value, (ShardedTensor, LocalPieces)):
         return True
-    return not isinstance(value, np.generic) and hasattr(value, "shape") and hasattr(value, "dtype")
+    return not isinstance(value, np.generic) and backend.is_array_like(value)
 
 
 def _holds_tensor(value):

@@ -25,6 +25,7 @@ import numpy as np
 from ... import backend
 from ...atomic_file import write_text_atomically
 from ...safetensors_io import SafetensorsError, _code, _numpy_dtype, mapped_safetensors, write_safetensors
+from ...tensor import array_of
 from ..sharded_tensor import ShardedTensor
 from . import nested
 from .pieces import LocalPieces, overlap, region
@@ -46,8 +47,8 @@ def _as_pieces(name, value):
         return value
     if isinstance(value, ShardedTensor):
         return value.local_pieces()
-    array = getattr(value, "array", value)  # a Tensor or an array held whole
-    if not hasattr(array, "shape"):
+    array = array_of(value)  # a Tensor or an array held whole
+    if not backend.is_array_like(array):
         raise TypeError(f"sharded checkpoint: {name!r} is a {type(value).__name__}; expected LocalPieces, a Tensor or "
                         "an array")
     return LocalPieces.whole(array)

@@ -39,6 +39,7 @@ import math
 
 import numpy as np
 
+from ... import backend
 from ...autograd.grad_mode import no_grad
 from ...tensor import Tensor
 from ..grad_hooks import globally_unused
@@ -349,8 +350,8 @@ class ZeroRedundancyOptimizer:
 
     def grad_bytes(self):
         """Bytes of gradient storage: the flat gradient buffers and this rank's gradient shards."""
-        return sum(getattr(s.flat_grad, "nbytes", 0) + (getattr(s.grad_shard, "nbytes", 0)
-                                                         if s.grad_shard is not s.flat_grad else 0)
+        held = lambda array: 0 if array is None else array.nbytes  # noqa: E731  (freed or not yet allocated)
+        return sum(held(s.flat_grad) + (held(s.grad_shard) if s.grad_shard is not s.flat_grad else 0)
                    for s in self.spaces)
 
     def _state_keys(self):
@@ -358,7 +359,8 @@ class ZeroRedundancyOptimizer:
         also on a rank that owns nothing: they are AdamW's after its first step)."""
         from ... import distributed as dist
 
-        mine = sorted({k for st in self.optim.state.values() for k, v in st.items() if getattr(v, "ndim", 0)})
+        mine = sorted({k for st in self.optim.state.values() for k, v in st.items()
+                       if backend.is_array_like(v) and v.ndim})
         code = Tensor(np.frombuffer(",".join(mine).encode().ljust(256, b" "), np.uint8).copy())
         parts = [Tensor(np.zeros(256, np.uint8)) for _ in range(self.world)]
         dist.all_gather(parts, code, group=self.group)
@@ -430,7 +432,8 @@ class ZeroRedundancyOptimizer:
         whole = self.whole_states(build=self.rank == to or self.world == 1)
         index = numbering(self.whole_param_groups, order=self.params)  # (ZeRO's numbering: the flat order)
         device = {id(p): p.device for p in self.params}
-        state = {index[key]: {k: Tensor._make(v, device[key]) if hasattr(v, "shape") else v for k, v in entry.items()}
+        state = {index[key]: {k: Tensor._make(v, device[key]) if backend.is_array_like(v) else v
+                              for k, v in entry.items()}
                  for key, entry in whole.items() if key in index}
         groups = packed_groups(self.whole_param_groups, index, options=self.optim.param_groups)
         return {"state": state, "param_groups": groups}
@@ -460,8 +463,8 @@ class ZeroRedundancyOptimizer:
             for key, value in saved.items():
                 if isinstance(value, Tensor):
                     value = value.array
-                if hasattr(value, "shape") and getattr(value, "ndim", 0):
-                    flat = np.asarray(value.get() if hasattr(value, "get") else value).reshape(-1)[a:b]
+                if backend.is_array_like(value) and value.ndim:
+                    flat = backend.to_device_array(value, backend.CPU).reshape(-1)[a:b]
                     entry[key] = Tensor(flat.astype(p.dtype), device=p.device)
                 else:
                     entry[key] = value

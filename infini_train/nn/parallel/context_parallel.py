@@ -13,6 +13,7 @@ import numpy as np
 
 from ... import backend
 from ...autograd.recompute import register_forward_state
+from ...tensor import Tensor
 from .ring_attention import chunks_of
 
 
@@ -60,7 +61,7 @@ def local_chunks(x, group, dim=1):
     for chunk in (first, second):
         index[dim] = slice(chunk * c, (chunk + 1) * c)
         parts.append(x[tuple(index)])
-    if hasattr(x, "array"):
+    if isinstance(x, Tensor):
         from ...functional import cat
         return cat(parts, dim)
     return backend.device_of_array(x).array_module().concatenate(parts, axis=dim)

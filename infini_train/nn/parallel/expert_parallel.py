@@ -46,7 +46,7 @@ from ...autograd.grad_mode import no_grad
 from ...placement import place
 from ...tensor import Tensor
 from ..containers import ModuleDict
-from ..moe import combine, keep_within_capacity, run_experts, sort_by_expert
+from ..moe import MoE, combine, keep_within_capacity, run_experts, sort_by_expert
 from .all_to_all import all_to_all
 from .tensor_parallel import all_reduce_grads_where_any
 
@@ -145,7 +145,7 @@ def expert_parallel(moe, group):
 def expert_layers(model):
     """(name, MoE) of every expert-parallel MoE layer of ``model``."""
     return [(name, m) for name, m in model.named_modules()
-            if isinstance(getattr(m, "token_dispatcher", None), ExpertParallelDispatch)]
+            if isinstance(m, MoE) and isinstance(m.token_dispatcher, ExpertParallelDispatch)]
 
 
 def expert_parameters(model):

@@ -24,7 +24,7 @@ from ...autograd.grad_mode import no_grad
 from ...distributed import default_group
 from ...distributed.grad_hooks import globally_unused
 from ...placement import place
-from ...tensor import Tensor
+from ...tensor import Tensor, array_of
 from .. import functional as F
 from .sharded_init import derived_from
 from ..layers import Linear
@@ -103,7 +103,7 @@ def shard_from_whole(whole_array, spec, rank, size, xp):
 def whole_from_shards(shard_array, spec, group):
     """The whole array (padding dropped) on every rank of ``group``: the shards all-gathered and put back in
     ``spec``'s order. ``shard_array`` may be a Tensor or a raw array."""
-    shard_array = getattr(shard_array, "array", shard_array)
+    shard_array = array_of(shard_array)
     xp = backend.device_of_array(shard_array).array_module()
     dim = spec.dim % shard_array.ndim
     local = shard_array.shape[dim]

@@ -7,16 +7,13 @@ whole tensor. Every rank of ``group`` calls the gathers (they are collectives).
 """
 from __future__ import annotations
 
-from ...tensor import Tensor
+from ... import backend
+from ...tensor import Tensor, array_of
 from .tensor_parallel import whole_from_shards, shard_from_whole
 
 
 def _spec(t):
     return t.placement.tensor_shard
-
-
-def _as_array(value):
-    return value.array if isinstance(value, Tensor) else value
 
 
 def whole_state_dict(model, group, to=None):
@@ -61,8 +58,8 @@ def load_whole_state_dict(model, whole_state, group, strict=True):
 
 
 def _shard_value(value, param, spec, group, where):
-    array = _as_array(value)
-    if hasattr(array, "get") and param.device.type == "cpu":
+    array = array_of(value)
+    if backend.is_cupy_array(array) and param.device.type == "cpu":
         array = array.get()
     xp = param.device.array_module()
     with param.device.context():
