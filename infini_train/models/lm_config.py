@@ -16,4 +16,14 @@ class LMConfig:
     vocab_size: int
 
 
-__all__ = ["LMConfig"]
+def pipeline_problems(config, pipeline, virtual):
+    """The run-config problem, as a one-item list, when ``config``'s blocks do not cut into pipeline x virtual
+    equal chunks (empty when they do)."""
+    stages = pipeline * virtual
+    if stages > 1 and config.num_layers % stages:
+        return [f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
+                f"{pipeline} x {virtual} = {stages} (equal model chunks), got {config.num_layers}"]
+    return []
+
+
+__all__ = ["LMConfig", "pipeline_problems"]

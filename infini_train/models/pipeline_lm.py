@@ -26,7 +26,7 @@ from ..nn.parallel.tensor_parallel import ParallelParameter
 from ..placement import place
 from ..tensor import Tensor
 from .flops import training_flops_per_token
-from .registry import spec_of
+from .lm_config import pipeline_problems
 from .tensor_parallel_lm import VocabParallelHead
 
 
@@ -55,7 +55,7 @@ class PipelinedLM(nn.Module):
     def __init__(self, model, group, schedule="1f1b", virtual=1):
         super().__init__()
         P, V, L = group.size, int(virtual), model.config.num_layers
-        problems = spec_of(model).validate(model.config, pipeline=P, virtual=V)
+        problems = pipeline_problems(model.config, P, V)
         if problems:
             raise ValueError(f"{problems[0]}\nHINT: choose sizes whose product divides the layers")
         self.config, self.tp, self.group = model.config, model.tp, group

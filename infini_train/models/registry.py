@@ -13,6 +13,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
+from .lm_config import pipeline_problems
+
 # arch -> the module under infini_train.models that declares its ModelSection (in the module's SECTIONS)
 ARCH_SECTIONS = {"gpt2": "gpt2.section", "llama3": "llama.section", "qwen3": "llama.section",
                  "qwen3_moe": "llama.section", "mixtral": "llama.section"}
@@ -56,11 +58,7 @@ class ModelSpec:
         """The ways the model ``config`` cannot take the layout, one line each (the key to change first): blocks that
         do not cut into pipeline x virtual equal chunks, heads that ``tensor`` ranks cannot share, and what the
         model's own ``layout_problems`` refuses (``sequence``: parallel.sequence, None where not known)."""
-        problems = []
-        stages = pipeline * virtual
-        if stages > 1 and config.num_layers % stages:
-            problems.append(f"model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline = "
-                            f"{pipeline} x {virtual} = {stages} (equal model chunks), got {config.num_layers}")
+        problems = pipeline_problems(config, pipeline, virtual)
         for name, count in self.head_counts(config).items() if tensor > 1 else ():
             if count % tensor:
                 divisors = [d for d in range(1, count + 1) if count % d == 0]
