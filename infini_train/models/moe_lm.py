@@ -143,8 +143,9 @@ class MoECausalLM:
 def moe_chunks(model):
     """The mixture-of-experts modules ``model`` runs: itself, or the chunks of this pipeline stage (a PipelinedLM);
     [] for a dense model."""
-    chunks = list(model.chunks) if hasattr(model, "pipe") else [model]
-    return [c for c in chunks if isinstance(c, MoECausalLM)]
+    from .pipeline_lm import stage_chunks  # (pipeline_lm sits above the model classes)
+
+    return [c for c in stage_chunks(model) if isinstance(c, MoECausalLM)]
 
 
 __all__ = ["MoECausalLM", "load_balancing_loss_over_layers", "check_moe_config", "moe_chunks", "MOE_FIELDS"]

@@ -35,7 +35,7 @@ from ..run_state import RunState
 from .expert_layout import ExpertLayout
 from .finalize_grads import clip_grad_norm, finalize_model_grads
 from .moe_lm import moe_chunks
-from .pipeline_lm import PipelinedLM
+from .pipeline_lm import PipelinedLM, stage_chunks
 from .recompute import set_recompute
 
 
@@ -199,7 +199,7 @@ def _shard_fully(model, dims):
 def gathered(model, writeback=False, trainable_only=False):
     """Under ZeRO-3, ``model``'s parameters gathered whole on every rank while the block runs (collective): for
     writing and reading checkpoints of the whole format and exporting adapters; otherwise nothing."""
-    roots = [m for m in (getattr(model, "chunks", None) or [model]) if isinstance(m, FSDPModule)]
+    roots = [m for m in stage_chunks(model) if isinstance(m, FSDPModule)]
     with contextlib.ExitStack() as stack:
         for root in roots:
             stack.enter_context(root.unsharded(writeback, trainable_only))

@@ -188,4 +188,9 @@ class PipelinedLM(nn.Module):
         return names
 
 
-__all__ = ["PipelinedLM"]
+
+def stage_chunks(model):
+    """The model chunks ``model`` runs: a PipelinedLM's (this stage's), else the model itself."""
+    return list(model.chunks) if isinstance(model, PipelinedLM) else [model]
+
+__all__ = ["PipelinedLM", "stage_chunks"]
