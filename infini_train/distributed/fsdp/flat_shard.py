@@ -64,8 +64,9 @@ class Placeholder:
     def __setitem__(self, key, value):
         raise self._error("write into")
 
-    def __getattr__(self, name):  # (.get: how a device array is read to the host, e.g. by Tensor.numpy())
-        raise self._error("read the values of" if name == "get" else f"use the array attribute .{name} of")
+    def __getattr__(self, name):  # (what np.asarray and cupy's .get look up to read an array's values)
+        reads = name in ("get", "__array_interface__", "__array_struct__")
+        raise self._error("read the values of" if reads else f"use the array attribute .{name} of")
 
     def __len__(self):
         return self.shape[0] if self.shape else 0
