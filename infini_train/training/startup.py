@@ -1,15 +1,21 @@
 """What a run prints before its first step, on rank 0 only, after the messages of its set-up (the default corpus
-built, SFT data read) -- for example, configs/gpt2_tiny.yaml with train.learning_rate=3e-4 on 2 ranks with ZeRO-1:
+built, SFT data read). For example (configs/gpt2_tiny.yaml, whose batch_size 16 the command line sets back to the
+default 8, so that key is not listed):
 
-    config: 22 settings differ from the defaults (all of them in runs/gpt2_tiny/config.yaml)
-      out_dir: runs/gpt2_tiny (default runs/default)
-      model.n_layer: 4
+    mpirun -n 2 python examples/gpt2/train.py out_dir=/tmp/st_z1 train.learning_rate=3e-4 train.batch_size=8 \
+        parallel.zero_stage=1 train.num_iterations=2 train.val_loss_every=0 train.sample_every=0
+
+    config: 19 settings differ from the defaults (all of them in /tmp/st_z1/config.yaml)
+      out_dir: /tmp/st_z1 (default runs/default)
+      model.block_size: 64
+      ...
       train.learning_rate: 0.0003 (default 0.001)
       ...
+      parallel.zero_stage: 1 (default 0)
     world 2 = DP2, ZeRO-1, fp32, cpu (mpi, MPICH 5.0.2)
     parameters: 3,241,728 (all trainable)
-    data: 3,799,233 train tokens, 199,959 val tokens (tokenizer byte)
-    batch: 1,024 tokens/step = B8 x T64 x grad_accum 1 x DP2; 300 steps = 0.0809 epochs
+    data: 3,799,233 train tokens, no validation (tokenizer byte)
+    batch: 1,024 tokens/step = B8 x T64 x grad_accum 1 x DP2; 2 steps = 0.000539 epochs
     MFU against ...
 
 - **config**: only the settings whose value is not the default (``model.*`` keys whose default is null -- the
