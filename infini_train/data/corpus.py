@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from ..progress import progress
 from .shards import find_shards, write_shard
 from .tokenizer import get_tokenizer
 
@@ -112,7 +113,7 @@ def tokenize_documents(documents, tokenizer):
     eot = np.array([tokenizer.eot_token], dtype=np.uint16)
     encode = getattr(tokenizer, "encode_array", None)
     parts = []
-    for doc in documents:
+    for doc in progress(documents, desc="tokenizing the corpus", unit="doc"):
         parts.append(eot)
         parts.append(encode(doc) if encode else np.asarray(tokenizer.encode(doc), dtype=np.uint16))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)

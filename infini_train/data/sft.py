@@ -35,10 +35,12 @@ with transformers or TRL. Next-token targets are ``y[i] = labels[i + 1]``, -1 pa
 from __future__ import annotations
 
 import inspect
+import os
 from typing import NamedTuple
 
 import numpy as np
 
+from ..progress import progress
 from .chat_template import render_chat
 from .sft_records import Record, SFTDataError, check_format, read_records
 
@@ -171,7 +173,7 @@ class SampleTable:
     def from_records(cls, records, tokenizer, source):
         encode = _encoder(tokenizer)
         ids, masks, offsets = [], [], [0]
-        for record in records:
+        for record in progress(records, desc=f"tokenizing {os.path.basename(str(source))}", unit="sample"):
             i, m = tokenize_record(tokenizer, record, encode)
             ids.append(i)
             masks.append(m)

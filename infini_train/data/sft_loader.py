@@ -151,6 +151,7 @@ class SFTDataLoader:
         self.num_samples = int(len(lengths))
         self.num_truncated = int((lengths > self.T).sum())
         self.used = np.flatnonzero(trained > 0)
+        self.num_trained = int(trained.sum())  # the targets an epoch trains (the samples left out have none)
         self.num_skipped = self.num_samples - len(self.used)
         if not len(self.used):
             raise SFTDataError(f"{self.pattern}: none of the {self.num_samples} samples has a trained token within "
@@ -245,13 +246,14 @@ class SFTDataLoader:
         self.epoch, self.row = epoch, row
 
     def stats(self):
-        """{"samples", "used", "truncated", "skipped", "tokens" (of the used samples, after truncation), "epoch",
-        "rows" (of the current epoch), "fill" (the share of non-pad tokens in those rows)}."""
+        """{"samples", "used", "truncated", "skipped", "tokens" (of the used samples, after truncation), "trained"
+        (their targets the loss trains), "epoch", "rows" (of the current epoch), "fill" (the share of non-pad tokens in
+        those rows)}."""
         tokens = int(self.kept[self.used].sum())
         rows = self.rows_in_epoch()
         return {"samples": self.num_samples, "used": len(self.used), "truncated": self.num_truncated,
-                "skipped": self.num_skipped, "tokens": tokens, "epoch": self.epoch, "rows": rows,
-                "fill": tokens / (rows * self.T)}
+                "skipped": self.num_skipped, "tokens": tokens, "trained": self.num_trained, "epoch": self.epoch,
+                "rows": rows, "fill": tokens / (rows * self.T)}
 
     def summary(self):
         """One line for the run's log: the counts and how full the rows are."""

@@ -154,9 +154,16 @@ class TrainingLayout:
 
     def parameter_bytes(self):
         """The bytes of parameter values this rank holds (under ZeRO-3 its shards)."""
+        return self._held(lambda array: array.nbytes)
+
+    def parameter_count(self):
+        """The parameter values (elements) this rank holds: its stage's, its tensor shards, under ZeRO-3 its pieces."""
+        return self._held(lambda array: array.size)
+
+    def _held(self, measure):
         spaces = {id(s): s for s in (p.placement.flat_shard for p in self.params) if s is not None}
-        whole = sum(p.array.nbytes for p in self.params if p.placement.flat_shard is None)
-        return whole + sum(s.shard.nbytes for s in spaces.values())
+        whole = sum(measure(p.array) for p in self.params if p.placement.flat_shard is None)
+        return int(whole + sum(measure(s.shard) for s in spaces.values()))
 
     def finalize_grads(self):
         finalize_model_grads(self)

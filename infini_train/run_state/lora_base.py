@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..nn import lora as lora_lib
+from ..progress import progress
 from .directory import CheckpointError, resolve_checkpoint
 from .reader import mapped_model_checkpoint
 
@@ -53,7 +54,7 @@ def streamed_digest(state, shapes, dtype):
     from ..mapped_arrays import read_box
 
     digest = hashlib.sha256()
-    for name in sorted(shapes):
+    for name in progress(sorted(shapes), desc="hashing the base weights", unit="tensor"):
         shape = shapes[name]
         digest.update(f"{name}:{shape};".encode())
         if not shape:

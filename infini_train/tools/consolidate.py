@@ -33,6 +33,7 @@ from ..distributed.checkpoint.whole_files import whole_tensor
 from ..models import registry
 from ..models.pretrained import mapped_pretrained
 from ..nn.lora import LoRAError, apply_lora, load_lora_state_dict, merge_and_unload, save_adapter
+from ..progress import progress
 from ..run_state import CheckpointError, is_sharded, lora_base, verified_checkpoint, whole_files
 from ..run_state.reader import whole_state
 from ..run_state.writer import write_whole_directory
@@ -144,9 +145,13 @@ def _whole_checkpoint(path, state, out):
     infos = {entry: (tuple(info["shape"]), info["dtype"]) for entry, info in tensors.items()}
     kept = {k: v for k, v in state.items() if k not in ("step", "run_id", "format", "files", "optimizer", "model_keys",
                                                          "state_sha256")}
-    return write_whole_directory(out, files, infos, lambda entry: whole_tensor(path, entry, metadata),
-                                 {"optimizer": skeleton, "model_keys": model_keys, **kept}, state["step"],
-                                 state.get("run_id"))
+    with progress(total=len(infos), desc="consolidating", unit="tensor") as bar:
+        def read(entry):
+            bar.update(1)
+            return whole_tensor(path, entry, metadata)
+
+        return write_whole_directory(out, files, infos, read, {"optimizer": skeleton, "model_keys": model_keys, **kept},
+                                     state["step"], state.get("run_id"))
 
 
 def main(argv=None):

@@ -42,6 +42,7 @@ from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
 from .resume import check_config_changes, check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
+from .startup import config_lines, data_summary, held_per_rank, is_sharded, layout_summary, parameter_summary
 from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
 
@@ -180,17 +181,8 @@ class Run:
         """Train to ``train.num_iterations``; returns 0, or EXIT_STOPPED after a stop signal (recorded by ``stops``,
         a StopSignals already installed, or one installed for the loop)."""
         cfg, t = self.cfg, self.cfg.train
-        if self.rank == 0:
-            print(f"run config:\n{cfg.to_yaml()}")
-            for warning in cfg.warnings:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
-            cfg.save_resolved(resumed_at=self.start_step if self.resumed_from else None)  # keeps config.yaml
+        self._print_startup()
         tokens_per_step = t.batch_size * t.sequence_length * self.grad_accum * self.dims.dp_size
-        library = mpi_library() if self.world > 1 else None  # the MPI that carries the job (or bootstraps NCCL)
-        backend = f"{dist.get_backend()}, {library}" if library else dist.get_backend()
-        print0(f"world {self.world} ({backend}; {self.dims.describe()}), device {self.device}, grad_accum "
-               f"{self.grad_accum}, {tokens_per_step} tokens/step, {self.raw_model.num_params():,} parameters, "
-               f"tokenizer {self.tok_name}")
         peak, peak_source = run_peak(self.device, cfg.precision, np.dtype(cfg.dtype).itemsize, t.peak_flops)
         print0(f"MFU against {peak_source}" if peak else f"MFU not reported: {peak_source}")
         flops_per_token = self.raw_model.flops_per_token(t.sequence_length)
@@ -243,6 +235,27 @@ class Run:
         self._export_adapter()  # also when a resume found nothing left to train: the run ends with its final model
         self._plot()
         return 0
+
+    def _print_startup(self):
+        """Rank 0 prints the settings that differ from the defaults (writing the whole resolved config to out_dir),
+        the layout, the parameter counts and the data's (training/startup.py shows the lines)."""
+        cfg, dims = self.cfg, self.dims
+        per_rank = None
+        if self.world > 1 and is_sharded(dims, self.zero_stage):  # (a collective: every rank takes part)
+            per_rank = held_per_rank(self.layout.parameter_count(), self.world)
+        if self.rank != 0:
+            return
+        for warning in cfg.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        path = cfg.save_resolved(resumed_at=self.start_step if self.resumed_from else None)  # keeps config.yaml
+        library = mpi_library() if self.world > 1 else None  # the MPI that carries the job (or bootstraps NCCL)
+        transport = (f"{dist.get_backend()}, {library}" if library else dist.get_backend()) if self.world > 1 else None
+        lines = config_lines(cfg, path)
+        lines.append(layout_summary(dims, cfg, self.device, transport))
+        lines.append(parameter_summary(self.raw_model.num_params(), self.raw_model.num_params(trainable=True),
+                                       per_rank))
+        lines += data_summary(cfg, dims.dp_size, self.grad_accum, self.tok_name, self.train_loader, self.val_loader)
+        print("\n".join(lines), flush=True)
 
     def _export_adapter(self):
         """A LoRA run's adapters in PEFT's format (adapter_config.json + adapter_model.safetensors) in

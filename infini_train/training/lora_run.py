@@ -87,8 +87,11 @@ def fill_base_pieces(model, state, tp_rank=0, tp_size=1):
     from ..mapped_arrays import read_box
     from ..nn.parallel.sharded_pieces import param_pieces
 
+    from ..progress import progress
+
     dtype = None
-    for name, t in base_entries(model):
+    entries = list(base_entries(model))
+    for name, t in progress(entries, desc="loading pretrained weights", unit="tensor"):
         if dtype is None:
             dtype = (t.placement.flat_shard or t).dtype
         for offsets, view in param_pieces(t, tp_rank, tp_size).pieces:

@@ -50,7 +50,7 @@ def test_sbatch_trains_to_completion_and_every_way_a_job_stops_resumes_bitwise(s
     assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "0", fields
     assert os.path.basename(log_path(reference, job_id)) == f"infini-train-gpt2-{job_id}.out"
     assert f"job {job_id} (restart 0): 2 ranks on" in log, log
-    assert re.search(r"world 2 \(mpi, MPICH [\d.]+; data parallel 2\)", log), log  # srun --mpi=pmi2: the wheel
+    assert re.search(r"world 2 = DP2, fp32, cpu \(mpi, MPICH [\d.]+\)", log), log  # srun --mpi=pmi2: the wheel
     assert f"step {STEPS:5d}/{STEPS}" in log and f"step_{STEPS:06d}" in log, log
     with open(reference / "run" / "metrics.jsonl") as f:
         assert [r["step"] for r in map(json.loads, f) if "loss" in r] == list(range(STEPS))
@@ -158,5 +158,5 @@ def test_each_way_of_starting_the_ranks_trains_the_same_weights(slurm_cluster, o
     for name, (script_env, library) in LAUNCH_PATHS.items():
         out_dir = tmp_path / re.sub(r"\W+", "-", name)
         _, log = finished_run(slurm_cluster, tmp_path, train_args(data_dir, out_dir, SHORT, SHORT), **script_env)
-        assert re.search(rf"world 2 \(mpi, {library} [\d.]+; data parallel 2\)", log), f"{name}\n{log[-3000:]}"
+        assert re.search(rf"world 2 = DP2, fp32, cpu \(mpi, {library} [\d.]+\)", log), f"{name}\n{log[-3000:]}"
         assert_bitwise_equal(final_weights(out_dir, SHORT), expected)

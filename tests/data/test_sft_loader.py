@@ -47,8 +47,8 @@ def test_packing_layout_on_a_hand_checked_example(tmp_path):
                                                    [1] * 8, [1] * 8])
     stats = loader.stats()
     # the batch took the whole epoch: the loader is at the start of the next (unshuffled: the same 4 rows)
-    assert stats == {"samples": 5, "used": 5, "truncated": 1, "skipped": 0, "tokens": 25, "epoch": 1, "rows": 4,
-                     "fill": 25 / 32}
+    assert stats == {"samples": 5, "used": 5, "truncated": 1, "skipped": 0, "tokens": 25, "trained": 20, "epoch": 1,
+                     "rows": 4, "fill": 25 / 32}  # trained: the targets of the batch above that are not -1
     assert "5 samples, 1 truncated to T=8, 0 skipped (no trained token); 25 tokens in 4 packed rows per epoch, 78.1% " \
            "not padding" in loader.summary()
 

@@ -43,7 +43,7 @@ def test_train_script_on_two_ranks_matches_one_rank_with_twice_the_batch(tmp_pat
                                                         "train.val_max_steps=4"), timeout=300)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
     library = "Open MPI" if OPEN_MPI else "MPICH"  # the MPI the ranks loaded
-    assert re.search(rf"world 2 \(mpi, {library} [\d.]+; data parallel 2\)", two.stdout), two.stdout
+    assert re.search(rf"world 2 = DP2, fp32, cpu \(mpi, {library} [\d.]+\)", two.stdout), two.stdout
     one = subprocess.run([sys.executable, TRAIN, "--config", cfg, *tiny_args(data, tmp_path / "one", *common)],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert one.returncode == 0, one.stderr[-2000:]

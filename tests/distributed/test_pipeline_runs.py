@@ -59,7 +59,7 @@ def test_layout_gives_the_losses_samples_and_weights_of_one_process(data_dir, si
     out = tmp_path / layout
     proc = _train(data_dir, out, ranks, *extra)
     world_line = next(line for line in proc.stdout.splitlines() if line.startswith("world "))
-    assert "; pipeline " in world_line, world_line
+    assert world_line.startswith(f"world {ranks} = PP"), world_line
     one, one_samples = single
     # (with two data-parallel replicas each validates on its own half of the batches)
     for key in ("loss", "grad_norm") + (() if "dp2" in layout else ("val_loss",)):

@@ -67,7 +67,7 @@ def one_process(data_dir, tmp_path_factory):
 
 def _parameters(stdout):
     """The parameter count of the run's first line."""
-    return re.search(r"([\d,]+) parameters", stdout).group(1)
+    return re.search(r"parameters: ([\d,]+)", stdout).group(1)
 
 
 LAYOUTS = {"pp2": (2, ["parallel.pipeline=2"], "pipeline 2 (1f1b) x data parallel 1"),

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ...atomic_file import write_atomically
+from ...progress import progress
 from ..special_tokens import text_boundary_ids
 from .config import GPT2Config
 
@@ -96,7 +97,7 @@ def load_hf(cls, directory):
     model = cls(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     state = {}
-    for name, value in mapped.items():
+    for name, value in progress(mapped.items(), total=len(mapped), desc="loading weights", unit="tensor"):
         if value is None:
             continue
         if name not in expected:

@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from ... import backend
+from ...progress import progress
 from ...safetensors_io import SafetensorsError, mapped_safetensors, write_safetensors
 from ..gpt2.io import WeightsError, _atomic_write
 from ..special_tokens import text_boundary_ids
@@ -125,7 +126,7 @@ def load_hf(cls, directory, dtype=None):
         model.to(dtype=dtype)
     expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     state = {}
-    for name, value in mapped.items():
+    for name, value in progress(mapped.items(), total=len(mapped), desc="loading weights", unit="tensor"):
         if value is None:
             continue
         if name not in expected:

@@ -8,6 +8,7 @@ total_batch_size = -d, learning_rate = -l, warmup_iters = -u, learning_rate_deca
     model_config = cfg.model.to_model_config()  # the arch's model config (GPT2Config, LlamaConfig, ...)
     cfg.save_resolved()                      # out_dir/config.yaml, loadable with load_config
     print(cfg.pretty())
+    cfg.differences()                        # [(dotted key, value, default)] of the settings not at their default
 
 Every problem (unknown key, wrong type, out-of-range value, inconsistent values) is reported at once in
 one ConfigError, one line each, naming the dotted key, what was expected and what was found, with the

@@ -61,6 +61,13 @@ class RunConfig:
     def to_yaml(self):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def differences(self):
+        """(dotted key, value, default) of every setting whose value is not its default, in config_keys() order
+        (top-level keys first): what a run prints at its start."""
+        mine, defaults = _flatten(self.to_dict()), _flatten(type(self)().to_dict())
+        return [(key, mine[key], defaults.get(key)) for key in config_keys()
+                if key in mine and mine[key] != defaults.get(key)]
+
     def pretty(self):
         """One ``dotted.key  value`` line per setting, aligned, with the resolved model shape."""
         flat = _flatten(self.to_dict())
