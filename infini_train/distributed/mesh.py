@@ -18,6 +18,41 @@ class MeshError(ValueError):
     """A mesh that does not fit the world: names the sizes and gives a hint."""
 
 
+def mesh_rank(tp, dp, pp, cp=0, *, tensor, data, context=1):
+    """The world rank at mesh coordinates (tp, dp, pp, cp) of a mesh of ``tensor`` x ``context`` x ``data`` x any
+    pipeline ranks: tensor fastest, then context, data, pipeline."""
+    return ((pp * data + dp) * context + cp) * tensor + tp
+
+
+def mesh_coordinates(rank, *, tensor, data, context=1):
+    """``rank``'s mesh coordinates as a dict {"tp", "cp", "dp", "pp"} (``mesh_rank``'s inverse)."""
+    return {"tp": rank % tensor, "cp": (rank // tensor) % context, "dp": (rank // (tensor * context)) % data,
+            "pp": rank // (tensor * context * data)}
+
+
+def mesh_groups(*, tensor, data, pipeline, context=1):
+    """Every group of the mesh as (kind, ranks), kind one of "tensor", "context" (context > 1), "data", "grad"
+    (data x context, context > 1), "pipeline" and "embedding" (the first and last stage, pipeline > 1), in the
+    order every rank makes them. Pure: no process group is needed (the docs draw their rank layouts from it)."""
+    tp, dp, pp, cp = tensor, data, pipeline, context
+
+    def at(t, d, p, c):
+        return mesh_rank(t, d, p, c, tensor=tp, data=dp, context=cp)
+
+    out = [("tensor", [at(t, d, p, c) for t in range(tp)]) for p in range(pp) for d in range(dp) for c in range(cp)]
+    if cp > 1:
+        out += [("context", [at(t, d, p, c) for c in range(cp)])
+                for p in range(pp) for d in range(dp) for t in range(tp)]
+    out += [("data", [at(t, d, p, c) for d in range(dp)]) for p in range(pp) for c in range(cp) for t in range(tp)]
+    if cp > 1:
+        out += [("grad", [at(t, d, p, c) for d in range(dp) for c in range(cp)]) for p in range(pp) for t in range(tp)]
+    out += [("pipeline", [at(t, d, p, c) for p in range(pp)]) for d in range(dp) for c in range(cp) for t in range(tp)]
+    if pp > 1:  # the first and last stage: the tied embedding / output weight lives on both
+        out += [("embedding", [at(t, d, 0, c), at(t, d, pp - 1, c)])
+                for d in range(dp) for c in range(cp) for t in range(tp)]
+    return out
+
+
 class ProcessMesh:
     """``ProcessMesh(tensor=1, pipeline=1, context=1)``: this rank's coordinates and its tensor / context / data /
     pipeline groups, the data x context group gradients are averaged over (``grad_group``: the data group without
@@ -44,10 +79,8 @@ class ProcessMesh:
         self.world = world
         self.tp_size, self.pp_size, self.cp_size = tensor, pipeline, context
         self.dp_size = world // split
-        self.tp_rank = rank % tensor
-        self.cp_rank = (rank // tensor) % context
-        self.dp_rank = (rank // (tensor * context)) % self.dp_size
-        self.pp_rank = rank // (tensor * context * self.dp_size)
+        at = mesh_coordinates(rank, tensor=tensor, data=self.dp_size, context=context)
+        self.tp_rank, self.cp_rank, self.dp_rank, self.pp_rank = at["tp"], at["cp"], at["dp"], at["pp"]
         self.tensor_group = self.context_group = self.data_group = self.pipeline_group = None
         self.embedding_group = self.grad_group = None
         for kind, members in self._all_groups():
@@ -59,36 +92,10 @@ class ProcessMesh:
 
     def rank_of(self, tp, dp, pp, cp=0):
         """The world rank at mesh coordinates (tp, dp, pp, cp): tensor fastest, then context, data, pipeline."""
-        return ((pp * self.dp_size + dp) * self.cp_size + cp) * self.tp_size + tp
+        return mesh_rank(tp, dp, pp, cp, tensor=self.tp_size, data=self.dp_size, context=self.cp_size)
 
     def _all_groups(self):
-        tp, dp, pp, cp = self.tp_size, self.dp_size, self.pp_size, self.cp_size
-        for p in range(pp):
-            for d in range(dp):
-                for c in range(cp):
-                    yield "tensor", [self.rank_of(t, d, p, c) for t in range(tp)]
-        if cp > 1:
-            for p in range(pp):
-                for d in range(dp):
-                    for t in range(tp):
-                        yield "context", [self.rank_of(t, d, p, c) for c in range(cp)]
-        for p in range(pp):
-            for c in range(cp):
-                for t in range(tp):
-                    yield "data", [self.rank_of(t, d, p, c) for d in range(dp)]
-        if cp > 1:
-            for p in range(pp):
-                for t in range(tp):
-                    yield "grad", [self.rank_of(t, d, p, c) for d in range(dp) for c in range(cp)]
-        for d in range(dp):
-            for c in range(cp):
-                for t in range(tp):
-                    yield "pipeline", [self.rank_of(t, d, p, c) for p in range(pp)]
-        if pp > 1:  # the first and last stage: the tied embedding / output weight lives on both
-            for d in range(dp):
-                for c in range(cp):
-                    for t in range(tp):
-                        yield "embedding", [self.rank_of(t, d, 0, c), self.rank_of(t, d, pp - 1, c)]
+        return mesh_groups(tensor=self.tp_size, data=self.dp_size, pipeline=self.pp_size, context=self.cp_size)
 
     def __repr__(self):
         return (f"ProcessMesh(world {self.world} = pipeline {self.pp_size} x data {self.dp_size} x context "
@@ -96,4 +103,4 @@ class ProcessMesh:
                 f"{self.cp_rank}, tp {self.tp_rank})")
 
 
-__all__ = ["ProcessMesh", "MeshError"]
+__all__ = ["ProcessMesh", "MeshError", "mesh_rank", "mesh_coordinates", "mesh_groups"]
