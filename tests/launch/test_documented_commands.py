@@ -1,5 +1,6 @@
-"""The training commands the README and the shipped configs document: each one's config resolves and its batch
-arithmetic divides for the ranks it starts, and the GPU config on CPU ranks is one error printed once."""
+"""The training commands the documentation (README.md and the docs/ pages) and the shipped configs document: each
+one's config resolves and its batch arithmetic divides for the ranks it starts, and the GPU config on CPU ranks is
+one error printed once."""
 import glob
 import os
 import re
@@ -16,6 +17,7 @@ from tests.training.tiny_run import job_env
 
 LAUNCHERS = ("mpirun", "mpiexec", "launch/run.sh")
 READERS_FILES = ("model.pretrained=", "lora.init_from=")  # weights the reader downloads or trains first
+DEFAULT_CONFIG = "configs/gpt2_tiny.yaml"  # train.py's --config when none is given
 
 
 def _joined(lines):
@@ -29,14 +31,18 @@ def _joined(lines):
     return out
 
 
+OUTPUT_BLOCKS = ("text", "json")  # fenced blocks that show what a command printed or wrote, not commands
+
+
 def _fenced_and_inline(text):
-    """The commands of a Markdown text: the lines of its fenced blocks and its inline code spans (a span may wrap
-    onto the next line)."""
-    fenced, prose, inside = [], [], False
+    """The commands of a Markdown text: the lines of its fenced blocks (but output: ```text, ```json) and its inline
+    code spans (a span may wrap onto the next line)."""
+    fenced, prose, inside, output = [], [], False, False
     for line in text.splitlines():
         if line.startswith("```"):
             inside = not inside
-        else:
+            output = inside and line[3:].strip() in OUTPUT_BLOCKS
+        elif not output:
             (fenced if inside else prose).append(line)
     inline = [span.replace("\n", " ") for paragraph in "\n".join(prose).split("\n\n")
               for span in re.findall(r"`([^`]+)`", paragraph)]
@@ -50,9 +56,12 @@ def _config_comments(path):
 
 
 def documented_commands():
-    """[(where, ranks, config, overrides)] of every documented train.py command with a shipped --config."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        sources = [("README.md", c) for c in _fenced_and_inline(f.read())]
+    """[(where, ranks, config, overrides)] of every documented train.py command with a shipped --config, or none (the
+    default config); a command elided with "..." is left out."""
+    sources = []
+    for page in ["README.md"] + sorted(glob.glob("docs/**/*.md", root_dir=REPO, recursive=True)):
+        with open(os.path.join(REPO, page), encoding="utf-8") as f:
+            sources += [(page, c) for c in _fenced_and_inline(f.read())]
     for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
         sources += [(os.path.relpath(path, REPO), c) for c in _config_comments(path)]
     found = []
@@ -61,13 +70,13 @@ def documented_commands():
             if "examples/gpt2/train.py" not in part:
                 continue
             words = shlex.split(part, comments=True)
-            if "examples/gpt2/train.py" not in words or "--config" not in words:
+            if "examples/gpt2/train.py" not in words or "..." in words:
                 continue
             script = words.index("examples/gpt2/train.py")
             launcher = [w for w in words[:script] if w.endswith(LAUNCHERS)]
             ranks = int(words[words.index("-n") + 1]) if launcher else 1
             args = words[script + 1:]
-            config = args[args.index("--config") + 1]
+            config = args[args.index("--config") + 1] if "--config" in args else DEFAULT_CONFIG
             if config.startswith("configs/"):
                 found.append((where, ranks, config, [a for a in args if "=" in a and not a.startswith("-")]))
     return found
@@ -75,7 +84,7 @@ def documented_commands():
 
 def test_the_documented_commands_resolve_and_their_batches_divide():
     commands = documented_commands()
-    assert ("README.md", 16, "configs/gpt2_124m_ddp.yaml", ["train.batch_size=32"]) in commands  # run.sh, mpiexec
+    assert ("docs/guides/multi-process.md", 16, "configs/gpt2_124m_ddp.yaml", ["train.batch_size=32"]) in commands
     assert ("configs/gpt2_124m_ddp.yaml", 16, "configs/gpt2_124m_ddp.yaml", ["train.batch_size=32"]) in commands
     assert ("README.md", 2, "configs/gpt2_tiny_ddp.yaml", []) in commands
     assert ("README.md", 4, "configs/gpt2_tiny_ddp.yaml", ["parallel.zero_stage=3", "train.batch_size=8"]) in commands

@@ -1,19 +1,24 @@
-"""The README's Python snippets that are meant to run, run as written: a broken snippet fails here.
+"""The documentation's Python snippets that are meant to run, run as written: README.md and every page under docs/
+(the MkDocs site's sources). A broken snippet fails here, named by its page and line (``docs/guides/library.md:12``).
 
 Convention: an HTML comment on the line before a ```python fence marks the snippet (unmarked snippets are fragments
 of the text around them and are not run):
 
     <!-- snippet: run -->                  a program of its own: ``python`` in a temporary directory
-    <!-- snippet: continue -->             runs after the snippet before it, in the same process (the names it
-                                           defined still there)
+    <!-- snippet: continue -->             runs after the snippet before it on the same page, in the same process
+                                           (the names it defined still there)
     <!-- snippet: mpiexec -n 2 -->         under ``mpiexec -n 2`` in a temporary directory
     <!-- snippet: run with=NAME -->        after the setup NAME below: the names the text around a fragment gives
                                            it (a model, a batch, an optimizer), so the fragment itself runs as written
     <!-- snippet: run needs=WHAT -->       skipped here, for the reason NEEDS[WHAT] states (a GPU, a download, a long
                                            run), unless that need is met
 
+A comment that starts like a marker but is not one (a misspelt kind or option) is an error, so a snippet never
+drops out of the test silently. docs/development/testing.md documents the markers for writers of pages.
+
 Snippets run one thread each (OMP / OpenBLAS), so the file stays under a minute on two cores.
 """
+import glob
 import os
 import re
 import shutil
@@ -24,12 +29,12 @@ import pytest
 
 from tests.distributed.mpi_jobs import MPIEXEC, job_env, needs_mpiexec
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(REPO, "README.md")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MARKER = re.compile(r"<!-- snippet: (run|continue|mpiexec -n 2)((?: (?:with|needs)=[\w-]+)*) -->")
+MARKER_START = "<!-- snippet:"
 
 SETUPS = {
-    # a tiny GPT-2, a batch of token ids and an optimizer, as the sections on training and profiling have them
+    # a tiny GPT-2, a batch of token ids and an optimizer, as the pages on training and profiling have them
     "gpt2": """
 import numpy as np
 import infini_train as it
@@ -67,44 +72,79 @@ NEEDS = {
 }
 
 
-def snippets(text):
-    """[(id, kind, code, setup name or None, needs or None)] of the marked python snippets, in README order; a
-    ``continue`` snippet's code is the code before it followed by its own."""
+def pages(repo=REPO):
+    """The Markdown files whose snippets run, relative to ``repo``: README.md, then docs/**/*.md in path order."""
+    found = [os.path.join(repo, "README.md")]
+    found += sorted(glob.glob(os.path.join(repo, "docs", "**", "*.md"), recursive=True))
+    return [os.path.relpath(path, repo) for path in found if os.path.isfile(path)]
+
+
+def snippets(text, page="README.md"):
+    """[(id, kind, code, setup name or None, needs or None)] of the marked python snippets of one page, in order; a
+    ``continue`` snippet's code is the code before it (on this page) followed by its own. Ids are ``page:line`` of
+    the snippet's first line of code."""
     lines = text.split("\n")
     found = []
     for i, line in enumerate(lines):
+        if not line.strip().startswith(MARKER_START):
+            continue
         marker = MARKER.fullmatch(line.strip())
         if marker is None:
-            continue
+            raise ValueError(f"{page}:{i + 1}: not a snippet marker: {line.strip()!r}; expected <!-- snippet: run | "
+                             "continue | mpiexec -n 2 [with=NAME] [needs=WHAT] -->")
         if i + 1 >= len(lines) or lines[i + 1].strip() != "```python":
-            raise ValueError(f"README.md:{i + 1}: a snippet marker must sit on the line before a ```python fence")
-        end = lines.index("```", i + 2)
+            raise ValueError(f"{page}:{i + 1}: a snippet marker must sit on the line before a ```python fence")
+        try:
+            end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
+        except StopIteration:
+            raise ValueError(f"{page}:{i + 2}: the snippet's ```python fence is never closed") from None
         code = "\n".join(lines[i + 2:end]) + "\n"
         kind, options = marker.group(1), dict(o.split("=") for o in marker.group(2).split())
         if kind == "continue":
             if not found:
-                raise ValueError(f"README.md:{i + 1}: a continue snippet needs a snippet before it")
+                raise ValueError(f"{page}:{i + 1}: a continue snippet needs a snippet before it on its page")
             _, kind, before, with_, needs = found[-1]
             code = before + code
             options = {"with": with_, "needs": needs, **options}
         for key, table in (("with", SETUPS), ("needs", NEEDS)):
             if options.get(key) is not None and options[key] not in table:
-                raise ValueError(f"README.md:{i + 1}: {key}={options[key]} is not one of {sorted(table)}")
-        found.append((f"README.md:{i + 3}", kind, code, options.get("with"), options.get("needs")))
+                raise ValueError(f"{page}:{i + 1}: {key}={options[key]} is not one of {sorted(table)}")
+        found.append((f"{page}:{i + 3}", kind, code, options.get("with"), options.get("needs")))
     return found
 
 
-with open(README) as f:
-    SNIPPETS = snippets(f.read())
+def all_snippets(repo=REPO):
+    found = []
+    for page in pages(repo):
+        with open(os.path.join(repo, page), encoding="utf-8") as f:
+            found += snippets(f.read(), page)
+    return found
 
 
-def test_the_readme_marks_its_runnable_snippets():
+SNIPPETS = all_snippets()
+
+
+def test_the_pages_mark_their_runnable_snippets():
     kinds = [kind for _, kind, *_ in SNIPPETS]
-    assert kinds.count("run") >= 5 and kinds.count("mpiexec -n 2") >= 2, kinds
+    assert kinds.count("run") >= 5 and kinds.count("mpiexec -n 2") >= 1, kinds
+    assert {where.split(":")[0] for where, *_ in SNIPPETS} > {"README.md"}, "no page under docs/ has a snippet"
+
+
+def test_a_misspelt_marker_or_a_continue_across_pages_is_an_error():
+    with pytest.raises(ValueError, match=r"page.md:1: not a snippet marker"):
+        snippets("<!-- snippet: runn -->\n```python\npass\n```", "page.md")
+    with pytest.raises(ValueError, match=r"page.md:1: a continue snippet needs a snippet before it on its page"):
+        snippets("<!-- snippet: continue -->\n```python\npass\n```", "page.md")
+    with pytest.raises(ValueError, match=r"page.md:2: the snippet's ```python fence is never closed"):
+        snippets("<!-- snippet: run -->\n```python\npass\n", "page.md")
+    two = snippets("<!-- snippet: run with=gpt2 -->\n```python\na = 1\n```\n\n<!-- snippet: continue -->\n```python\n"
+                   "b = a\n```", "page.md")
+    assert [(where, code, setup) for where, _, code, setup, _ in two] == [
+        ("page.md:3", "a = 1\n", "gpt2"), ("page.md:8", "a = 1\nb = a\n", "gpt2")]
 
 
 @pytest.mark.parametrize("where,kind,code,setup,needs", SNIPPETS, ids=[s[0] for s in SNIPPETS])
-def test_readme_snippet_runs_as_written(where, kind, code, setup, needs, tmp_path):
+def test_snippet_runs_as_written(where, kind, code, setup, needs, tmp_path):
     if needs is not None and not NEEDS[needs][0]():
         pytest.skip(f"{where}: {NEEDS[needs][1]}")
     program = tmp_path / "snippet.py"
