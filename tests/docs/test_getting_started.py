@@ -126,7 +126,8 @@ def test_every_command_of_the_page_runs_as_written(tmp_path):
     assert f"`{quick}`" in TEXT, "the quick tour's overrides are not shown on the page"
     for name in ("configs", "examples"):
         os.symlink(os.path.join(REPO, name), tmp_path / name)
-    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=REPO,
+    # the page's runs are on CPU ranks, as its excerpts; with a GPU, device auto would put both ranks on it
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="",
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     outputs = []
     for n, kind, options, lang, code in BLOCKS:
