@@ -8,8 +8,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:  # the package of this checkout, whichever is installed
-    sys.path.insert(0, ROOT)
 
 PAGE = "reference/config.md"
 MARKER = "<!-- config-reference -->"
@@ -38,6 +36,8 @@ def on_page_markdown(markdown, page, config, files):
 def reference_markdown():
     """The generated part of the page: a table of keys per section, and for the model section the keys by arch,
     what a null key means for each arch and each arch's presets."""
+    if ROOT not in sys.path:  # the package of this checkout, whichever one is installed (mkdocs restores sys.path
+        sys.path.insert(0, ROOT)  # after loading the hooks, so this is done when the page is built)
     from infini_train.training.config.reference import arch_defaults, arch_presets, sections, settings
 
     rows = settings()
