@@ -218,7 +218,7 @@ def render_chat_template(template, messages, add_generation_prompt=False, tools=
     """The text ``template`` (Jinja source) renders for ``messages`` -> str.
 
     ``tools``: JSON schemas (dicts) the template may describe; ``documents``: dicts for retrieval templates;
-    ``special_tokens``: {"bos_token": "<s>", ...} as variables; ``variables``: more variables (they override a
+    ``special_tokens``: ``{"bos_token": "<s>", ...}`` as variables; ``variables``: more variables (they override a
     special token of the same name); ``source``: how errors name the template; ``generation_spans``: a list that
     receives the (start, end) character span of each ``{% generation %}`` block. A template that raises
     (``raise_exception``, an undefined value used, ...) is a ChatTemplateError with the template's own message."""

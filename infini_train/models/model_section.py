@@ -10,7 +10,7 @@ archs that do.
 
 Checks are given the run config ``cfg`` (its sections read as attributes) and ``ok(*paths)``, which says whether
 those settings passed their own checks (a problem is reported once, at the first key it is found at); each returns
-its problems, one line each: "<dotted key>: expected ..., got ...; HINT: ..."."""
+its problems, one line each: ``"<dotted key>: expected ..., got ...; HINT: ..."``."""
 from __future__ import annotations
 
 import dataclasses
@@ -150,7 +150,7 @@ class ModelSection:
         return {**built, **{ours: built[theirs] for ours, theirs in self.names.items() if theirs in built}}
 
     def run_key(self, name):
-        """The run key (model.<key>) that sets the model config's field ``name``."""
+        """The run key (``model.<key>``) that sets the model config's field ``name``."""
         return {theirs: ours for ours, theirs in self.names.items()}.get(name, name)
 
     def config_error(self, text):

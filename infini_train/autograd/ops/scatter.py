@@ -85,7 +85,7 @@ def _same_dtype(op, x, src):
 
 
 def scatter_add(x, dim, index, src):
-    """out = x; out[index[i][j]][j] += src[i][j] along ``dim`` (repeated positions add up)."""
+    """``out = x; out[index[i][j]][j] += src[i][j]`` along ``dim`` (repeated positions add up)."""
     grid, _, idx = _grid("scatter_add", x, dim, index, tuple(src.shape))
     _same_dtype("scatter_add", x, src)
     if x.ndim == 0:
@@ -94,7 +94,7 @@ def scatter_add(x, dim, index, src):
 
 
 def scatter(x, dim, index, src=None, value=None, *, reduce=None):
-    """out = x; out[index[i][j]][j] = src[i][j] (or ``value``, a number) along ``dim``. ``reduce`` ("add" /
+    """``out = x; out[index[i][j]][j] = src[i][j]`` (or ``value``, a number) along ``dim``. ``reduce`` ("add" /
     "multiply"), which torch deprecates, is accepted with torch's warning and runs scatter_reduce."""
     if src is not None and not isinstance(src, Tensor):  # scatter(dim, index, 2.0): the value, positionally
         src, value = None, src
@@ -218,7 +218,7 @@ class ScatterReduce(Op):
 
 
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
-    """out = x with each src[i][j] reduced into out[index[i][j]][j] along ``dim`` by ``reduce`` ("sum", "prod",
+    """out = x with each ``src[i][j]`` reduced into ``out[index[i][j]][j]`` along ``dim`` by ``reduce`` ("sum", "prod",
     "mean", "amax", "amin"); ``include_self=False`` leaves x's values at the scattered positions out."""
     if reduce not in REDUCTIONS:
         raise op_error("scatter_reduce", f"reduce in {REDUCTIONS}", f"reduce={reduce!r}")

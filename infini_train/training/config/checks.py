@@ -20,8 +20,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "block")
 
 
-def check_ranges(cfg, errors, bad):
-    c = Checker(cfg, errors, bad)
+def check_ranges(cfg, errors, bad, checker=None):
+    """Every range and consistency problem of ``cfg`` appended to ``errors`` (their keys to ``bad``); ``checker``: the
+    Checker to use (reference.py passes one that records what each key expects)."""
+    c = checker or Checker(cfg, errors, bad)
     for name in ("batch_size", "sequence_length", "num_iterations", "sample_length", "log_every"):
         c.need(f"train.{name}", lambda v: v >= 1, "an integer >= 1")
     for name in ("total_batch_size", "warmup_iters", "val_loss_every", "val_max_steps", "sample_every",

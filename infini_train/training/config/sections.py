@@ -104,9 +104,10 @@ class TrainConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the ranks of a job share the work: world = pipeline x data-parallel x tensor ranks, laid out
-    tensor-fastest, then data, then pipeline (ranks 0..tensor-1 form the first tensor-parallel group; rank =
-    pp_rank * (DP * TP) + dp_rank * TP + tp_rank); the data-parallel size is world / (tensor x pipeline)."""
+    """How the ranks of a job share the work: world = pipeline x data-parallel x context x tensor ranks, laid out
+    tensor-fastest, then context, then data, then pipeline (ranks 0..tensor-1 form the first tensor-parallel group;
+    rank = ((pp_rank * DP + dp_rank) * CP + cp_rank) * TP + tp_rank); the data-parallel size is world / (tensor x
+    context x pipeline). Expert parallelism splits the data-parallel ranks into groups of ``expert``."""
 
     tensor: int = _key(1, "tensor-parallel size: attention heads, MLP and vocabulary split over this many ranks")
     context: int = _key(1, "context-parallel size: each sequence split over this many ranks (ring attention; "
