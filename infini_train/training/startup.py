@@ -79,7 +79,7 @@ def layout_summary(dims, cfg, device, transport=None):
     if cfg.parallel.zero_stage:
         parts.append(f"ZeRO-{cfg.parallel.zero_stage}")
     parts.append("fp64" if cfg.dtype == "float64" else cfg.precision)
-    parts.append(getattr(device, "type", str(device)))
+    parts.append(device.type)
     return ", ".join(parts) + (f" ({transport})" if transport else "")
 
 
