@@ -18,7 +18,6 @@ import numpy as np
 from .. import backend
 from .. import distributed as dist
 from ..data.corpus import ensure_default_data
-from ..distributed.launch_utils import mpi_library
 from ..data.loader import DistributedDataLoader
 from ..data.sft_loader import SFTDataError, SFTDataLoader
 from ..data.tokenizer import get_tokenizer
@@ -42,7 +41,7 @@ from .numerics_run import numerics_checker_for
 from .profiling import RunProfiler
 from .resume import check_config_changes, check_same_model, choose_checkpoint, run_id_of
 from .signals import EXIT_STOPPED, StopSignals, signal_name
-from .startup import config_lines, data_summary, held_per_rank, is_sharded, layout_summary, parameter_summary
+from .startup import config_lines, data_summary, layout_summary, parameter_summary, parameters_per_rank, transport
 from .step import StepPlan, train_step
 from .tensorboard_log import RunLog
 
@@ -240,18 +239,14 @@ class Run:
         """Rank 0 prints the settings that differ from the defaults (writing the whole resolved config to out_dir),
         the layout, the parameter counts and the data's (training/startup.py shows the lines)."""
         cfg, dims = self.cfg, self.dims
-        per_rank = None
-        if self.world > 1 and is_sharded(dims, self.zero_stage):  # (a collective: every rank takes part)
-            per_rank = held_per_rank(self.layout.parameter_count(), self.world)
+        per_rank = parameters_per_rank(self.layout)  # (where the layout splits them, a collective: every rank)
         if self.rank != 0:
             return
         for warning in cfg.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         path = cfg.save_resolved(resumed_at=self.start_step if self.resumed_from else None)  # keeps config.yaml
-        library = mpi_library() if self.world > 1 else None  # the MPI that carries the job (or bootstraps NCCL)
-        transport = (f"{dist.get_backend()}, {library}" if library else dist.get_backend()) if self.world > 1 else None
         lines = config_lines(cfg, path)
-        lines.append(layout_summary(dims, cfg, self.device, transport))
+        lines.append(layout_summary(dims, cfg, self.device, transport(self.world)))
         lines.append(parameter_summary(self.raw_model.num_params(), self.raw_model.num_params(trainable=True),
                                        per_rank))
         lines += data_summary(cfg, dims.dp_size, self.grad_accum, self.tok_name, self.train_loader, self.val_loader)

@@ -34,6 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import distributed as dist
+from ..data.sft_loader import SFTDataLoader
+from ..distributed.launch_utils import mpi_library
 from ..tensor import Tensor
 
 
@@ -83,6 +85,15 @@ def layout_summary(dims, cfg, device, transport=None):
     return ", ".join(parts) + (f" ({transport})" if transport else "")
 
 
+def transport(world):
+    """``mpi, MPICH 5.0.2``: the process-group backend and the MPI library that carries the job (or bootstraps
+    NCCL); None in one process."""
+    if world == 1:
+        return None
+    library = mpi_library()
+    return f"{dist.get_backend()}, {library}" if library else dist.get_backend()
+
+
 def is_sharded(dims, zero_stage):
     """Whether the layout splits the parameters over ranks (so a rank holds fewer than the model has)."""
     return dims.tp_size > 1 or dims.pp_size > 1 or dims.expert_size > 1 or zero_stage == 3
@@ -93,6 +104,14 @@ def held_per_rank(held, world):
     parts = [Tensor(np.zeros(1, np.int64)) for _ in range(world)]
     dist.all_gather(parts, Tensor(np.array([held], np.int64)))
     return [int(p.numpy()[0]) for p in parts]
+
+
+def parameters_per_rank(layout):
+    """The parameter values each rank of ``layout`` (a TrainingLayout) holds, where the layout splits them; else
+    None. A collective in that case: every rank calls it."""
+    if layout.dims.world == 1 or not is_sharded(layout.dims, layout.zero_stage):
+        return None
+    return held_per_rank(layout.parameter_count(), layout.dims.world)
 
 
 def parameter_summary(total, trainable, per_rank=None):
@@ -115,7 +134,7 @@ def data_summary(cfg, dp_size, grad_accum, tokenizer, train_loader, val_loader=N
     epochs``."""
     t = cfg.train
     per_step = t.batch_size * t.sequence_length * grad_accum * dp_size
-    if hasattr(train_loader, "stats"):  # SFT samples: an epoch is the rows they are laid out in
+    if isinstance(train_loader, SFTDataLoader):  # SFT samples: an epoch is the rows they are laid out in
         s = train_loader.stats()
         what = (f"{s['used']:,} train examples ({cfg.data.format}): {s['tokens']:,} tokens, {s['trained']:,} "
                 f"trained per epoch")
@@ -131,4 +150,5 @@ def data_summary(cfg, dp_size, grad_accum, tokenizer, train_loader, val_loader=N
             f"DP{dp_size}; {t.num_iterations} steps = {_epochs(epochs)} epochs"]
 
 
-__all__ = ["config_lines", "layout_summary", "parameter_summary", "data_summary", "held_per_rank", "is_sharded"]
+__all__ = ["config_lines", "layout_summary", "parameter_summary", "data_summary", "held_per_rank", "is_sharded",
+           "parameters_per_rank", "transport"]
