@@ -57,6 +57,13 @@ class TensorParallel:
         return logits, losses.sum() / count
 
 
+def tensor_parallel_for(group, sequence_parallel, heads):
+    """The TensorParallel a model's tensor plan splits it with over ``group``, after refusing a split its ``heads``
+    ({config key: count}) cannot take (check_split); None for a group of one (nothing to split)."""
+    check_split(group.size, sequence_parallel, heads)
+    return TensorParallel(group, sequence_parallel) if group.size > 1 else None
+
+
 class VocabParallelHead(Module):
     """The output layer tied to a VocabParallelEmbedding: the logits of this rank's vocabulary rows (its columns
     of the whole logits, padding included). The input is the whole sequence (copied in: its gradient is summed
@@ -96,4 +103,5 @@ def without_sequence_parallel(model):
             layer.sequence_parallel = True
 
 
-__all__ = ["check_split", "TensorParallel", "TensorParallelError", "VocabParallelHead", "without_sequence_parallel"]
+__all__ = ["check_split", "TensorParallel", "TensorParallelError", "VocabParallelHead", "tensor_parallel_for",
+           "without_sequence_parallel"]

@@ -25,18 +25,15 @@ from ...autograd.grad_mode import no_grad
 from ...nn.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mark_sequence_parallel
 from ..registry import spec_of
 from ..tensor_parallel_lm import (TensorParallel, TensorParallelError, VocabParallelHead,  # noqa: F401 (re-exported)
-                                 check_split, without_sequence_parallel)
+                                 tensor_parallel_for, without_sequence_parallel)
 
 
 def parallelize_gpt2(model, group, sequence_parallel=False):
     """Split ``model`` (a whole GPT2) over the tensor-parallel ``group`` in place; returns the model."""
-    cfg = model.config
-    size = group.size
-    check_split(size, sequence_parallel, spec_of(model).head_counts(cfg))
-    if size == 1:
+    tp = tensor_parallel_for(group, sequence_parallel, spec_of(model).head_counts(model.config))
+    if tp is None:
         return model
-    tp = TensorParallel(group, sequence_parallel)
-    sp = tp.sequence_parallel
+    cfg, size, sp = model.config, group.size, tp.sequence_parallel
     with no_grad():
         for block in model.transformer.h:
             attn, mlp = block.attn, block.mlp

@@ -19,18 +19,15 @@ from ...nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, 
                            mark_sequence_parallel)
 from ...nn.parallel.tensor_parallel import shard_parameter
 from ..registry import spec_of
-from ..tensor_parallel_lm import TensorParallel, VocabParallelHead, check_split
+from ..tensor_parallel_lm import VocabParallelHead, tensor_parallel_for
 
 
 def parallelize_llama(model, group, sequence_parallel=False):
     """Split ``model`` (a whole Llama) over the tensor-parallel ``group`` in place; returns the model."""
-    cfg = model.config
-    size = group.size
-    check_split(size, sequence_parallel, spec_of(model).head_counts(cfg))
-    if size == 1:
+    tp = tensor_parallel_for(group, sequence_parallel, spec_of(model).head_counts(model.config))
+    if tp is None:
         return model
-    tp = TensorParallel(group, sequence_parallel)
-    sp = tp.sequence_parallel
+    cfg, size, sp = model.config, group.size, tp.sequence_parallel
     with no_grad():
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp
