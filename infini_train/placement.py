@@ -7,6 +7,8 @@ read by nn/, optim/, autocast, ZeRO, fully_shard and checkpoints instead of prob
     p.placement.tied_copy          the last pipeline stage's copy of a tied embedding: its gradient is summed with the
                                    embedding's over the embedding group, and norms leave it out
     p.placement.flat_shard         fully_shard's flat space holding this rank's shard of it (None: the values are here)
+    p.placement.routed             reached only by the tokens routed to it (a mixture of experts' expert): a rank may
+                                   get no gradient for it in a step, so no collective may wait for its gradient
 
 Every tensor reads REPLICATED until ``place(t, ...)`` gives it a record of its own (records are immutable; a
 Parameter keeps its own, a plain tensor is always replicated).
@@ -24,6 +26,7 @@ class Placement:
     expert_local: bool = False
     tied_copy: bool = False
     flat_shard: Any = None
+    routed: bool = False
 
     @property
     def replicated(self):

@@ -32,6 +32,7 @@ from .. import backend
 from ..autograd.ops.joins import cat, split
 from ..autograd.ops.sorting import stable_order
 from ..creation import zeros
+from ..placement import place
 from ..promotion import promote_types
 from ..tensor import Tensor
 from . import functional as F
@@ -211,6 +212,8 @@ class MoE(Module):
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
         self.gate = Router(dim, num_experts, top_k, norm_topk_prob, device=device, dtype=dtype)
         self.experts = ModuleList([SwiGLU(dim, hidden_dim, device=device, dtype=dtype) for _ in range(num_experts)])
+        for p in self.experts.parameters():
+            place(p, routed=True)
         self.num_shared_experts = int(num_shared_experts)
         if self.num_shared_experts:
             shared = shared_hidden_dim or self.num_shared_experts * hidden_dim

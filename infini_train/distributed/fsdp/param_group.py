@@ -54,6 +54,10 @@ class FSDPParamGroup:
         self.requires_gradient_sync = True
         self.reshard_after_backward = True
         self.used = False  # ran forward since its gradients were last reduced
+        # A unit holding experts (placement.routed) may get all its gradients on one rank and not on another, so
+        # reducing when they are all in would order the collectives differently on different ranks: such a unit
+        # reduces at the end of backward, where every rank takes the units in the same order.
+        self.reduces_at_end = any(p.placement.routed for p in self.trainable)
         self.on_pass_start = None  # set by the root: queues the end-of-backward callback once per pass
 
     @property
@@ -82,6 +86,8 @@ class FSDPParamGroup:
         self._maybe_post_backward()
 
     def _maybe_post_backward(self):
+        if self.reduces_at_end:
+            return
         if len(self.ready) == len(self.trainable) and self.inputs_pending <= 0 and (self.ready or self.used):
             self.post_backward()
 
