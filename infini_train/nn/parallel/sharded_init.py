@@ -30,21 +30,24 @@ def derived_from(param, source):
 
 
 def _source_of(param):
-    return param if param.init_source is None else param.init_source
+    source = getattr(param, "init_source", None)  # (a buffer has none)
+    return param if source is None else source
 
 
 def replay_inits(calls, model, rank=0, size=1):
     """Fill ``model``'s parameters (given storage by ``to_empty``) by replaying ``calls`` (``recording_inits``)
     against the host generator, seeded as the whole model's build was. ``rank`` / ``size``: this rank's place in
-    the tensor-parallel group its shards were split over."""
+    the tensor-parallel group its shards were split over. A buffer the constructor initialised with an init (a
+    DeepSeek router's correction bias) is filled as well; other buffers are left as they are."""
     holders = {}  # id of a recorded meta tensor -> [(parameter here, its pieces of the whole tensor)]
-    for p in model.parameters():
+    recorded = {id(t) for t, _, _ in calls}
+    buffers = [b for b in model.buffers() if id(b) in recorded]
+    for p in list(model.parameters()) + buffers:
         source = _source_of(p)
         if p.placement.flat_shard is None:  # (fully_shard's shards start zero-filled)
             p.array[...] = 0
         pieces = param_pieces(p, rank, size)
         holders.setdefault(id(source), []).append((p, pieces))
-    recorded = {id(t) for t, _, _ in calls}
     for p in model.parameters():
         if id(_source_of(p)) not in recorded:
             raise InitError(f"sharded init: a parameter of shape {tuple(p.shape)} was never initialised while built "
@@ -71,7 +74,7 @@ def replay_inits(calls, model, rank=0, size=1):
             for param, pieces in mine:
                 _write(pieces, shape, start, count, values, args[0] if kind == "constant" else None,
                        param.device.array_module())
-    for p in model.parameters():
+    for p in list(model.parameters()) + buffers:
         p._version[0] += 1
     return model
 
