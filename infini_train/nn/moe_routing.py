@@ -35,7 +35,11 @@ The sequence-wise balance loss (DeepSeek-V3 eqs. 17-20, as Megatron's ``seq_aux_
 ``seq_aux_loss_alpha`` > 0: per sequence of T tokens, f_i = E / (top_k T) * (tokens choosing expert i),
 P_i = mean over the tokens of s_i / sum_j s_j (the unbiased scores normalised over all experts); the loss is
 alpha * sum_i f_i P_i, averaged over the sequences (the rows of a (B, T, dim) input; one sequence for (N, dim)).
-``seq_aux_loss`` holds it after each forward (0-d, in the graph) and ``router_loss`` includes it.
+``seq_aux_loss`` holds it after each forward (0-d, in the graph) and ``router_loss`` includes it. A causal LM
+(models/moe_lm.py's MoECausalLM, its config holding ``seq_aux_loss_alpha``) adds alpha times the sum over its layers,
+computed from each layer's ``router_probs`` / ``router_indices`` / ``sequences`` (with sequence parallelism, each
+tensor rank's part over its slices of the sequences, the counts summed over the group). Padding rows count as tokens
+(as in Megatron-Core).
 """
 from __future__ import annotations
 
