@@ -30,19 +30,19 @@ def derived_from(param, source):
 
 
 def _source_of(param):
-    source = getattr(param, "init_source", None)  # (a buffer has none)
+    source = getattr(param, "init_source", None)  # (buffers are plain Tensors)
     return param if source is None else source
 
 
 def replay_inits(calls, model, rank=0, size=1):
-    """Fill ``model``'s parameters (given storage by ``to_empty``) by replaying ``calls`` (``recording_inits``)
-    against the host generator, seeded as the whole model's build was. ``rank`` / ``size``: this rank's place in
-    the tensor-parallel group its shards were split over. A buffer the constructor initialised with an init (a
-    DeepSeek router's correction bias) is filled as well; other buffers are left as they are."""
+    """Fill ``model``'s parameters and nn.init-initialised buffers (given storage by ``to_empty``) by replaying
+    ``calls`` (``recording_inits``) against the host generator, seeded as the whole model's build was. ``rank`` /
+    ``size``: this rank's place in the tensor-parallel group its shards were split over."""
     holders = {}  # id of a recorded meta tensor -> [(parameter here, its pieces of the whole tensor)]
     recorded = {id(t) for t, _, _ in calls}
-    buffers = [b for b in model.buffers() if id(b) in recorded]
-    for p in list(model.parameters()) + buffers:
+    # the parameters, and the buffers whose constructor initialised them with nn.init (a router's correction bias)
+    initialised = list(model.parameters()) + [b for b in model.buffers() if id(_source_of(b)) in recorded]
+    for p in initialised:
         source = _source_of(p)
         if p.placement.flat_shard is None:  # (fully_shard's shards start zero-filled)
             p.array[...] = 0
@@ -74,7 +74,7 @@ def replay_inits(calls, model, rank=0, size=1):
             for param, pieces in mine:
                 _write(pieces, shape, start, count, values, args[0] if kind == "constant" else None,
                        param.device.array_module())
-    for p in list(model.parameters()) + buffers:
+    for p in model.parameters():
         p._version[0] += 1
     return model
 
