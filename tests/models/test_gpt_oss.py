@@ -122,7 +122,8 @@ def test_float64_logits_loss_and_every_gradient_match_hf_to_1e_10(tmp_path, monk
     logits, loss = ours(it.tensor(x), it.tensor(shifted_targets(x)))
     assert logits.dtype == it.float64
     out = hf(torch.tensor(x))
-    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), torch.tensor(x[:, 1:]).reshape(-1))
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB),
+                                                 torch.tensor(x[:, 1:]).reshape(-1))
     np.testing.assert_allclose(logits.numpy(), out.logits.detach().numpy(), rtol=0, atol=1e-10)
     np.testing.assert_allclose(loss.item(), expected.item(), rtol=0, atol=1e-10)
     loss.backward()
