@@ -19,12 +19,15 @@ from transformers.models.gpt_oss import modeling_gpt_oss
 
 import infini_train as it
 from infini_train.models.documents import packed_documents
+from infini_train.autograd.ops import flash_attention
 from infini_train.models.gpt_oss.model import GptOss
+from infini_train.nn.attention import SDPBackend, sdpa_kernel
 
 from .hf_lm_checks import batch, check_directories_both_ways, check_generation, shifted_targets
 
 VOCAB = 61
 T = 24
+PATHS = {"math": SDPBackend.MATH, "blocked": SDPBackend.FLASH_ATTENTION}  # the blocked path in blocks of 8 here
 
 
 def hf_config(aux=0.25, tie=False, **extra):
@@ -96,6 +99,8 @@ def test_model_has_hf_structure(tmp_path):
     assert experts.gate_up_proj.shape == (4, 32, 48) and experts.down_proj_bias.shape == (4, 32)
     assert ours.model.layers[0].self_attn.sinks.shape == (4,)
     assert ours.num_params() == sum(p.numel() for p in hf.parameters())
+    per_expert = 32 * 48 + 48 + 24 * 32 + 32
+    assert ours.idle_params(True) == 3 * (4 - 2) * per_expert and ours.idle_params(False) == 0  # MFU: active ones
 
 
 def test_float32_logits_loss_aux_loss_and_every_gradient_match_hf(tmp_path):
@@ -113,13 +118,17 @@ def test_float32_logits_loss_aux_loss_and_every_gradient_match_hf(tmp_path):
     compare_gradients(ours, hf, 1e-5)
 
 
-def test_float64_logits_loss_and_every_gradient_match_hf_to_1e_10(tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", list(PATHS))
+def test_float64_logits_loss_and_every_gradient_match_hf_to_1e_10(tmp_path, monkeypatch, path):
+    """Both attention paths: the blocked one with sinks and windows crossing its blocks."""
+    monkeypatch.setattr(flash_attention.BlockedAttention, "block", 8)
     ours, hf = pair(tmp_path, dtype=torch.float64, aux=0.0)
     float64_oracle(monkeypatch, ours, hf)
     x = batch(VOCAB, T=T)
     ours.train()
     hf.train()
-    logits, loss = ours(it.tensor(x), it.tensor(shifted_targets(x)))
+    with sdpa_kernel(PATHS[path]):
+        logits, loss = ours(it.tensor(x), it.tensor(shifted_targets(x)))
     assert logits.dtype == it.float64
     out = hf(torch.tensor(x))
     expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB),
@@ -131,9 +140,11 @@ def test_float64_logits_loss_and_every_gradient_match_hf_to_1e_10(tmp_path, monk
     compare_gradients(ours, hf, 1e-10)
 
 
-def test_padded_batch_equals_hf_with_its_attention_mask(tmp_path):
+@pytest.mark.parametrize("path", list(PATHS))
+def test_padded_batch_equals_hf_with_its_attention_mask(tmp_path, monkeypatch, path):
     """One sample per row, right-padded (longer than the window): logits at the samples' positions, the loss over
     their tokens, the load-balancing loss without the padding, and every gradient."""
+    monkeypatch.setattr(flash_attention.BlockedAttention, "block", 8)
     ours, hf = pair(tmp_path, seed=1)
     lengths = (9, 14, 6)
     rng = np.random.default_rng(2)
@@ -146,7 +157,7 @@ def test_padded_batch_equals_hf_with_its_attention_mask(tmp_path):
         y[r, :n - 1] = x[r, 1:n]
     ours.train()
     hf.train()
-    with packed_documents(pos, seg):
+    with packed_documents(pos, seg), sdpa_kernel(PATHS[path]):
         logits, loss = ours(it.tensor(x), it.tensor(y))
     labels = np.where(seg != 0, x, -100)
     out = hf(torch.tensor(x), attention_mask=torch.tensor(seg), labels=torch.tensor(labels), output_router_logits=True)
