@@ -4,9 +4,12 @@ with sequence parallelism) the same losses and gradient norms as one process; th
 (sliding_window, yarn_*, swiglu_*) build the model config they say, --print-config shows them, and what gpt-oss
 runs do not support is refused with one clear line each."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+import torch
 
 from infini_train.training.config import ConfigError, load_config
 from tests.distributed.mpi_jobs import needs_mpiexec
@@ -28,13 +31,24 @@ def _values(out, key):
 
 def test_a_few_steps_in_one_process_and_resume(data_dir, tmp_path):
     out = tmp_path / "one"
-    proc = _train(data_dir, out, "train.num_iterations=6", "train.save_every=3")
+    proc = _train(data_dir, out, "train.num_iterations=6", "train.save_every=3", "train.keep_last=3")
     losses = _values(out, "loss")
     assert len(losses) == 6 and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
     assert np.all(_values(out, "aux_loss") > 0) and "load max/mean" in proc.stdout
     again = tmp_path / "again"
     _train(data_dir, again, "train.num_iterations=6", f"resume={out}/checkpoints/step_000003")
     np.testing.assert_allclose(_values(again, "loss"), losses[3:], rtol=1e-5)
+    # tools.consolidate --format hf: a directory transformers loads, with our logits
+    import infini_train as it
+    from transformers import GptOssForCausalLM
+
+    hf_dir = tmp_path / "hf"
+    subprocess.run([sys.executable, "-m", "infini_train.tools.consolidate", f"{out}/checkpoints/step_000006",
+                    str(hf_dir), "--format", "hf"], check=True, cwd=REPO, capture_output=True)
+    hf = GptOssForCausalLM.from_pretrained(hf_dir).eval()
+    x = np.random.default_rng(0).integers(0, 257, (2, 40))
+    ours = it.models.from_pretrained(hf_dir)(it.tensor(x))[0].numpy()
+    np.testing.assert_allclose(ours, hf(torch.tensor(x)).logits.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 @needs_mpiexec
