@@ -1,6 +1,7 @@
 """configs/gpt_oss_tiny.yaml through examples/gpt2/train.py: a few steps in one process (the loss falls, the
-load-balancing loss and expert loads are reported, the checkpoint resumes); under tensor parallelism (TP2, and TP2
-with sequence parallelism) the same losses and gradient norms as one process; the run config's gpt-oss keys
+load-balancing loss and expert loads are reported, the checkpoint resumes, tools.consolidate --format hf gives a
+directory transformers loads); on two ranks (TP2, TP2 with sequence parallelism, PP2, DP2 with ZeRO-1) the same
+losses, gradient norms and load-balancing losses as one process; the run config's gpt-oss keys
 (sliding_window, yarn_*, swiglu_*) build the model config they say, --print-config shows them, and what gpt-oss
 runs do not support is refused with one clear line each."""
 import os
@@ -51,18 +52,27 @@ def test_a_few_steps_in_one_process_and_resume(data_dir, tmp_path):
     np.testing.assert_allclose(ours, hf(torch.tensor(x)).logits.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
+LAYOUTS = {"tp2": ["parallel.tensor=2"], "tp2-sp": ["parallel.tensor=2", "parallel.sequence=true"],
+           "pp2": ["parallel.pipeline=2"], "dp2-zero1": ["parallel.zero_stage=1"]}
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    _train(data_dir, out, "train.num_iterations=4")
+    return out
+
+
 @needs_mpiexec
-@pytest.mark.parametrize("sequence", [False, True], ids=["tp2", "tp2-sp"])
-def test_tensor_parallel_runs_follow_one_process(data_dir, tmp_path, sequence):
-    """The heads, their biases and sinks split over two ranks, the experts whole on each: the one process's losses,
-    gradient norms and load-balancing losses."""
-    ref = tmp_path / "one"
-    _train(data_dir, ref, "train.num_iterations=4")
-    out = tmp_path / "tp2"
-    _train(data_dir, out, "train.num_iterations=4", "parallel.tensor=2", f"parallel.sequence={str(sequence).lower()}",
-           ranks=2)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_rank_layouts_follow_one_process(data_dir, tmp_path, one_process, layout):
+    """Tensor parallelism (the heads, their biases and sinks split, the experts whole on each rank; with sequence
+    parallelism each rank routing its slice), pipeline stages (the router statistics passed on) and data
+    parallelism with ZeRO-1: the one process's losses, gradient norms and load-balancing losses."""
+    out = tmp_path / layout
+    _train(data_dir, out, "train.num_iterations=4", *LAYOUTS[layout], ranks=2)
     for key in ("loss", "grad_norm", "aux_loss"):
-        np.testing.assert_allclose(_values(out, key), _values(ref, key), rtol=1e-4, err_msg=key)
+        np.testing.assert_allclose(_values(out, key), _values(one_process, key), rtol=1e-4, err_msg=key)
 
 
 def test_run_keys_build_the_model_config():
