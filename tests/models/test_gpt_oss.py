@@ -101,6 +101,9 @@ def test_model_has_hf_structure(tmp_path):
     assert ours.num_params() == sum(p.numel() for p in hf.parameters())
     per_expert = 32 * 48 + 48 + 24 * 32 + 32
     assert ours.idle_params(True) == 3 * (4 - 2) * per_expert and ours.idle_params(False) == 0  # MFU: active ones
+    active = ours.num_params(non_embedding=True) - ours.idle_params(True)
+    attention = 12 * 4 * 8 * (5 + 24 + 5)  # layers 0 and 2 see a window of 5 keys, layer 1 all 24
+    assert ours.flops_per_token(24) == 6 * active + attention
 
 
 def test_float32_logits_loss_aux_loss_and_every_gradient_match_hf(tmp_path):

@@ -126,6 +126,17 @@ class GptOss(MoECausalLM, Llama):
         per_expert = d * 2 * h + 2 * h + h * d + d
         return cfg.n_layers * (cfg.num_experts - cfg.num_experts_per_tok) * per_expert
 
+    def flops_per_token(self, seq_len=None):
+        """PaLM's 6N + 12 L H Q T (models/flops.py) with N the active parameters and, in a sliding-window layer,
+        the window's keys in place of T."""
+        from ..flops import training_flops_per_token
+
+        cfg = self.config
+        length = seq_len or cfg.max_seq_len
+        keys = sum(min(length, cfg.window(layer) or length) for layer in range(cfg.n_layers))
+        return (training_flops_per_token(self, 0, cfg.n_heads, cfg.head_dim, length, self.idle_params)
+                + 12 * cfg.n_heads * cfg.head_dim * keys)
+
     @classmethod
     def config_from_hf(cls, hf, source):
         from .io import hf_config_to_gpt_oss
