@@ -89,6 +89,9 @@ def test_run_keys_build_the_model_config():
     assert preset.model.to_model_config().n_layers == 4
     shown = load_config(CONFIG).model.resolved()
     assert (shown.sliding_window, shown.yarn_factor, shown.bias) == (16, 4.0, True)
+    assert shown.to_model_config() == model  # --print-config loads back to the same model
+    shown = load_config(CONFIG, ["model.preset=gpt-oss-20b"]).model
+    assert shown.resolved().to_model_config() == shown.to_model_config()
 
 
 def _errors(overrides):
