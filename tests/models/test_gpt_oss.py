@@ -104,6 +104,14 @@ def test_model_has_hf_structure(tmp_path):
     active = ours.num_params(non_embedding=True) - ours.idle_params(True)
     attention = 12 * 4 * 8 * (5 + 24 + 5)  # layers 0 and 2 see a window of 5 keys, layer 1 all 24
     assert ours.flops_per_token(24) == 6 * active + attention
+    # YaRN: HF's inverse frequencies bit for bit and its attention factor; the tables within an ulp of torch's cos
+    rotary = hf.model.rotary_emb
+    np.testing.assert_array_equal(ours._inv_freq, rotary.inv_freq.numpy())
+    assert ours._rope_factor == rotary.attention_scaling
+    cos, sin = rotary(torch.zeros(1), torch.arange(128)[None])
+    mine = ours.rope(0, 128, it.backend.Device.parse("cpu"))
+    for a, b in zip(mine, (cos, sin)):
+        np.testing.assert_allclose(a.numpy()[:, :4], b[0].numpy()[:, :4], rtol=0, atol=3e-7)
 
 
 def test_float32_logits_loss_aux_loss_and_every_gradient_match_hf(tmp_path):
