@@ -3,7 +3,8 @@ memory-efficient one, flash_attention.py, here with small blocks so windows and 
 the output and every gradient, the sinks' included, against an eager torch reference built as Hugging Face's
 GptOssAttention computes it (the sink's column concatenated to the scores, softmax, the column dropped), over
 causal / non-causal attention, sliding windows, grouped-query heads, masks and fully masked rows; float64 finite
-differences; a double backward through the composite; and the argument checks."""
+differences (with and without dropout); both paths' dropout alike; a double backward through the composite; and
+the argument checks."""
 import numpy as np
 import pytest
 import torch
@@ -112,16 +113,19 @@ def test_without_sinks_a_window_equals_the_reference():
         np.testing.assert_allclose(out.numpy(), expected.numpy(), atol=1e-12)
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
 @pytest.mark.parametrize("path", list(PATHS))
-def test_float64_finite_differences(path):
+def test_float64_finite_differences(path, dropout):
+    """(With dropout the mask is a function of the seed and the positions: the same in every evaluation.)"""
     rng = np.random.default_rng(3)
     arrays = [rng.standard_normal((1, 2, 18, 4)), rng.standard_normal((1, 1, 18, 4)),
               rng.standard_normal((1, 1, 18, 3)), rng.standard_normal(2)]
 
     def fn(q, k, v, sinks):
+        it.manual_seed(3)
         with sdpa_kernel(PATHS[path]):
             return it.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
-                                                                 sinks=sinks, sliding_window=5)
+                                                                 sinks=sinks, sliding_window=5, dropout_p=dropout)
 
     check_finite_differences(fn, arrays, [True] * 4, tol=1e-7)
 
@@ -152,3 +156,18 @@ def test_argument_errors():
         it.nn.functional.scaled_dot_product_attention(q, q, q, sinks=it.tensor(np.zeros(3)))
     with pytest.raises(ValueError, match="sliding_window: None or an int >= 1"):
         it.nn.functional.scaled_dot_product_attention(q, q, q, sliding_window=0)
+
+
+def test_dropout_with_sinks_is_the_same_in_both_paths():
+    """Attention dropout draws each weight's keep from its position: both paths drop the same weights, so their
+    outputs and gradients (the sinks' included: -P_sink * rowsum(dO * O)) agree."""
+    *arrays, cot = _arrays(np.random.default_rng(5), 37, 37)
+    results = []
+    for path in PATHS:
+        it.manual_seed(7)
+        results.append(_ours(path, arrays, cot, is_causal=True, sliding_window=9, dropout_p=0.3))
+    (out_m, grads_m), (out_b, grads_b) = results
+    assert np.any(out_m != _ours("math", arrays, cot, is_causal=True, sliding_window=9)[0])  # dropout did drop
+    np.testing.assert_allclose(out_b, out_m, atol=1e-12)
+    for a, b in zip(grads_b, grads_m):
+        np.testing.assert_allclose(a, b, atol=1e-12)
