@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from .. import backend
 from ..nn import functional as F
 from ..creation import arange
@@ -56,9 +58,11 @@ def sharded_random(tp, dropout_p, whole_sequence_split=False):
     return backend.fork_rng(TP_RANDOM)
 
 
-def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
+def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False, sinks=None, window=None):
     """Causal attention of q over k, v (B, heads, T, hd); with ``kv_cache`` the new keys and values are appended
-    to ``layer``'s cache first and the queries (the last T positions) attend over everything cached."""
+    to ``layer``'s cache first and the queries (the last T positions) attend over everything cached. ``sinks``
+    (heads,) and a sliding ``window`` (keys within window - 1 positions before the query) as
+    scaled_dot_product_attention takes them (gpt-oss)."""
     mask, causal = None, True
     group = active_group()
     layout = active_layout()
@@ -67,8 +71,11 @@ def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
             raise ValueError("attention: packed documents run whole sequences without a KV cache or context "
                              "parallelism\nHINT: generate and run context-parallel forwards outside packed_documents")
         return F.scaled_dot_product_attention(q, k, v, attn_mask=layout.attention_mask(q.device), dropout_p=dropout_p,
-                                              enable_gqa=enable_gqa)
+                                              enable_gqa=enable_gqa, sinks=sinks, sliding_window=window)
     if group is not None and kv_cache is None:  # a sequence split over context-parallel ranks
+        if sinks is not None or window is not None:
+            raise NotImplementedError("parallel.context: ring attention with attention sinks or sliding windows is "
+                                      "not supported\nHINT: use parallel.context=1 for this model")
         return ring_attention(q, k, v, group, dropout_p=dropout_p, enable_gqa=enable_gqa)
     if kv_cache is not None:
         past = kv_cache.length
@@ -76,10 +83,14 @@ def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False):
         T = q.shape[2]
         if past:
             causal = False
-            if T > 1:  # new queries sit at the end of the key range: bottom-right aligned causal mask
-                mask = (arange(T).view(T, 1) + past >= arange(past + T).view(1, past + T)).to(q.device)
+            if T > 1 or window is not None:  # new queries sit at the end of the key range: bottom-right aligned
+                lag = np.arange(T).reshape(T, 1) + past - np.arange(past + T).reshape(1, past + T)
+                allowed = (lag >= 0) & (lag < window) if window is not None else lag >= 0
+                from ..tensor import Tensor
+                mask = Tensor._make(backend.to_device_array(allowed, q.device), q.device)
+                window = None  # (folded into the mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal,
-                                          enable_gqa=enable_gqa)
+                                          enable_gqa=enable_gqa, sinks=sinks, sliding_window=window)
 
 
 def token_positions(start, length, device):

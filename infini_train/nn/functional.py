@@ -101,11 +101,14 @@ def dropout(x, p=0.5, training=True):
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+                                 enable_gqa=False, sinks=None, sliding_window=None):
     """softmax(q k^T * scale + mask) v over (..., T, head_dim) inputs; ``is_causal`` masks future positions;
-    ``enable_gqa`` lets k and v have fewer heads than q (grouped-query attention)."""
+    ``enable_gqa`` lets k and v have fewer heads than q (grouped-query attention); ``sinks`` (heads,) adds a learned
+    logit per head to each row's softmax denominator (attention sinks, gpt-oss); ``sliding_window`` keeps query i to
+    the keys j > i - sliding_window (see autograd/ops/attention.py)."""
     return attention.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                                                  sinks=sinks, sliding_window=sliding_window)
 
 
 def pad(x, pad, mode="constant", value=0.0):

@@ -8,6 +8,8 @@ Forward, per query block i and key block j:  S = q_i k_j^T * scale + masks,  m' 
 P = exp(S - m'),  l = l * exp(m - m') + rowsum P,  O_i = O_i * exp(m - m') + dropout(P) v_j;  finally O_i /= l and
 LSE_i = m + log l. Backward: D = rowsum(dO * O); per block P = exp(S - LSE), dV_j += dropout(P)^T dO_i,
 dS = P * (dropout'(dO_i v_j^T) - D_i), dQ_i += dS k_j * scale, dK_j += dS^T q_i * scale (dMask = dS).
+Attention sinks start each row's running max and sum (flash_kernels.py), so LSE counts them; their gradient is
+dSink_h = -sum over the head's rows of exp(sink_h - LSE) * D. Sliding windows skip the key blocks before them.
 
 Results equal the materialised path's (attention.py) to float32 rounding: the same checks, grouped-query heads,
 masks (bool or additive, broadcast), a fully masked row giving zeros, float32 accumulation for float16/bfloat16,
@@ -20,7 +22,7 @@ import numpy as np
 
 from . import flash_kernels as kernels
 from . import low_precision as lp
-from .attention import ScaledDotProductAttention
+from .attention import ScaledDotProductAttention, sink_rows
 from .attention_dropout import draw_seed
 
 BLOCK = kernels.BLOCK
@@ -40,16 +42,19 @@ class BlockedAttention(ScaledDotProductAttention):
     def _blocks(self, mask):
         dropout = None if self.seed is None else (self.seed, self.tq, self.tk, 0, 0, self.dropout_p)
         return kernels.Blocks(self.xp, self.device, self.tq, self.tk, self.used_scale, self.is_causal, mask, dropout,
-                              self.block)
+                              self.block, self.window)
 
-    def forward(self, q, k, v, mask=None):
+    def forward(self, q, k, v, *rest):
+        mask, sinks = self._extras(rest)
         self._check(q, k, v, mask)
+        self._check_sinks(q, sinks)
         self.in_dtype = q.dtype
         q, k, v, _ = self._prepare(q, k, v)
         self.tq, self.tk = q.shape[-2], k.shape[-2]
         self.used_scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         self.seed = draw_seed(self.device) if self.dropout_p > 0.0 else None
-        out, lse = kernels.forward(self._blocks(mask), q, k, v)
+        column = None if sinks is None else sink_rows(sinks, q.dtype)
+        out, lse = kernels.forward(self._blocks(mask), q, k, v, column)
         self.stash(out, lse)
         return lp.narrow(self.xp, out, self.in_dtype)
 
@@ -57,10 +62,9 @@ class BlockedAttention(ScaledDotProductAttention):
         xp = self.xp
         saved = self.saved_arrays
         q, k, v, batch = self._prepare(*saved[:3])
-        mask = saved[3] if len(saved) == 4 else None
+        mask, sinks = self._extras(saved[3:])
         out, lse = self.stashed
-        shapes = self._input_shapes
-        need_mask = len(shapes) == 4 and self.needs_input_grad[3]
+        need_mask = self.has_mask and self.needs_input_grad[3]
         g = g.astype(out.dtype, copy=False)
         d = (g * out).sum(axis=-1, keepdims=True)
         grad_q, grad_k, grad_v = (xp.zeros(batch + a.shape[-2:], out.dtype) for a in (q, k, v))
@@ -69,9 +73,12 @@ class BlockedAttention(ScaledDotProductAttention):
         grads = (self._finish(grad_q, self.used_scale, 0), self._finish(grad_k, self.used_scale, 1),
                  self._finish(grad_v, 1.0, 2))
         grads = tuple(gr if need else None for gr, need in zip(grads, self.needs_input_grad[:3]))
-        if len(shapes) == 4:
-            return grads + (lp.narrow(xp, grad_mask, mask.dtype) if need_mask else None,)
-        return grads
+        grad_sinks = None
+        if self.has_sinks and self.needs_input_grad[-1]:  # -exp(sink - LSE) * D over every row of the head
+            part = xp.exp(sink_rows(sinks, out.dtype) - lse) * d
+            grad_sinks = lp.narrow(xp, -part.reshape(-1, sinks.shape[0], part.shape[-2]).sum(axis=(0, 2)),
+                                   sinks.dtype)
+        return self._with_extras(grads, lp.narrow(xp, grad_mask, mask.dtype) if need_mask else None, grad_sinks)
 
 
 __all__ = ["BlockedAttention", "BLOCK"]

@@ -5,7 +5,12 @@ them on pairs of sequence chunks and merges the partial results by their log-sum
 ``forward`` gives the output and each row's log-sum-exp (+inf for a row that sees no key); ``backward`` recomputes
 each block's probabilities from the final log-sum-exp and ``d = rowsum(dO * O)``. Arrays are widened (float32 at
 least) and broadcast to one batch shape; ``dropout`` is (seed, whole Tq, whole Tk, first query, first key, p):
-where these rows and keys sit in the whole attention, so the positional mask is the whole attention's."""
+where these rows and keys sit in the whole attention, so the positional mask is the whole attention's.
+
+A sliding ``window`` keeps query i to the keys j > i - window: key blocks wholly before a query block's window are
+skipped, those across its edge get a block-sized mask (as causal blocks on the diagonal). Attention ``sinks`` (one
+logit per head, broadcast as (heads, 1, 1)) start each row's online softmax: the running max at the sink and the
+running sum at 1, a key with no value; the log-sum-exp then counts it, and backward's probabilities exclude it."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,24 +26,30 @@ class Blocks:
     """How one attention is cut into blocks: ``block`` rows and keys, causal (top-left aligned) or not, an optional
     mask broadcastable to (..., Tq, Tk) and dropout."""
 
-    def __init__(self, xp, device, tq, tk, scale, causal=False, mask=None, dropout=None, block=BLOCK):
+    def __init__(self, xp, device, tq, tk, scale, causal=False, mask=None, dropout=None, block=BLOCK, window=None):
         self.xp, self.device, self.tq, self.tk, self.scale = xp, device, tq, tk, scale
         self.causal, self.mask, self.dropout, self.block = causal, mask, dropout, block
+        self.window = window
 
     def rows(self):
         return [(a, min(a + self.block, self.tq)) for a in range(0, self.tq, self.block)]
 
     def keys(self, q0, q1):
-        """The key blocks query rows [q0, q1) attend to (causal: none wholly above the diagonal)."""
+        """The key blocks query rows [q0, q1) attend to (causal: none wholly above the diagonal; a sliding window:
+        none wholly before the first row's window)."""
         end = min(q1, self.tk) if self.causal else self.tk
-        return [(a, min(a + self.block, end)) for a in range(0, end, self.block)]
+        start = min(max(0, q0 - self.window + 1), end) if self.window is not None else 0
+        return [(a, min(a + self.block, end)) for a in range(start, end, self.block)]
 
     def scores(self, q_scaled, k, q0, q1, k0, k1):
         """q_scaled k[k0:k1]^T plus the causal and given masks."""
         xp = self.xp
         s = lp.matmul(xp, q_scaled, xp.swapaxes(k[..., k0:k1, :], -1, -2))
-        if self.causal and k1 - 1 > q0:  # the block reaches above the diagonal
-            s += _diagonal_bias(xp, self.device, q0 - k0, q1 - q0, k1 - k0, s.dtype)
+        above = self.causal and k1 - 1 > q0  # the block reaches above the diagonal
+        before = self.window is not None and q1 - 1 - k0 >= self.window  # or before some row's window
+        if above or before:
+            s += _band_bias(xp, self.device, q0 - k0, q1 - q0, k1 - k0, s.dtype, above, self.window if before
+                            else None)
         if self.mask is not None:
             block = _mask_block(self.mask, q0, q1, k0, k1)
             if block.dtype == bool:
@@ -56,16 +67,21 @@ class Blocks:
         return keep * (1.0 / (1.0 - p))
 
 
-def forward(blocks, q, k, v):
-    """(out, lse) of attention of q (..., Tq, E) over k, v (..., Tk, E / Ev), all of one batch shape."""
+def forward(blocks, q, k, v, sinks=None):
+    """(out, lse) of attention of q (..., Tq, E) over k, v (..., Tk, E / Ev), all of one batch shape; ``sinks``
+    (heads, 1, 1) or None."""
     xp = blocks.xp
     batch, dtype = q.shape[:-2], q.dtype
     out = xp.zeros(batch + (blocks.tq, v.shape[-1]), dtype)
     lse = xp.empty(batch + (blocks.tq, 1), dtype)
     for q0, q1 in blocks.rows():
         q_scaled = q[..., q0:q1, :] * blocks.scale
-        run_max = xp.full(batch + (q1 - q0, 1), -np.inf, dtype)
-        run_sum = xp.zeros(batch + (q1 - q0, 1), dtype)
+        if sinks is None:
+            run_max = xp.full(batch + (q1 - q0, 1), -np.inf, dtype)
+            run_sum = xp.zeros(batch + (q1 - q0, 1), dtype)
+        else:  # the sink: the first "key" of every row, exp(sink - max) = 1 with no value
+            run_max = xp.broadcast_to(sinks.astype(dtype, copy=False), batch + (q1 - q0, 1)).copy()
+            run_sum = xp.ones(batch + (q1 - q0, 1), dtype)
         acc = out[..., q0:q1, :]
         for k0, k1 in blocks.keys(q0, q1):
             p = blocks.scores(q_scaled, k, q0, q1, k0, k1)
@@ -130,19 +146,22 @@ def _finite_lse(lse, xp):
     return xp.where(xp.isposinf(lse), xp.asarray(-np.inf, lse.dtype), lse)
 
 
-_diagonal_cache = {}
+_band_cache = {}
 
 
-def _diagonal_bias(xp, device, offset, rows, cols, dtype):
-    """The causal mask of a (rows, cols) block whose first query is ``offset`` positions after its first key:
-    -inf where key j > query i, else 0 (few distinct blocks recur, so they are cached)."""
-    key = (offset, rows, cols, np.dtype(dtype).str, device)
-    bias = _diagonal_cache.get(key)
+def _band_bias(xp, device, offset, rows, cols, dtype, causal=True, window=None):
+    """The mask of a (rows, cols) block whose first query is ``offset`` positions after its first key: -inf where
+    key j > query i (``causal``) or j <= i - ``window``, else 0 (few distinct blocks recur, so they are cached)."""
+    key = (offset, rows, cols, causal, window, np.dtype(dtype).str, device)
+    bias = _band_cache.get(key)
     if bias is None:
-        if len(_diagonal_cache) > 64:
-            _diagonal_cache.clear()
-        above = xp.arange(cols).reshape(1, -1) > xp.arange(rows).reshape(-1, 1) + offset
-        bias = _diagonal_cache[key] = xp.where(above, xp.asarray(-np.inf, dtype), xp.asarray(0, dtype))
+        if len(_band_cache) > 64:
+            _band_cache.clear()
+        lag = xp.arange(rows).reshape(-1, 1) + offset - xp.arange(cols).reshape(1, -1)  # query i minus key j
+        masked = lag < 0 if causal else xp.zeros((rows, cols), dtype=bool)
+        if window is not None:
+            masked |= lag >= window
+        bias = _band_cache[key] = xp.where(masked, xp.asarray(-np.inf, dtype), xp.asarray(0, dtype))
     return bias
 
 
