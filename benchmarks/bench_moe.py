@@ -4,6 +4,8 @@
     python benchmarks/bench_moe.py runs --repeats 3       # tiny Qwen3-MoE at EP1 / EP2 / EP4, same global batch
     python benchmarks/bench_moe.py balance --steps 50     # router_aux_loss_coef 0 vs 0.01 vs 0.1
     python benchmarks/bench_moe.py memory                 # per-rank peak memory by phase, 6 layouts
+    python benchmarks/bench_moe.py runs --arch deepseek_v3    # the tiny DeepSeek-V3 at EP1 / EP2 / EP4
+    python benchmarks/bench_moe.py memory --arch deepseek_v3  # its per-rank peak memory by phase at EP1 / EP2 / EP4
 
 layer: forward + backward of one MoE layer (float32, one thread each) on (tokens, dim) inputs, median of the
 repeats: ``it.nn.MoE`` (dropless: the assignments sorted by expert, one matmul per projection per expert over its
@@ -22,6 +24,10 @@ balance: short runs of the tiny MoE with different ``model.router_aux_loss_coef`
 memory: a 26M-parameter Qwen3-MoE (MEMORY_MODEL) in one process and at EP2, EP4, PP2, EP2 x PP2 and TP2 x EP2: every
 rank's peak resident memory of each phase (build, first and steady steps, save, and load when resumed), from the
 runs' memory records in metrics.jsonl.
+
+--arch deepseek_v3: runs and memory of configs/deepseek_v3_tiny.yaml's model (multi-head latent attention, one dense
+layer, DeepSeek-MoE layers of 8 routed experts, top-2 in 2 groups, and a shared expert) instead, at EP1 / EP2 / EP4
+(ARCHS).
 """
 from __future__ import annotations
 
@@ -47,6 +53,11 @@ RUN = ["model.n_layer=3", "model.n_embd=64", "model.head_dim=16", "model.interme
        "model.moe_intermediate_size=64", "train.batch_size=2", "train.sequence_length=64",
        "train.total_batch_size=512", "train.val_loss_every=0", "train.sample_every=0", "train.save_every=0",
        "train.warmup_iters=1", "train.log_every=1"]
+# DeepSeek-V3 (configs/deepseek_v3_tiny.yaml's model as it is); the same global batch of 8 x 64 tokens
+RUN_DEEPSEEK = ["train.batch_size=2", "train.sequence_length=64", "train.total_batch_size=512",
+                "train.val_loss_every=0", "train.sample_every=0", "train.save_every=0", "train.warmup_iters=1",
+                "train.log_every=1"]
+EP_LAYOUTS = [("one process", 1, []), ("EP2", 2, ["parallel.expert=2"]), ("EP4", 4, ["parallel.expert=4"])]
 SHAPES = [(2048, 256, 512, 8, 2), (2048, 256, 512, 32, 2)]  # tokens, dim, hidden, experts, top-k
 
 
@@ -159,15 +170,17 @@ def layer_shape(n, dim, hidden, experts, k, repeats):
 
 # ----------------------------------------------------------------------------------------------------------- runs
 def train(data_dir, out, ranks, *extra):
-    return step_records(CONFIG, out, [f"data.train={data_dir}/train_*.bin", "data.val=null", "data.tokenizer=byte",
-                                      "plot=false", "device=cpu", *RUN, *extra], ranks)
+    config, run_keys, _, _ = ARCHS[ARCH[0]]
+    return step_records(config, out, [f"data.train={data_dir}/train_*.bin", "data.val=null", "data.tokenizer=byte",
+                                      "plot=false", "device=cpu", *run_keys, *extra], ranks)
 
 
 def a2a_bytes(ranks):
     """Bytes one rank sends per step (forward + backward), from this script's ``a2a`` mode under mpiexec."""
     from tests.distributed.mpi_jobs import MPIEXEC, job_env
 
-    proc = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, os.path.abspath(__file__), "a2a"],
+    proc = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, os.path.abspath(__file__), "a2a", "--arch",
+                           ARCH[0]],
                           capture_output=True, text=True, cwd=REPO, env=job_env())
     if proc.returncode != 0:
         raise SystemExit(f"a2a at EP{ranks} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -187,7 +200,8 @@ def a2a():
 
     dist.init_process_group("mpi", timeout=120)
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = load_config(CONFIG, RUN)
+    config, run_keys, _, _ = ARCHS[ARCH[0]]
+    cfg = load_config(config, run_keys)
     it.manual_seed(cfg.seed)
     cls, _ = registry.model_class(cfg.model.arch)
     model = cls(cfg.model.to_model_config())
@@ -236,14 +250,21 @@ MEMORY_LAYOUTS = [("one process", 1, []), ("EP2", 2, ["parallel.expert=2"]), ("E
                   ("TP2 (sp) x EP2", 4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.expert=2"])]
 
 
+# --arch: (config, run keys, the memory runs' keys, the memory runs' layouts)
+ARCHS = {"qwen3_moe": (CONFIG, RUN, MEMORY_MODEL, MEMORY_LAYOUTS),
+         "deepseek_v3": (os.path.join(REPO, "configs", "deepseek_v3_tiny.yaml"), RUN_DEEPSEEK,
+                         ["train.batch_size=4", "train.total_batch_size=1024", "train.save_every=0"], EP_LAYOUTS)}
+ARCH = ["qwen3_moe"]
+
+
 def memory_record(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [r for r in map(json.loads, f) if "memory" in r][-1]["memory"]["peak_rss_mb"]
 
 
 def memory(args):
-    """Each layout of a 26M-parameter Qwen3-MoE (4 sparse layers of 32 experts): 2 steps and a save, then a resume
-    for one more step; every rank's peak resident memory per phase, from the runs' own records."""
+    """Each layout of a 26M-parameter Qwen3-MoE (4 sparse layers of 32 experts; with --arch deepseek_v3 the tiny
+    DeepSeek-V3 at EP1 / EP2 / EP4): 2 steps and a save, then a resume for one more step; every rank's peak resident memory per phase, from the runs' own records."""
     from tests.training.tiny_run import make_data
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -251,11 +272,12 @@ def memory(args):
         print("| layout | ranks | build | step (first / steady) | save | load (resumed) | largest rank / one process |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         one = None
-        for name, ranks, extra in MEMORY_LAYOUTS:
+        _, _, model_keys, layouts = ARCHS[ARCH[0]]
+        for name, ranks, extra in layouts:
             out = os.path.join(tmp, name.replace(" ", ""))
-            train(data_dir, out, ranks, *MEMORY_MODEL, *extra, "train.num_iterations=2")
+            train(data_dir, out, ranks, *model_keys, *extra, "train.num_iterations=2")
             first = memory_record(out)
-            train(data_dir, out, ranks, *MEMORY_MODEL, *extra, "train.num_iterations=3", "resume=auto")
+            train(data_dir, out, ranks, *model_keys, *extra, "train.num_iterations=3", "resume=auto")
             load = memory_record(out)["load"]
             largest = max(max(v) for v in first.values())
             one = one or largest
@@ -294,7 +316,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--coefs", type=float, nargs="+", default=[0.0, 0.01, 0.1])
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="qwen3_moe", help="the model of runs, memory and a2a")
     args = parser.parse_args()
+    ARCH[0] = args.arch
     if args.what == "layer":
         layer(args)
     elif args.what == "runs":
