@@ -220,6 +220,7 @@ class MoE(Module):
         self.aux_loss = self.z_loss = self.router_logits = self.router_probs = self.routed_counts = None
         self.router_indices = None
         self.tokens_per_expert, self.dropped_tokens = None, 0
+        self.local_load = None  # the assignments of this rank's tokens each expert processed (NumPy int64)
         self.token_dispatcher = None  # None: every expert is here; else a callable (moe, x, weights, indices)
 
     @property
@@ -242,16 +243,23 @@ class MoE(Module):
         flat = x.reshape(-1, self.dim)
         route = self.gate(flat)
         out, routed = self._dispatch(flat, route.weights, route.indices)
-        if self.num_shared_experts:
-            shared = self.shared_expert(flat)
-            if "shared_expert_gate" in self._modules:
-                shared = F.sigmoid(self.shared_expert_gate(flat)) * shared
+        shared = self.shared_output(flat)
+        if shared is not None:
             out = out + shared
         self.router_logits, self.router_probs, self.routed_counts = route.logits, route.probs, routed
         self.router_indices = route.indices
         self.aux_loss = load_balancing_loss(route.probs, routed)
         self.z_loss = router_z_loss(route.logits)
         return out.reshape(*x.shape)
+
+    def shared_output(self, flat):
+        """The shared expert's output for the tokens ``flat`` (gated when ``shared_expert_gate``), or None."""
+        if not self.num_shared_experts:
+            return None
+        shared = self.shared_expert(flat)
+        if "shared_expert_gate" in self._modules:
+            shared = F.sigmoid(self.shared_expert_gate(flat)) * shared
+        return shared
 
     def _dispatch(self, x, weights, indices):
         """Sum over each token's kept choices of weight * expert(x); returns (output, routed counts as an array).
@@ -268,6 +276,7 @@ class MoE(Module):
             order, kept = keep_within_capacity(xp, ids, order, routed, capacity)
         counts = backend.to_device_array(kept, backend.CPU).astype(np.int64)
         self.tokens_per_expert, self.dropped_tokens = counts, int(n * k - counts.sum())
+        self.local_load = counts
         rows = x.index_select(0, Tensor._make(order // k, x.device))   # gathered once, contiguous per expert
         y = run_experts(list(self.experts), rows, counts)
         return combine(x, y, weights, order, k), routed

@@ -105,6 +105,7 @@ class ExpertParallelDispatch:
         moe.tokens_per_expert = per_expert.astype(np.int64)
         moe.group_tokens_per_expert = kept.sum(0).astype(np.int64)
         moe.dropped_tokens = int(n * k - kept[self.rank].sum())
+        moe.local_load = kept[self.rank].astype(np.int64)  # this rank's tokens' assignments each expert processed
         moe.all_to_all_bytes = int((self.size - 1) * counts.shape[1] * 8
                                    + (send.sum() - send[self.rank]) * dim * x.array.dtype.itemsize
                                    + (recv.sum() - recv[self.rank]) * dim * y.array.dtype.itemsize)
