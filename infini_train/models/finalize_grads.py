@@ -13,7 +13,9 @@ reduce-scattered them into this rank's shards. Then, in this order:
    (under ZeRO-3 their shards, which cover the same elements);
 3. sequence parallelism: the layer norms' and row-parallel biases' gradients summed over the tensor group (under ZeRO,
    the pieces this rank owns; a mixture of experts' where any rank of the group got one);
-4. ZeRO-2 under pipelines: the whole gradients, kept through the schedule, reduce-scattered over the data group.
+4. ZeRO-2 under pipelines: the whole gradients, kept through the schedule, reduce-scattered over the data group;
+5. DeepSeek-MoE routers (auxiliary-loss-free balance): each e_score_correction_bias moved by its rate against the
+   step's expert loads summed over the ranks (models/expert_bias.py; not a gradient, and not the optimizer's).
 
 Clipping: ZeRO's norm over every rank's shard (each element, every expert included, owned by one rank), the norm
 counting every expert once (expert parallelism), the model-parallel norm over a mesh, or the plain norm.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from ..nn.parallel.grad_norm import clip_grad_norm_model_parallel_
 from ..nn.parallel.tensor_parallel import all_reduce_grads, all_reduce_grads_where_any
 from ..nn.utils import clip_grad_norm_
+from .expert_bias import update_expert_biases
 
 
 def reduce_expert_grads(layout):
@@ -53,8 +56,13 @@ def reduce_scatter_after_pipeline(layout):
         layout.optimizer.reduce_gradients(shard=True)
 
 
+def update_correction_biases(layout):
+    if layout.moe:  # (a DeepSeek-MoE model's routers' biases; nothing for other models)
+        update_expert_biases(layout.raw_model, layout.dims)
+
+
 FINALIZE_STEPS = (reduce_expert_grads, sum_tied_embedding_grads, sum_sequence_parallel_grads,
-                  reduce_scatter_after_pipeline)
+                  reduce_scatter_after_pipeline, update_correction_biases)
 
 
 def finalize_model_grads(layout):
@@ -90,4 +98,5 @@ def _sequence_parallel(p):
 
 
 __all__ = ["FINALIZE_STEPS", "finalize_model_grads", "clip_grad_norm", "reduce_expert_grads",
-           "sum_tied_embedding_grads", "sum_sequence_parallel_grads", "reduce_scatter_after_pipeline"]
+           "sum_tied_embedding_grads", "sum_sequence_parallel_grads", "reduce_scatter_after_pipeline",
+           "update_correction_biases"]

@@ -14,6 +14,7 @@ import numpy as np
 from .. import backend
 from .. import nn
 from ..autograd.grad_mode import is_grad_enabled
+from ..autograd.ops.joins import cat
 from ..creation import zeros
 from ..nn.moe import load_balancing_loss_from_statistics, router_statistics
 from ..nn.parallel.mappings import reduce_from_tensor_parallel_region
@@ -50,6 +51,11 @@ class MoECausalLM:
     """Mixed in before Llama: the loss with the auxiliary loss. ``aux_loss`` holds the last loss-computing forward's
     load-balancing loss (a 0-d Tensor, before the coefficient).
 
+    DeepSeek-MoE models (a config with ``seq_aux_loss_alpha``; nn/moe_routing.py's layers) have no Switch loss: their
+    loss adds ``seq_aux_loss_alpha`` times the sum over the MoE layers of each layer's sequence-wise balance loss, and
+    ``aux_loss`` holds that sum (before alpha; None when alpha is 0); their routers' correction biases are updated
+    after each step (models/expert_bias.py).
+
     Split into pipeline chunks, the loss still pools every sparse layer's rows: a chunk passes the next its hidden
     states and the router statistics of the sparse layers so far (``pipeline_extras``: one more activation part),
     whose gradient comes back with the hidden states' -- the earlier stages' routers get the same gradient as in one
@@ -83,8 +89,16 @@ class MoECausalLM:
         sparse = sum(1 for layer in range(cfg.n_layers) if cfg.sparse_layer(layer))
         return sparse * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.dim * cfg.moe_intermediate_size
 
+    @property
+    def sequence_balanced(self):
+        """A DeepSeek-MoE model: the sequence-wise balance loss (weight ``seq_aux_loss_alpha``) instead of Switch's."""
+        return hasattr(self.config, "seq_aux_loss_alpha")
+
     def pipeline_extras(self, dtype):
-        return [((2 * self.config.num_experts + 1,), promote_types(np.dtype("float32"), dtype))]
+        """The router statistics passed between pipeline chunks: (2 E + 1,), and with a sequence-wise balance loss one
+        more entry, the sum of the earlier layers' losses."""
+        extra = 1 if self.sequence_balanced and self.config.seq_aux_loss_alpha else 0
+        return [((2 * self.config.num_experts + 1 + extra,), promote_types(np.dtype("float32"), dtype))]
 
     def forward(self, idx, targets=None, kv_cache=None, last_only=False):
         """A pipeline chunk after the first takes (hidden states, router statistics so far), and one before the last
@@ -101,6 +115,11 @@ class MoECausalLM:
             return self._earlier if self._earlier is not None else self._no_statistics()
         own = router_statistics([m.router_probs for m in layers], [m.routed_counts for m in layers],
                                 self._rows_kept(layers[0]), [m.router_indices for m in layers])
+        if self.sequence_balanced and self.config.seq_aux_loss_alpha:
+            seq = layers[0].seq_aux_loss.to(own.dtype)
+            for m in layers[1:]:
+                seq = seq + m.seq_aux_loss.to(own.dtype)
+            own = cat([own, seq.reshape(1)], 0)
         return own if self._earlier is None else own + self._earlier
 
     def _rows_kept(self, layer):
@@ -129,7 +148,12 @@ class MoECausalLM:
 
     def head(self, x, targets=None, last_only=False):
         logits, loss = super().head(x, targets, last_only)
-        if loss is not None:
+        if loss is not None and self.sequence_balanced:
+            alpha = self.config.seq_aux_loss_alpha
+            self.aux_loss = self.router_statistics()[-1] if alpha else None
+            if alpha:
+                loss = loss + self.aux_loss.to(loss.dtype) * alpha
+        elif loss is not None:
             cfg = self.config
             stats = self.router_statistics()
             if self.tp is not None and self.tp.sequence_parallel:  # each rank routed its slice of the sequence

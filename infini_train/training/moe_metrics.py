@@ -11,7 +11,10 @@ over the world), so a parallel run logs what the one-process run with the same g
 - ``aux_loss``: the mean load-balancing loss of the step's micro-batches;
 - ``expert_load_max``: over the sparse layers, the largest (most tokens an expert got) / (mean per expert); 1 is an
   even spread, num_experts / top_k the worst;
-- ``experts_idle``: (layer, expert) pairs that got no token in the step.
+- ``experts_idle``: (layer, expert) pairs that got no token in the step;
+- DeepSeek-MoE models (routers with an ``e_score_correction_bias``), after the step's bias update:
+  ``correction_bias_absmax`` and ``correction_bias_mean_abs``, the largest and the mean |bias| over the sparse layers'
+  experts (each layer's from its pipeline stage).
 """
 from __future__ import annotations
 
@@ -33,6 +36,13 @@ class MoEMetrics:
         self.num_experts = config.num_experts
         self._reset()
         self.handles = [chunk.register_forward_hook(self._after_forward) for chunk in chunks]
+        self.routers = {}  # sparse layer -> its router, for the DeepSeek-MoE ones (correction biases)
+        for chunk in chunks:
+            for layer, block in chunk.numbered_blocks():
+                gate = getattr(block.mlp, "gate", None) if layer in self.row else None
+                if gate is not None and "e_score_correction_bias" in gate._buffers:
+                    self.routers[layer] = gate
+        self.biased = chunks[0].sequence_balanced  # a DeepSeek-MoE model (on every stage, with or without layers)
 
     def _reset(self):
         self.aux_sum, self.forwards = 0.0, 0
@@ -52,19 +62,31 @@ class MoEMetrics:
                     mlp.group_tokens_per_expert
 
     def collect(self):
-        """The step's {aux_loss, expert_load_max, experts_idle}, the same on every rank; starts the next step's."""
+        """The step's {aux_loss, expert_load_max, experts_idle} (and the correction biases' summary), the same on
+        every rank; starts the next step's."""
         aux, counts = self.aux_sum / max(self.forwards, 1), self.counts.astype(np.float64)
+        biases = np.zeros(counts.shape)
+        for layer, gate in self.routers.items():
+            biases[self.row[layer]] = gate.e_score_correction_bias.numpy()
         if self.dims.world > 1:  # the last stage's losses, every stage's layers, every data rank's tokens
-            both = Tensor(np.concatenate([[self.aux_sum, self.forwards], counts.ravel()]))
+            parts = [[self.aux_sum, self.forwards], counts.ravel()] + ([biases.ravel()] if self.biased else [])
+            both = Tensor(np.concatenate(parts))
             dist.all_reduce(both, "sum")
             total = both.numpy()
             dims = self.dims  # tensor ranks without sequence parallelism route the same tokens
             copies = self.expert * (dims.tp_size if dims.tensor_parallel and not dims.sequence_parallel else 1)
-            aux, counts = float(total[0]) / max(float(total[1]), 1.0), total[2:].reshape(counts.shape) / copies
+            aux = float(total[0]) / max(float(total[1]), 1.0)
+            counts = total[2:2 + counts.size].reshape(counts.shape) / copies
+            if self.biased:  # every rank of a layer's pipeline stage holds the same bias
+                biases = total[2 + counts.size:].reshape(counts.shape) / (dims.world // dims.pp_size)
         self._reset()
         mean = counts.mean(axis=1)
         load = float(np.max(counts.max(axis=1) / np.where(mean > 0, mean, 1.0)))
-        return {"aux_loss": aux, "expert_load_max": load, "experts_idle": int((counts == 0).sum())}
+        record = {"aux_loss": aux, "expert_load_max": load, "experts_idle": int((counts == 0).sum())}
+        if self.biased:
+            record.update(correction_bias_absmax=float(np.abs(biases).max()),
+                          correction_bias_mean_abs=float(np.abs(biases).mean()))
+        return record
 
     @staticmethod
     def describe(record):
