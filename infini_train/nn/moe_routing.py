@@ -111,7 +111,7 @@ class DeepSeekRouter(Module):
 
     def reset_parameters(self):
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        self.e_score_correction_bias.array[...] = 0
+        init.zeros_(self.e_score_correction_bias)
 
     def forward(self, x):
         x = x.reshape(-1, self.dim)
