@@ -155,9 +155,9 @@ class DeepseekV3DecoderLayer(nn.Module):
 
 
 class DeepseekV3(MoECausalLM, Llama):
-    """LLaMA's shell with DeepSeek-V3's blocks; the MoE bookkeeping (expert-parallel counts, pipeline statistics) is
-    MoECausalLM's, the loss DeepSeek's: cross-entropy plus, with seq_aux_loss_alpha, the sequence-wise balance loss of
-    every MoE layer (no Switch load-balancing loss: ``aux_loss`` stays None)."""
+    """LLaMA's shell with DeepSeek-V3's blocks; the MoE bookkeeping is MoECausalLM's (expert-parallel counts, pipeline
+    statistics, and the loss: cross-entropy plus, with seq_aux_loss_alpha, the sequence-wise balance loss of every
+    MoE layer; no Switch load-balancing loss)."""
 
     CHUNK_ATTRIBUTES = Llama.CHUNK_ATTRIBUTES + ("_attention_factor",)
 
@@ -206,13 +206,6 @@ class DeepseekV3(MoECausalLM, Llama):
     def new_kv_cache(self, batch_size, device, dtype=backend.float32):
         """The compressed cache: per layer the latent and the rotated rope key of each token (mla_cache.py)."""
         return MLACache(self.config, batch_size, device, dtype)
-
-    def head(self, x, targets=None, last_only=False):
-        logits, loss = CausalLM.head(self, x, targets, last_only)
-        if loss is not None and self.config.seq_aux_loss_alpha:
-            for moe in self.moe_layers():
-                loss = loss + moe.seq_aux_loss.to(loss.dtype) * moe.seq_aux_loss_alpha
-        return logits, loss
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token: 6 x the active parameters (the routed experts a token is not sent to left out)
