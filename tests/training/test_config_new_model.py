@@ -74,7 +74,7 @@ def test_a_registered_model_brings_its_arch_and_key_to_the_run_config(wide, caps
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     listing = capsys.readouterr().out
-    assert "gpt2_wide: MLP width / n_embd; null: 4" in listing and "| mixtral | gpt2_wide" in listing
+    assert "gpt2_wide: MLP width / n_embd; null: 4" in listing and "| mixtral | deepseek_v3 | gpt2_wide" in listing
     with pytest.raises(SystemExit):  # --print-config fills the key from the built model
         parse_args([*SHAPE, "--print-config"])
     assert yaml.safe_load(capsys.readouterr().out)["model"]["mlp_ratio"] == 4
@@ -113,7 +113,7 @@ def test_once_unregistered_the_arch_and_its_key_are_refused(wide):
     registry.unregister("gpt2_wide")
     errors = _errors(*SHAPE, "model.mlp_ratio=2")
     assert "model.mlp_ratio: unknown key" in errors[0]
-    assert errors[1].startswith("model.arch: expected one of ('gpt2', 'llama3', 'qwen3', 'qwen3_moe', 'mixtral')")
+    assert errors[1].startswith("model.arch: expected one of ('gpt2', 'llama3', 'qwen3', 'qwen3_moe', 'mixtral', 'deepseek_v3')")
     assert errors[1].endswith("got 'gpt2_wide'")
     registry.register_section(SECTION)  # (for the fixture's unregister)
 
