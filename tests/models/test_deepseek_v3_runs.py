@@ -1,0 +1,59 @@
+"""configs/deepseek_v3_tiny.yaml through examples/gpt2/train.py: a one-process run of a few steps (the loss falls, the
+sequence-wise balance loss and the expert loads are logged, the checkpoint samples with the compressed cache), and
+tensor parallelism (TP2: the heads split, the shared down-projections whole) equal to it."""
+import os
+
+import numpy as np
+import pytest
+
+from infini_train.run_state import list_checkpoints, load_checkpoint
+from tests.distributed.mpi_jobs import needs_mpiexec
+from tests.training.tiny_run import REPO, metrics, run
+
+CONFIG = os.path.join(REPO, "configs", "deepseek_v3_tiny.yaml")
+
+
+def _args(data_dir, out, *extra):
+    return [f"out_dir={out}", f"data.train={data_dir}/train_*.bin", f"data.val={data_dir}/val_*.bin",
+            "data.source=null", "train.num_iterations=6", "train.batch_size=2", "train.total_batch_size=256",
+            "train.val_loss_every=0", "train.sample_every=0", "train.save_every=6", "train.log_every=1",
+            "train.learning_rate=3e-3", "train.warmup_iters=0", "plot=false", "device=cpu", *extra]
+
+
+def _values(out, key):
+    return np.array([r[key] for r in metrics(out) if key in r and "loss" in r])
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("deepseek_one")
+    proc = run(_args(data_dir, out, "train.sample_length=8", "train.sample_every=6"), config=CONFIG)
+    return out, proc.stdout
+
+
+def test_the_tiny_config_trains_in_one_process(one_process):
+    out, stdout = one_process
+    losses = _values(out, "loss")
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.5
+    assert np.all(_values(out, "aux_loss") > 0)  # the sequence-wise balance loss (seq_aux_loss_alpha)
+    assert "--- sample at step 6 ---" in stdout
+    weights, _, _ = load_checkpoint(list_checkpoints(out)[-1])
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" in weights
+    assert "model.layers.0.self_attn.kv_b_proj.weight" in weights and "model.layers.0.mlp.gate_proj.weight" in weights
+    bias = np.asarray(weights["model.layers.1.mlp.gate.e_score_correction_bias"])
+    assert np.abs(bias).max() > 0  # updated after each step from the expert loads
+
+
+@pytest.mark.layouts
+@needs_mpiexec
+def test_tensor_parallel_gives_the_one_process_run(data_dir, one_process, tmp_path):
+    out = tmp_path / "tp2"
+    proc = run(_args(data_dir, out, "parallel.tensor=2"), ranks=2, config=CONFIG)
+    assert "tensor parallel 2" in proc.stdout
+    for key in ("loss", "grad_norm", "aux_loss"):
+        np.testing.assert_allclose(_values(out, key), _values(one_process[0], key), rtol=1e-4, err_msg=key)
+    mine, _, _ = load_checkpoint(list_checkpoints(out)[-1])
+    ref, _, _ = load_checkpoint(list_checkpoints(one_process[0])[-1])
+    assert sorted(mine) == sorted(ref)
+    for name in ref:
+        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-4, atol=2e-4, err_msg=name)
