@@ -30,21 +30,24 @@ def derived_from(param, source):
 
 
 def _source_of(param):
-    return param if param.init_source is None else param.init_source
+    source = getattr(param, "init_source", None)  # (buffers are plain Tensors)
+    return param if source is None else source
 
 
 def replay_inits(calls, model, rank=0, size=1):
-    """Fill ``model``'s parameters (given storage by ``to_empty``) by replaying ``calls`` (``recording_inits``)
+    """Fill ``model``'s parameters and nn.init-initialised buffers (given storage by ``to_empty``) by replaying ``calls`` (``recording_inits``)
     against the host generator, seeded as the whole model's build was. ``rank`` / ``size``: this rank's place in
     the tensor-parallel group its shards were split over."""
     holders = {}  # id of a recorded meta tensor -> [(parameter here, its pieces of the whole tensor)]
-    for p in model.parameters():
+    recorded = {id(t) for t, _, _ in calls}
+    # the parameters, and the buffers whose constructor initialised them with nn.init (a router's correction bias)
+    initialised = list(model.parameters()) + [b for b in model.buffers() if id(_source_of(b)) in recorded]
+    for p in initialised:
         source = _source_of(p)
         if p.placement.flat_shard is None:  # (fully_shard's shards start zero-filled)
             p.array[...] = 0
         pieces = param_pieces(p, rank, size)
         holders.setdefault(id(source), []).append((p, pieces))
-    recorded = {id(t) for t, _, _ in calls}
     for p in model.parameters():
         if id(_source_of(p)) not in recorded:
             raise InitError(f"sharded init: a parameter of shape {tuple(p.shape)} was never initialised while built "
