@@ -1,6 +1,6 @@
 """configs/deepseek_v3_tiny.yaml through examples/gpt2/train.py: a one-process run of a few steps (the loss falls, the
 sequence-wise balance loss and the expert loads are logged, the checkpoint samples with the compressed cache), and
-tensor parallelism (TP2: the heads split, the shared down-projections whole) equal to it."""
+tensor parallelism (TP2: the heads split, the shared down-projections whole) and pipeline parallelism equal to it."""
 import os
 
 import numpy as np
@@ -31,6 +31,14 @@ def one_process(data_dir, tmp_path_factory):
     return out, proc.stdout
 
 
+def test_an_all_dense_run_is_refused():
+    from infini_train.training.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="model.first_k_dense_replace: expected first_k_dense_replace \\(4\\) below "
+                                          "n_layer \\(4\\)"):
+        load_config(CONFIG, ["model.first_k_dense_replace=4"])
+
+
 def test_the_tiny_config_trains_in_one_process(one_process):
     out, stdout = one_process
     losses = _values(out, "loss")
@@ -46,10 +54,12 @@ def test_the_tiny_config_trains_in_one_process(one_process):
 
 @pytest.mark.layouts
 @needs_mpiexec
-def test_tensor_parallel_gives_the_one_process_run(data_dir, one_process, tmp_path):
-    out = tmp_path / "tp2"
-    proc = run(_args(data_dir, out, "parallel.tensor=2"), ranks=2, config=CONFIG)
-    assert "tensor parallel 2" in proc.stdout
+@pytest.mark.parametrize("layout", ["parallel.tensor=2", "parallel.pipeline=2"])
+def test_tensor_and_pipeline_parallel_give_the_one_process_run(data_dir, one_process, tmp_path, layout):
+    """TP2 (the heads split) and PP2 (the second stage's routers with the one process's correction biases)."""
+    out = tmp_path / "run"
+    proc = run(_args(data_dir, out, layout), ranks=2, config=CONFIG)
+    assert ("tensor parallel 2" if "tensor" in layout else "pipeline 2") in proc.stdout
     for key in ("loss", "grad_norm", "aux_loss"):
         np.testing.assert_allclose(_values(out, key), _values(one_process[0], key), rtol=1e-4, err_msg=key)
     mine, _, _ = load_checkpoint(list_checkpoints(out)[-1])

@@ -113,7 +113,8 @@ def test_once_unregistered_the_arch_and_its_key_are_refused(wide):
     registry.unregister("gpt2_wide")
     errors = _errors(*SHAPE, "model.mlp_ratio=2")
     assert "model.mlp_ratio: unknown key" in errors[0]
-    assert errors[1].startswith("model.arch: expected one of ('gpt2', 'llama3', 'qwen3', 'qwen3_moe', 'mixtral', 'deepseek_v3')")
+    assert errors[1].startswith("model.arch: expected one of ('gpt2', 'llama3', 'qwen3', 'qwen3_moe', 'mixtral', "
+                                "'deepseek_v3')")
     assert errors[1].endswith("got 'gpt2_wide'")
     registry.register_section(SECTION)  # (for the fixture's unregister)
 

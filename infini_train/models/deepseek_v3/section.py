@@ -107,6 +107,11 @@ class DeepseekV3Section(MoESection):
         return None
 
     def model_problems(self, m, config):
+        if not any(config.sparse_layer(i) for i in range(config.n_layers)):
+            key = "model.first_k_dense_replace" if m.first_k_dense_replace is not None else "model.n_layer"
+            return [f"{key}: expected first_k_dense_replace ({config.first_k_dense_replace}) below n_layer "
+                    f"({config.n_layers}) for a run of model.arch=deepseek_v3 (a mixture-of-experts run needs a "
+                    "DeepSeek-MoE layer), got every layer dense; HINT: lower model.first_k_dense_replace"]
         scaling = config.rope_scaling
         if scaling and scaling["original_max_position_embeddings"] > config.max_seq_len:
             key = "model.rope_original_context" if m.rope_original_context is not None else "model.block_size"
