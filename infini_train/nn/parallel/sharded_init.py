@@ -36,9 +36,8 @@ def _source_of(param):
 
 def replay_inits(calls, model, rank=0, size=1):
     """Fill ``model``'s parameters and nn.init-initialised buffers (given storage by ``to_empty``) by replaying
-    ``calls`` (``recording_inits``)
-    against the host generator, seeded as the whole model's build was. ``rank`` / ``size``: this rank's place in
-    the tensor-parallel group its shards were split over."""
+    ``calls`` (``recording_inits``) against the host generator, seeded as the whole model's build was. ``rank`` /
+    ``size``: this rank's place in the tensor-parallel group its shards were split over."""
     holders = {}  # id of a recorded meta tensor -> [(parameter here, its pieces of the whole tensor)]
     recorded = {id(t) for t, _, _ in calls}
     # the parameters, and the buffers whose constructor initialised them with nn.init (a router's correction bias)
