@@ -119,3 +119,25 @@ def test_cache_bytes_per_token_against_an_equal_width_llama():
     assert full["ratio"] == pytest.approx(24.89, abs=0.01)
     tiny = cache_bytes_per_token(DeepseekV3Config.from_preset("deepseek-v3-tiny"))
     assert tiny == {"mla": 4 * 32 * 4, "llama": 4 * 2 * 64 * 4, "ratio": 4.0}
+
+
+def test_the_memory_efficient_attention_gives_the_materialised_one(tmp_path):
+    """MLA's keys (nope + rope) are wider than its values: the blocked kernel takes them, with DeepSeek's scale, for
+    the forward, every gradient and a cached continuation."""
+    from infini_train.nn.attention import SDPBackend, sdpa_kernel
+
+    ours, _ = pair(tmp_path, seed=15)
+    x = batch(seed=16)
+    results = []
+    for backend in (SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION):
+        ours.zero_grad()
+        with sdpa_kernel(backend):
+            logits, loss = ours(it.tensor(x), it.tensor(shifted_targets(x)))
+            loss.backward()
+            generated = ours.generate(it.tensor(x[:, :5]), 6, temperature=0).numpy()
+        results.append((logits.numpy(), {n: p.grad.numpy().copy() for n, p in ours.named_parameters()}, generated))
+    (math_logits, math_grads, math_gen), (blocked_logits, blocked_grads, blocked_gen) = results
+    np.testing.assert_allclose(blocked_logits, math_logits, rtol=1e-5, atol=1e-6)
+    for name, g in math_grads.items():
+        np.testing.assert_allclose(blocked_grads[name], g, rtol=1e-4, atol=1e-6, err_msg=name)
+    assert blocked_gen.tolist() == math_gen.tolist()
