@@ -67,3 +67,32 @@ def test_tensor_and_pipeline_parallel_give_the_one_process_run(data_dir, one_pro
     assert sorted(mine) == sorted(ref)
     for name in ref:
         np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-4, atol=2e-4, err_msg=name)
+
+
+def test_a_pretrained_run_consolidates_to_a_directory_transformers_loads(data_dir, tmp_path):
+    """model.pretrained = an HF directory, two steps, ``tools.consolidate --format hf``: transformers loads the result
+    and its logits are ours."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import DeepseekV3ForCausalLM
+
+    import infini_train as it
+
+    from .deepseek_v3_setup import hf_config
+
+    torch.manual_seed(0)
+    DeepseekV3ForCausalLM(hf_config(vocab_size=257, max_position_embeddings=64)).save_pretrained(tmp_path / "hf")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  arch: deepseek_v3\n  pretrained: {tmp_path / 'hf'}\n")
+    out = tmp_path / "run"
+    run(_args(data_dir, out, "train.num_iterations=2", "train.sequence_length=32", "train.save_every=2"),
+        config=str(config))
+    subprocess.run([sys.executable, "-m", "infini_train.tools.consolidate", "--format", "hf",
+                    list_checkpoints(out)[-1], str(tmp_path / "back")], check=True, cwd=REPO, capture_output=True)
+    theirs = DeepseekV3ForCausalLM.from_pretrained(tmp_path / "back", experts_implementation="eager").eval()
+    ours = it.models.from_pretrained(tmp_path / "back")
+    x = np.arange(12).reshape(2, 6) * 7 % 257
+    np.testing.assert_allclose(ours(it.tensor(x))[0].numpy(), theirs(torch.tensor(x)).logits.detach().numpy(),
+                               rtol=1e-5, atol=1e-5)

@@ -40,8 +40,8 @@ def hf_config_to_deepseek_v3(hf, source):
                   rope_scaling={k: scaling[k] for k in YARN_KEYS if k in scaling} if kind == "yarn" else None,
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                   dropout=float(hf.get("attention_dropout", 0.0) or 0.0), pad_token_id=llama_io._pad_id(hf),
-                  n_group=hf.get("n_group") or 1, topk_group=hf.get("topk_group") or 1,
-                  q_lora_rank=hf.get("q_lora_rank"))
+                  n_group=hf.get("n_group", 8) or 1, topk_group=hf.get("topk_group", 4) or 1,
+                  q_lora_rank=hf.get("q_lora_rank", 1536))  # (HF's defaults where config.json has no key)
     try:
         return DeepseekV3Config(**fields)
     except ValueError as exc:
