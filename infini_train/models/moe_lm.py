@@ -17,6 +17,7 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..autograd.ops.joins import cat
 from ..creation import zeros
 from ..nn.moe import load_balancing_loss_from_statistics, router_statistics
+from ..nn.moe_routing import sequence_balance_loss
 from ..nn.parallel.mappings import reduce_from_tensor_parallel_region
 from ..promotion import promote_types
 from .documents import active_layout
@@ -116,9 +117,13 @@ class MoECausalLM:
         own = router_statistics([m.router_probs for m in layers], [m.routed_counts for m in layers],
                                 self._rows_kept(layers[0]), [m.router_indices for m in layers])
         if self.sequence_balanced and self.config.seq_aux_loss_alpha:
-            seq = layers[0].seq_aux_loss.to(own.dtype)
-            for m in layers[1:]:
-                seq = seq + m.seq_aux_loss.to(own.dtype)
+            # under sequence parallelism each rank's part over its slices, the counts over the whole sequences: the
+            # parts sum to the loss over the group (head's reduction)
+            group = self.tp.group if self.tp is not None and self.tp.sequence_parallel else None
+            seq = None
+            for m in layers:
+                part = sequence_balance_loss(m.router_probs, m.router_indices, m.sequences, m.top_k, group)
+                seq = part.to(own.dtype) if seq is None else seq + part.to(own.dtype)
             own = cat([own, seq.reshape(1)], 0)
         return own if self._earlier is None else own + self._earlier
 
@@ -148,19 +153,20 @@ class MoECausalLM:
 
     def head(self, x, targets=None, last_only=False):
         logits, loss = super().head(x, targets, last_only)
-        if loss is not None and self.sequence_balanced:
-            alpha = self.config.seq_aux_loss_alpha
-            self.aux_loss = self.router_statistics()[-1] if alpha else None
-            if alpha:
-                loss = loss + self.aux_loss.to(loss.dtype) * alpha
-        elif loss is not None:
+        if loss is not None:
             cfg = self.config
             stats = self.router_statistics()
             if self.tp is not None and self.tp.sequence_parallel:  # each rank routed its slice of the sequence
                 stats = reduce_from_tensor_parallel_region(stats, self.tp.group)
-            self.aux_loss = load_balancing_loss_from_statistics(stats, cfg.num_experts)
-            if cfg.router_aux_loss_coef:
-                loss = loss + self.aux_loss.to(loss.dtype) * cfg.router_aux_loss_coef
+            if self.sequence_balanced:
+                alpha = cfg.seq_aux_loss_alpha
+                self.aux_loss = stats[-1] if alpha else None
+                if alpha:
+                    loss = loss + self.aux_loss.to(loss.dtype) * alpha
+            else:
+                self.aux_loss = load_balancing_loss_from_statistics(stats, cfg.num_experts)
+                if cfg.router_aux_loss_coef:
+                    loss = loss + self.aux_loss.to(loss.dtype) * cfg.router_aux_loss_coef
         return logits, loss
 
 

@@ -37,13 +37,6 @@ class MoESection(ModelSection):
             problems.append(f"parallel.zero_stage: expected 0, 1 or 2 with parallel.tensor={p.tensor} for model.arch="
                             f"{arch} (fully_shard's shards of the experts would have to agree over the tensor group on "
                             "the experts no token reached; not supported yet), got 3; HINT: use parallel.zero_stage=2")
-        if (getattr(config, "seq_aux_loss_alpha", 0) and ok("parallel.sequence", "parallel.tensor") and p.sequence
-                and p.tensor > 1):
-            problems.append(f"parallel.sequence: expected false with model.seq_aux_loss_alpha="
-                            f"{config.seq_aux_loss_alpha} for model.arch={arch} (each tensor rank would route only its "
-                            "slice of every sequence, so the sequence-wise balance loss would not be the one-process "
-                            "run's; not supported yet), got true; HINT: set parallel.sequence=false, or "
-                            "model.seq_aux_loss_alpha=0 (the auxiliary-loss-free bias balances the experts)")
         lora = cfg.lora
         if ok("lora.rank", "lora.target_modules") and lora.rank > 0:
             from ..nn.lora import matches_target

@@ -35,7 +35,11 @@ The sequence-wise balance loss (DeepSeek-V3 eqs. 17-20, as Megatron's ``seq_aux_
 ``seq_aux_loss_alpha`` > 0: per sequence of T tokens, f_i = E / (top_k T) * (tokens choosing expert i),
 P_i = mean over the tokens of s_i / sum_j s_j (the unbiased scores normalised over all experts); the loss is
 alpha * sum_i f_i P_i, averaged over the sequences (the rows of a (B, T, dim) input; one sequence for (N, dim)).
-``seq_aux_loss`` holds it after each forward (0-d, in the graph) and ``router_loss`` includes it.
+``seq_aux_loss`` holds it after each forward (0-d, in the graph) and ``router_loss`` includes it. A causal LM
+(models/moe_lm.py's MoECausalLM, its config holding ``seq_aux_loss_alpha``) adds alpha times the sum over its layers,
+computed from each layer's ``router_probs`` / ``router_indices`` / ``sequences`` (with sequence parallelism, each
+tensor rank's part over its slices of the sequences, the counts summed over the group). Padding rows count as tokens
+(as in Megatron-Core).
 """
 from __future__ import annotations
 
@@ -136,19 +140,27 @@ class DeepSeekRouter(Module):
                 f"routed_scaling_factor={self.routed_scaling_factor}, bias_update_rate={self.bias_update_rate}")
 
 
-def sequence_balance_loss(scores, indices, sequences, top_k):
+def sequence_balance_loss(scores, indices, sequences, top_k, group=None):
     """DeepSeek-V3's sequence-wise balance loss before alpha: the mean over ``sequences`` equal runs of rows of
     sum_i f_i P_i, f_i = E / (top_k T) * (rows choosing i), P_i = mean of s_i / sum_j s_j. ``scores`` (N, E) Tensor,
-    ``indices`` (N, top_k) Tensor; N = sequences * T."""
+    ``indices`` (N, top_k) Tensor; N = sequences * T. ``group``: the ranks holding the other slices of the same
+    sequences (sequence parallelism): the counts are summed over it and T is the whole length, so this rank's
+    result is its part, and the parts of the group sum to the loss over the whole sequences."""
     n, num_experts = scores.shape
     length = n // sequences
     xp = scores.device.array_module()
     with scores.device.context():
         chosen = xp.zeros((n, num_experts), scores.dtype)
         chosen[xp.arange(n)[:, None], indices.array] = 1
-        f = chosen.reshape(sequences, length, num_experts).sum(1) * (num_experts / (top_k * length))
-    p = (scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)).reshape(sequences, length, num_experts).mean(1)
-    return (p * Tensor._make(f, scores.device)).sum(-1).mean()
+        counts = chosen.reshape(sequences, length, num_experts).sum(1)
+    whole = length
+    if group is not None and group.size > 1:
+        total = Tensor._make(counts, scores.device)
+        group.all_reduce(total)
+        counts, whole = total.array, length * group.size
+    f = Tensor._make(counts * (num_experts / (top_k * whole)), scores.device)
+    p = (scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)).reshape(sequences, length, num_experts).sum(1) / whole
+    return (p * f).sum(-1).mean()
 
 
 def updated_expert_bias(bias, load, rate):
@@ -177,7 +189,7 @@ class DeepSeekMoE(MoE):
         if self.n_shared_experts:
             self.shared_experts = SwiGLU(dim, self.n_shared_experts * hidden_dim, device=device, dtype=dtype)
         self.seq_aux_loss_alpha = float(seq_aux_loss_alpha)
-        self.seq_aux_loss = None
+        self.seq_aux_loss, self.sequences = None, 1  # (sequences: the rows of the last (B, T, dim) input)
         self.expert_load = np.zeros(num_experts, np.int64)
 
     @property
@@ -195,9 +207,10 @@ class DeepSeekMoE(MoE):
         out = super().forward(x)
         if is_grad_enabled():  # a training forward (not evaluation, sampling or a recomputation under no_grad)
             self.expert_load += self.local_load
+        self.sequences = x.shape[0] if len(x.shape) == 3 else 1
         if self.seq_aux_loss_alpha:
-            sequences = x.shape[0] if len(x.shape) == 3 else 1
-            self.seq_aux_loss = sequence_balance_loss(self.router_probs, self.router_indices, sequences, self.top_k)
+            self.seq_aux_loss = sequence_balance_loss(self.router_probs, self.router_indices, self.sequences,
+                                                      self.top_k)
         return out
 
     def extra_repr(self):

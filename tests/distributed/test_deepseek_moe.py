@@ -1,7 +1,8 @@
 """DeepSeek-MoE routing across ranks (worker_deepseek_moe.py): an expert-parallel and a data-parallel DeepSeekMoE
 equal the one-process layer (outputs, input and expert gradients, routing with the biased choice and unbiased
 weights), and the auxiliary-loss-free bias update, from the loads summed over the data ranks, keeps the correction
-bias equal to the one-process one on every rank."""
+bias equal to the one-process one on every rank; the sequence-wise balance loss over slices of the sequences
+(sequence parallelism) sums to the one-process loss and gradient."""
 import pytest
 
 from tests.distributed.mpi_jobs import assert_every_rank_checked, mpirun, needs_mpiexec, output

@@ -5,7 +5,8 @@ expert groups of 2 (EP2 x N/2 data) and replicated (data parallelism alone): eac
 equal the one-process layer's over the same micro-batch of every rank's tokens (rank order), its local experts'
 gradients the one-process ones over its expert group's tokens, and after each step's bias update (models/
 expert_bias.py, the loads summed over the data ranks) the correction bias equals the one-process layer's after the
-same update on the whole batch -- the same on every rank, and moving. float64 at rtol 1e-10. Prints "rank R DS OK N".
+same update on the whole batch -- the same on every rank, and moving; the sequence-wise balance loss over slices of
+the sequences (sequence parallelism) sums to the one-process loss. float64 at rtol 1e-10. Prints "rank R DS OK N".
 """
 from types import SimpleNamespace
 
@@ -15,7 +16,7 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train.distributed.expert_groups import expert_groups
 from infini_train.models.expert_bias import update_expert_biases
-from infini_train.nn.moe_routing import DeepSeekMoE
+from infini_train.nn.moe_routing import DeepSeekMoE, sequence_balance_loss
 from infini_train.nn.parallel import expert_parallel
 from tests.distributed.rank_checks import RankChecks
 
@@ -95,7 +96,29 @@ def run(ep):
     check(not np.array_equal(biases[0], biases[-1]), f"EP{ep}: the bias did not move")
 
 
+def sequence_slices():
+    """Sequence parallelism's sequence-wise balance loss: each rank holds a slice of every sequence; its part (the
+    counts summed over the group) and its gradient, summed over the ranks, are the one-process loss and gradient."""
+    B, T = 3, 4 * world
+    rng = np.random.default_rng(5)
+    scores_np = 1 / (1 + np.exp(-rng.standard_normal((B, T, E_TOTAL))))
+    idx_np = np.argsort(-scores_np, -1, kind="stable")[..., :K]
+    whole = it.tensor(scores_np.reshape(-1, E_TOTAL), requires_grad=True)
+    ref = sequence_balance_loss(whole, it.tensor(idx_np.reshape(-1, K)), B, K)
+    ref.backward()
+    mine = slice(rank * 4, rank * 4 + 4)
+    part_in = it.tensor(scores_np[:, mine].reshape(-1, E_TOTAL), requires_grad=True)
+    part = sequence_balance_loss(part_in, it.tensor(idx_np[:, mine].reshape(-1, K)), B, K, dist.default_group())
+    part.backward()
+    total = it.tensor(np.array([part.item()]))
+    dist.all_reduce(total)
+    close(total.numpy()[0], ref.item(), "sequence-parallel balance loss")
+    close(part_in.grad.numpy(), whole.grad.numpy().reshape(B, T, E_TOTAL)[:, mine].reshape(-1, E_TOTAL),
+          "sequence-parallel balance loss gradient")
+
+
 run(1)
 if world % 2 == 0:
     run(2)
+sequence_slices()
 print(f"rank {rank} DS OK {check.count}", flush=True)

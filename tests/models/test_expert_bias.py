@@ -1,7 +1,7 @@
 """The auxiliary-loss-free bias update (models/expert_bias.py): the biases after several steps of several
 micro-batches against a NumPy transcription of DeepSeek-V3's rule (routing included), the loads restarting each step,
 a rate of 0 or None leaving the bias alone, evaluation forwards not counted, the bias saved and loaded with the state
-dict and never a parameter, and the step among the gradient finaliser's."""
+dict and a RunState checkpoint of either format and never a parameter, and the step among the gradient finaliser's."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -82,3 +82,31 @@ def test_the_finaliser_updates_the_biases():
     moe(it.tensor(np.random.default_rng(3).normal(size=(7, DIM))))
     update_correction_biases(SimpleNamespace(raw_model=moe, dims=None, moe=True))
     assert np.abs(moe.gate.e_score_correction_bias.numpy()).max() == 0.05 and moe.expert_load.sum() == 0
+
+
+def test_run_state_saves_and_loads_the_biases(tmp_path):
+    """Both checkpoint formats keep every layer's correction bias and load it back (not an optimizer entry)."""
+    from infini_train.models.llama.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
+    from infini_train.optim import AdamW
+    from infini_train.run_state import RunState, load_checkpoint
+    from infini_train.training.parallel_dims import ParallelDims
+
+    cfg = Qwen3MoeConfig(dim=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, intermediate_size=24, vocab_size=31,
+                         max_seq_len=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
+    model = Qwen3Moe(cfg)
+    values = []
+    for i, (_, block) in enumerate(model.numbered_blocks()):
+        block.mlp = DeepSeekMoE(16, 8, 4, 2, n_group=2, topk_group=1)
+        values.append(np.arange(4.0, dtype=np.float32) * (i + 1) / 100)
+        block.mlp.gate.e_score_correction_bias.copy_(it.tensor(values[-1]))
+    state = RunState(model, AdamW(model.parameters(), lr=1e-3), ParallelDims())
+    for fmt in ("whole", "sharded"):
+        path = state.save(str(tmp_path / fmt), 1, fmt, {"step": 1})
+        weights, opt, _ = load_checkpoint(path)
+        assert sum(name.endswith("e_score_correction_bias") for name in weights) == 2
+        assert sum(len(g["params"]) for g in opt["param_groups"]) == len(list(model.parameters()))
+        for _, block in model.numbered_blocks():
+            block.mlp.gate.e_score_correction_bias.copy_(it.tensor(np.zeros(4, np.float32)))
+        state.load(path)
+        for value, (_, block) in zip(values, model.numbered_blocks()):
+            np.testing.assert_array_equal(block.mlp.gate.e_score_correction_bias.numpy(), value)

@@ -211,3 +211,22 @@ def test_refusals():
         DeepSeekRouter(4, 8, 2, bias_update_rate=-1.0)
     with pytest.raises(ValueError, match="seq_aux_loss_alpha"):
         DeepSeekMoE(4, 3, 8, 2, seq_aux_loss_alpha=-0.1)
+
+
+def test_built_on_meta_and_replayed_equals_the_eager_build():
+    """The correction bias is a buffer its init fills: replaying the inits fills it (zero), as the weights."""
+    from infini_train import backend
+    from infini_train.nn.parallel.sharded_init import recording_inits, replay_inits
+
+    it.manual_seed(5)
+    eager = DeepSeekMoE(DIM, HIDDEN, 8, 2, n_group=4, topk_group=2)
+    it.manual_seed(5)
+    with backend.META, recording_inits() as calls:
+        meta = DeepSeekMoE(DIM, HIDDEN, 8, 2, n_group=4, topk_group=2)
+    meta.to_empty(device="cpu")
+    meta.gate.e_score_correction_bias.array[...] = np.nan  # whatever the fresh storage held
+    backend.manual_seed(5)
+    replay_inits(calls, meta)
+    for (name, a), (_, b) in zip(eager.state_dict().items(), meta.state_dict().items()):
+        np.testing.assert_array_equal(b.numpy(), a.numpy(), err_msg=name)
+    assert (meta.gate.e_score_correction_bias.numpy() == 0).all()
