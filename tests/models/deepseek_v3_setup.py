@@ -44,6 +44,8 @@ def pair(tmp_path, seed=0, **kwargs):
                 p.add_(0.1 * torch.randn_like(p))
             elif name.endswith("gate.weight"):
                 p.normal_(0.0, 0.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
         for name, b in hf.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.05 * torch.randn_like(b))

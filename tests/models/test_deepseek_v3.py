@@ -45,7 +45,8 @@ def compare(ours, hf, x, atol, rtol, labels=None, mask=None, layout=None):
 
 
 CASES = {"q_lora": dict(q_lora_rank=24), "direct_q": dict(q_lora_rank=None),
-         "halves_no_yarn": dict(q_lora_rank=24, interleave=False, yarn=False), "all_dense": dict(dense=3)}
+         "halves_no_yarn": dict(q_lora_rank=24, interleave=False, yarn=False), "all_dense": dict(dense=3),
+         "biases_pad_tied": dict(q_lora_rank=24, attention_bias=True, pad_token_id=3, tie_word_embeddings=True)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
