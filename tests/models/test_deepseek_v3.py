@@ -116,7 +116,7 @@ def test_cache_bytes_per_token_against_an_equal_width_llama():
     full = cache_bytes_per_token(DeepseekV3Config.from_preset("deepseek-v3"), np.dtype("bfloat16")
                                  if hasattr(np, "bfloat16") else np.float16)
     assert full["mla"] == 61 * (512 + 64) * 2  # 70,272 bytes per token
-    assert full["llama"] == 61 * 2 * 7168 * 2  # 1,749,056: 128 heads of 56 keys and values
+    assert full["llama"] == 61 * 2 * 7168 * 2  # 1,748,992: 128 heads of 56 keys and values
     assert full["ratio"] == pytest.approx(24.89, abs=0.01)
     tiny = cache_bytes_per_token(DeepseekV3Config.from_preset("deepseek-v3-tiny"))
     assert tiny == {"mla": 4 * 32 * 4, "llama": 4 * 2 * 64 * 4, "ratio": 4.0}
