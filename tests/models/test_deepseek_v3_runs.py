@@ -1,6 +1,7 @@
 """configs/deepseek_v3_tiny.yaml through examples/gpt2/train.py: a one-process run of a few steps (the loss falls, the
 sequence-wise balance loss and the expert loads are logged, the checkpoint samples with the compressed cache), and
-tensor parallelism (TP2: the heads split, the shared down-projections whole) and pipeline parallelism equal to it."""
+tensor parallelism (TP2: the heads split, the shared down-projections whole; with sequence parallelism too) and
+pipeline parallelism equal to it."""
 import os
 
 import numpy as np
@@ -96,3 +97,23 @@ def test_a_pretrained_run_consolidates_to_a_directory_transformers_loads(data_di
     x = np.arange(12).reshape(2, 6) * 7 % 257
     np.testing.assert_allclose(ours(it.tensor(x))[0].numpy(), theirs(torch.tensor(x)).logits.detach().numpy(),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.layouts
+@needs_mpiexec
+@pytest.mark.parametrize("q_lora_rank", [64, 0], ids=["q_lora", "direct_q"])
+def test_sequence_parallel_gives_the_one_process_run(data_dir, tmp_path, q_lora_rank):
+    """TP2 with sequence parallelism (each rank's slice through the shared down-projections, the rope key gathered),
+    without the sequence-wise balance loss (refused with it)."""
+    extra = ("model.seq_aux_loss_alpha=0", f"model.q_lora_rank={q_lora_rank}")
+    run(_args(data_dir, tmp_path / "one", *extra), config=CONFIG)
+    proc = run(_args(data_dir, tmp_path / "sp", *extra, "parallel.tensor=2", "parallel.sequence=true"), ranks=2,
+               config=CONFIG)
+    assert "with sequence parallel" in proc.stdout
+    for key in ("loss", "grad_norm", "expert_load_max"):
+        np.testing.assert_allclose(_values(tmp_path / "sp", key), _values(tmp_path / "one", key), rtol=1e-4,
+                                   err_msg=key)
+    mine, _, _ = load_checkpoint(list_checkpoints(tmp_path / "sp")[-1])
+    ref, _, _ = load_checkpoint(list_checkpoints(tmp_path / "one")[-1])
+    for name in ref:
+        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-4, atol=2e-4, err_msg=name)

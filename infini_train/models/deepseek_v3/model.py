@@ -91,25 +91,30 @@ class DeepseekV3Attention(nn.Module):
 
     def compress(self, x):
         """(latent (B, T, kv_lora_rank) after its norm, rope key (B, 1, T, qk_rope_head_dim) before rotation)."""
-        B, T = x.shape[0], x.shape[1]
         latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
-        if self.tp is not None:  # every rank's heads read the shared rope key: its gradient is summed over them
+        tp = self.tp
+        if tp is not None and tp.sequence_parallel:  # this rank's slice: the whole sequence's rope key, its
+            from ...nn.parallel import gather_from_sequence_parallel_region  # gradient reduce-scattered back
+            k_rot = gather_from_sequence_parallel_region(k_rot, tp.group, 1)
+        elif tp is not None:  # every rank's heads read the shared rope key: its gradient is summed over them
             from ...nn.parallel import copy_to_tensor_parallel_region
-            k_rot = copy_to_tensor_parallel_region(k_rot, self.tp.group)
+            k_rot = copy_to_tensor_parallel_region(k_rot, tp.group)
+        B, T = k_rot.shape[0], k_rot.shape[1]
         return self.kv_a_layernorm(latent), k_rot.reshape(B, T, 1, self.rope_dim).transpose(1, 2)
 
     def expand(self, latent, k_rot):
         """Each (local) head's keys (k_nope, the shared rope key) and values from the latent (B, S, rank) and the
         rotated rope key (B, 1, S, rope)."""
-        B, S = latent.shape[0], latent.shape[1]
-        kv = self.kv_b_proj(latent).reshape(B, S, -1, self.nope + self.v_dim).transpose(1, 2)
+        kv = self.kv_b_proj(latent)  # (under sequence parallelism the whole sequence's, from this rank's slice)
+        B, S = kv.shape[0], kv.shape[1]
+        kv = kv.reshape(B, S, -1, self.nope + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = cat([k_nope, k_rot.expand(B, k_nope.shape[1], S, self.rope_dim)], -1)
         return k, v
 
     def forward(self, x, rope, kv_cache=None, layer=0):
-        B, T = x.shape[0], x.shape[1]
-        q = self.query(x)
+        q = self.query(x)  # (under sequence parallelism x is this rank's slice, q the whole sequence's)
+        B, T = q.shape[0], q.shape[1]
         cos, sin = (t if t.dtype == q.dtype else t.to(q.dtype) for t in rope)
         q = q.reshape(B, T, -1, self.nope + self.rope_dim).transpose(1, 2)
         q_nope, q_rot = q.split([self.nope, self.rope_dim], dim=-1)
@@ -246,10 +251,10 @@ def _head_counts(config):
 
 
 def _layout_problems(config, tensor, pipeline, virtual, sequence):
-    if sequence:
-        return ["parallel.sequence: expected false for model.arch=deepseek_v3 (multi-head latent attention's shared "
-                "down-projections run on whole sequences; sequence parallelism is not supported for it yet), got "
-                "true; HINT: set parallel.sequence=false"]
+    if sequence and config.seq_aux_loss_alpha:
+        return [f"parallel.sequence: expected false with model.seq_aux_loss_alpha={config.seq_aux_loss_alpha} (the "
+                "sequence-wise balance loss counts each whole sequence's routing; under sequence parallelism a rank "
+                "routes a slice of it), got true; HINT: set parallel.sequence=false, or model.seq_aux_loss_alpha=0"]
     return []
 
 
