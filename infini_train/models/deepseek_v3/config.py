@@ -20,8 +20,8 @@ DEEPSEEK_V3_PRESETS = {
                         first_k_dense_replace=3, n_routed_experts=256, num_experts_per_tok=8,
                         moe_intermediate_size=2048, n_shared_experts=1, routed_scaling_factor=2.5, n_group=8,
                         topk_group=4, norm_topk_prob=True),
-    # a few-MB model of the same layout (tests, configs/deepseek_v3_tiny.yaml)
-    "deepseek-v3-tiny": dict(vocab_size=256, dim=64, n_layers=4, n_heads=4, intermediate_size=128, max_seq_len=256,
+    # a small model of the same layout for tests and trials (the byte tokenizer's 257 tokens)
+    "deepseek-v3-tiny": dict(vocab_size=257, dim=64, n_layers=4, n_heads=4, intermediate_size=128, max_seq_len=256,
                              rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, q_lora_rank=32,
                              kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                              rope_scaling=dict(factor=4.0, original_max_position_embeddings=64, beta_fast=32,
