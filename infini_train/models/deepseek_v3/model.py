@@ -277,14 +277,6 @@ def _head_counts(config):
     return {"n_head": config.n_heads}
 
 
-def _layout_problems(config, tensor, pipeline, virtual, sequence):
-    if sequence and config.seq_aux_loss_alpha:
-        return [f"parallel.sequence: expected false with model.seq_aux_loss_alpha={config.seq_aux_loss_alpha} (the "
-                "sequence-wise balance loss counts each whole sequence's routing; under sequence parallelism a rank "
-                "routes a slice of it), got true; HINT: set parallel.sequence=false, or model.seq_aux_loss_alpha=0"]
-    return []
-
-
 def read_hf(directory):
     from .io import hf_weights
 
@@ -292,6 +284,6 @@ def read_hf(directory):
 
 
 SPEC = register(ModelSpec("deepseek_v3", DeepseekV3, DeepseekV3Config, _parallelize, _head_counts,
-                          _layout_problems, read_hf=read_hf))
+                          read_hf=read_hf))
 
 __all__ = ["DeepseekV3", "DeepseekV3Attention", "DeepseekV3DecoderLayer", "latent_attention", "rotate", "SPEC"]
