@@ -17,7 +17,8 @@ from .lm_config import pipeline_problems
 
 # arch -> the module under infini_train.models that declares its ModelSection (in the module's SECTIONS)
 ARCH_SECTIONS = {"gpt2": "gpt2.section", "llama3": "llama.section", "qwen3": "llama.section",
-                 "qwen3_moe": "llama.section", "mixtral": "llama.section", "gpt_oss": "gpt_oss.section"}
+                 "qwen3_moe": "llama.section", "mixtral": "llama.section",
+                 "deepseek_v3": "deepseek_v3.section", "gpt_oss": "gpt_oss.section"}
 ARCHS = tuple(ARCH_SECTIONS)  # (archs() adds the ones registered by register_section)
 DEFAULT_ARCH = "gpt2"  # the arch of a config that names none, and of checkpoints that recorded none
 _SECTIONS = {}

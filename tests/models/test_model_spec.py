@@ -14,7 +14,7 @@ def test_specs_are_registered_by_arch():
     assert registry.model_class("llama3") == (Llama, LlamaConfig)
     assert registry.arch_of(GPT2(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, block_size=8))) == "gpt2"
     with pytest.raises(ValueError, match=r"model.arch: expected one of \('gpt2', 'llama3', 'qwen3', 'qwen3_moe', "
-                                         r"'mixtral', 'gpt_oss'\), got 'gpt3'"):
+                                         r"'mixtral', 'deepseek_v3', 'gpt_oss'\), got 'gpt3'"):
         registry.model_spec("gpt3")
 
 

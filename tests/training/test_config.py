@@ -211,6 +211,7 @@ def test_yaml_problems(tmp_path):
 # the language-model run configs (configs/mnist_*.yaml belong to examples/mnist, checked in tests/examples)
 SHIPPED = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.yaml"))
                  if not os.path.basename(p).startswith("mnist_"))
+FIRST_SHIPPED = sorted(n for n in os.listdir(os.path.join(REPO, "configs")) if n.endswith(".yaml"))[0]
 
 
 def test_all_four_shipped_configs_exist():
@@ -398,7 +399,7 @@ def test_config_path_that_is_a_directory(tmp_path):
         parse_args(["--config", os.path.join(REPO, "configs")])
     configs = os.path.join(REPO, "configs")
     assert str(info.value) == (f"config file {configs!r}: expected a YAML file, got a directory\n"
-                               f"HINT: name a file in it, e.g. --config {os.path.join(configs, 'gpt2_124m.yaml')}")
+                               f"HINT: name a file in it, e.g. --config {os.path.join(configs, FIRST_SHIPPED)}")
     with pytest.raises(ConfigError, match=r"got a directory\nHINT: name a file in it, e.g. --config .*run.yaml"):
         load_config(str(tmp_path))
 
@@ -410,7 +411,7 @@ def test_config_path_that_does_not_exist_suggests_the_nearest_file(tmp_path, mon
     first, hint = str(info.value).splitlines()
     assert first == "config file 'configs/gpt2_tiny.yml': expected a YAML file, got a path that does not exist " \
                     "(did you mean 'configs/gpt2_tiny.yaml'?)"
-    assert hint.startswith(f"HINT: the shipped runs are in {os.path.join(REPO, 'configs')}: gpt2_124m.yaml, ")
+    assert hint.startswith(f"HINT: the shipped runs are in {os.path.join(REPO, 'configs')}: {FIRST_SHIPPED}, ")
     monkeypatch.chdir(tmp_path)  # a bare name is looked up in the shipped configs too
     with pytest.raises(ConfigError, match=r"\(did you mean '.*configs/gpt2_124m_ddp.yaml'\?\)"):
         load_config("gpt2_124m_dp.yaml")

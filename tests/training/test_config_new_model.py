@@ -74,7 +74,7 @@ def test_a_registered_model_brings_its_arch_and_key_to_the_run_config(wide, caps
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     listing = capsys.readouterr().out
-    assert "gpt2_wide: MLP width / n_embd; null: 4" in listing and "| gpt_oss | gpt2_wide" in listing
+    assert "gpt2_wide: MLP width / n_embd; null: 4" in listing and "| deepseek_v3 | gpt_oss | gpt2_wide" in listing
     with pytest.raises(SystemExit):  # --print-config fills the key from the built model
         parse_args([*SHAPE, "--print-config"])
     assert yaml.safe_load(capsys.readouterr().out)["model"]["mlp_ratio"] == 4
@@ -114,7 +114,7 @@ def test_once_unregistered_the_arch_and_its_key_are_refused(wide):
     errors = _errors(*SHAPE, "model.mlp_ratio=2")
     assert "model.mlp_ratio: unknown key" in errors[0]
     assert errors[1].startswith("model.arch: expected one of ('gpt2', 'llama3', 'qwen3', 'qwen3_moe', 'mixtral', "
-                                "'gpt_oss')")
+                                "'deepseek_v3', 'gpt_oss')")
     assert errors[1].endswith("got 'gpt2_wide'")
     registry.register_section(SECTION)  # (for the fixture's unregister)
 

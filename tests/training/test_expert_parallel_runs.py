@@ -118,7 +118,7 @@ def test_expert_parallel_refusals_are_config_errors(data_dir, tmp_path):
     assert _errors("parallel.expert=2", config=qwen3) == [
         "parallel.expert: expected 1 for model.arch=qwen3 (expert parallelism splits the experts of a "
         "mixture-of-experts model; this model has none), got 2; HINT: set parallel.expert=1, or "
-        "model.arch=qwen3_moe | mixtral"]
+        "model.arch=qwen3_moe | mixtral | deepseek_v3"]
     refused = _errors("parallel.expert=2", "lora.rank=4", "lora.target_modules=q_proj,v_proj")
     assert [e.split(":")[0] for e in refused] == ["lora.rank"]
     assert "LoRA runs with expert parallelism are not supported yet" in refused[0] and "HINT" in refused[0]

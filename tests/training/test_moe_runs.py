@@ -111,12 +111,13 @@ def test_moe_model_keys_presets_and_refusals_are_config_errors():
     assert tiny.mlp_only_layers == [0] and not tiny.sparse_layer(0) and tiny.sparse_layer(1)
 
     assert _errors("qwen3", "model.num_experts=4", "model.mlp_only_layers=[1]") == [
-        "model.num_experts: only for model.arch=qwen3_moe | mixtral, got 4 with model.arch=qwen3; HINT: set "
+        "model.num_experts: only for model.arch=qwen3_moe | mixtral | deepseek_v3, got 4 with model.arch=qwen3; HINT: "
+        "set "
         "model.arch=qwen3_moe, or drop the key",
         "model.mlp_only_layers: only for model.arch=qwen3_moe, got [1] with model.arch=qwen3; HINT: set "
         "model.arch=qwen3_moe, or drop the key"]
     assert _errors("mixtral", "model.rope_scaling_factor=8")[0].startswith(
-        "model.rope_scaling_factor: only for model.arch=llama3, got 8.0 with model.arch=mixtral")
+        "model.rope_scaling_factor: only for model.arch=llama3 | deepseek_v3, got 8.0 with model.arch=mixtral")
     assert _errors("qwen3_moe", "model.num_experts_per_tok=9") == [
         "model.num_experts_per_tok: expected at most num_experts (8), got 9"]
     assert _errors("qwen3_moe", "model.mlp_only_layers=[0,1,2,3]")[0].startswith(
