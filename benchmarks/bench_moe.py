@@ -264,7 +264,8 @@ def memory_record(out):
 
 def memory(args):
     """Each layout of a 26M-parameter Qwen3-MoE (4 sparse layers of 32 experts; with --arch deepseek_v3 the tiny
-    DeepSeek-V3 at EP1 / EP2 / EP4): 2 steps and a save, then a resume for one more step; every rank's peak resident memory per phase, from the runs' own records."""
+    DeepSeek-V3 at EP1 / EP2 / EP4): 2 steps and a save, then a resume for one more step; every rank's peak resident
+    memory per phase, from the runs' own records."""
     from tests.training.tiny_run import make_data
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -90,8 +90,8 @@ class ModelSection:
     ``preset_keys``: the keys a preset defines, in the order the explicit ones overriding it are reported;
     ``preset_doc``: a few of its presets for model.preset's doc; ``hf_model_type``: the config.json model_type of its
     Hugging Face checkpoints; ``llmc``: whether llm.c model files (.bin) hold its weights; ``experts``: a
-    mixture-of-experts model (parallel.expert splits its experts); ``biases``: whether its linear layers may have
-    biases (model.bias)."""
+    mixture-of-experts model; ``expert_parallel``: whether parallel.expert may split its experts; ``biases``:
+    whether its linear layers may have biases (model.bias)."""
 
     arch: str
     model_module: str
@@ -101,6 +101,7 @@ class ModelSection:
     hf_model_type: str | None = None
     llmc: bool = False
     experts: bool = False
+    expert_parallel: bool = True
     biases: bool = True
     names: dict = field(default_factory=dict)  # {run key: the model config's field} where the names differ
 
@@ -178,7 +179,7 @@ class ModelSection:
         layout is its ModelSpec's validate, checked after these)."""
         p = cfg.parallel
         if ok("parallel.expert") and p.expert > 1:
-            moe = [s.arch for s in registry.sections() if s.experts]
+            moe = [s.arch for s in registry.sections() if s.experts and s.expert_parallel]
             return [f"parallel.expert: expected 1 for model.arch={self.arch} (expert parallelism splits the experts "
                     f"of a mixture-of-experts model; this model has none), got {p.expert}; HINT: set "
                     f"parallel.expert=1, or model.arch={' | '.join(moe)}"]

@@ -111,9 +111,8 @@ def test_moe_model_keys_presets_and_refusals_are_config_errors():
     assert tiny.mlp_only_layers == [0] and not tiny.sparse_layer(0) and tiny.sparse_layer(1)
 
     assert _errors("qwen3", "model.num_experts=4", "model.mlp_only_layers=[1]") == [
-        "model.num_experts: only for model.arch=qwen3_moe | mixtral | deepseek_v3, got 4 with model.arch=qwen3; HINT: "
-        "set "
-        "model.arch=qwen3_moe, or drop the key",
+        "model.num_experts: only for model.arch=qwen3_moe | mixtral | deepseek_v3 | gpt_oss, got 4 with "
+        "model.arch=qwen3; HINT: set model.arch=qwen3_moe, or drop the key",
         "model.mlp_only_layers: only for model.arch=qwen3_moe, got [1] with model.arch=qwen3; HINT: set "
         "model.arch=qwen3_moe, or drop the key"]
     assert _errors("mixtral", "model.rope_scaling_factor=8")[0].startswith(

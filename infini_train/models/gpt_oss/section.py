@@ -95,7 +95,7 @@ SECTIONS = {
         keys=_keys("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps", "tie_embeddings", "head_dim",
                    "num_experts", "num_experts_per_tok", "router_aux_loss_coef") + GPT_OSS_KEYS,
         preset_keys=PRESET_KEYS, preset_doc="gpt-oss-20b, gpt-oss-120b, gpt-oss-tiny", hf_model_type="gpt_oss",
-        names=NAMES, experts=True),
+        names=NAMES, experts=True, expert_parallel=False),
 }
 
 __all__ = ["GptOssSection", "SECTIONS", "GPT_OSS_KEYS"]

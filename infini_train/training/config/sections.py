@@ -102,6 +102,10 @@ class TrainConfig:
         return total // per_step
 
 
+def _expert_parallel_archs():
+    return [s.arch for s in registry.sections() if s.experts and s.expert_parallel]
+
+
 @dataclass
 class ParallelConfig:
     """How the ranks of a job share the work: world = pipeline x data-parallel x context x tensor ranks, laid out
@@ -118,7 +122,7 @@ class ParallelConfig:
     virtual_pipeline: int = _key(1, "model chunks per pipeline stage (> 1 with pipeline_schedule=interleaved)")
     pipeline_schedule: str = _key("1f1b", "gpipe | 1f1b | interleaved; micro-batches are the gradient-accumulation "
                                           "steps")
-    expert: int = _key(1, f"expert-parallel size ({' | '.join(s.arch for s in registry.sections() if s.experts)}): "
+    expert: int = _key(1, f"expert-parallel size ({' | '.join(_expert_parallel_archs())}): "
                           "each MoE layer's experts split over groups of this many data-parallel ranks (tokens "
                           "exchanged all-to-all); divides the data-parallel size and num_experts")
     zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
