@@ -1,0 +1,167 @@
+"""DeepSeek-V3's multi-token prediction (MTP; the DeepSeek-V3 report, section 2.2, and Megatron-Core's
+multi_token_prediction.py): ``num_nextn_predict_layers`` = D modules after the main model. Module k (1..D), at
+position t, takes the previous depth's hidden state h^{k-1}_t (the main model's final hidden states before its final
+norm for k = 1) and the shared embedding of token t + k, and predicts token t + 1 + k:
+
+    h^k = Block_k(eh_proj([enorm(Emb(x_{t+k})), hnorm(h^{k-1}_t)]))      (eh_proj: 2 dim -> dim, no bias)
+    logits^k = Head(shared_head.norm(h^k))                                 (Emb and Head: the model's own)
+
+The block is a DeepSeek-V3 decoder layer of index N + k - 1 (N = num_hidden_layers: MLA and, past
+first_k_dense_replace, a DeepSeek-MoE layer). As Megatron does, each depth rolls the input tokens and the targets
+one more place to the left; the last k positions of depth k have no target (ignored). Training adds
+
+    mtp_loss = mean over k of CE(logits^k, x_{t+1+k})     and     loss = main loss + mtp_loss_weight * mtp_loss
+
+(``train.mtp_loss_weight``; the cross-entropies as the main loss's, token_loss.py). The modules run only in training
+mode with targets; evaluation, validation and generation see the main model alone.
+
+Names are those of DeepSeek's checkpoints: module k is ``model.layers.{N+k-1}`` there and ``mtp.{k-1}`` here, with
+``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` and the block's own names; ``embed_tokens`` and
+``shared_head.head`` are the model's embedding and output layer (shared modules: they appear in the state dict under
+these names too, as a tied weight does). In a pipeline the modules live on the last stage, which gets the input
+tokens (``input_tokens``, set per micro-batch by PipelinedLM) and a copy of the embedding placed as a ``tied_copy``
+(its gradient summed with the first stage's over the embedding group; a tied output layer's copy serves both)."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from ... import backend
+from ... import nn
+from ...autograd.ops.joins import cat
+from ...placement import place
+from ...tensor import Tensor
+from ..token_loss import token_loss
+from .model import DeepseekV3, DeepseekV3DecoderLayer
+
+DEFAULT_WEIGHT = 0.3  # DeepSeek-V3's lambda for the first 10T tokens (0.1 after)
+
+
+class _Tokens(threading.local):
+    value = None
+
+
+_tokens = _Tokens()
+
+
+@contextlib.contextmanager
+def input_tokens(idx):
+    """Forwards inside see ``idx`` (B, T) as the batch's input tokens (the last pipeline stage's MTP modules read
+    them; a whole model sets them itself)."""
+    previous, _tokens.value = _tokens.value, idx
+    try:
+        yield
+    finally:
+        _tokens.value = previous
+
+
+class SharedHead(nn.Module):
+    """``norm`` (the module's own RMSNorm) and ``head`` (the model's output layer, shared)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.norm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
+
+
+class MTPLayer(DeepseekV3DecoderLayer):
+    """One MTP module: the decoder layer ``layer`` (= N + k - 1) with enorm, hnorm, eh_proj and shared_head.norm
+    (``embed_tokens`` and ``shared_head.head`` are attached by ``build_mtp``)."""
+
+    def __init__(self, config, layer):
+        super().__init__(config, layer)
+        self.layer = layer
+        self.enorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
+        self.hnorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * config.dim, config.dim, bias=False)
+        self.shared_head = SharedHead(config)
+
+    def forward(self, h, tokens, rope):
+        """(h^k, logits^k) from h^{k-1} (B, T, dim) and the shifted tokens (B, T)."""
+        emb = self.embed_tokens(tokens)
+        if emb.dtype != h.dtype:
+            emb = emb.to(h.dtype)
+        x = self.eh_proj(cat([self.enorm(emb), self.hnorm(h)], -1))
+        h = super().forward(x, rope, None, self.layer)
+        return h, self.shared_head.head(self.shared_head.norm(h))
+
+
+def build_mtp(model):
+    """The model's D MTP modules (their own weights initialised as the model's), sharing its embedding and head."""
+    config = model.config
+    layers = nn.ModuleList([MTPLayer(config, config.n_layers + k) for k in range(config.num_nextn_predict_layers)])
+    layers.apply(DeepseekV3._init_weights)
+    share(layers, model.model.embed_tokens, model.lm_head)
+    return layers
+
+
+def share(layers, embedding, head):
+    for layer in layers:
+        layer.embed_tokens = embedding
+        layer.shared_head.head = head
+
+
+def attach_to_last_chunk(model, chunk, first):
+    """Give the last pipeline chunk the MTP modules; on a stage other than the first, their embedding is a copy of the
+    model's (placed as a tied copy; a tied output layer's copy when the embedding is tied)."""
+    chunk.mtp = model.mtp
+    if first:
+        return
+    if model.config.tie_word_embeddings:
+        weight = chunk.lm_head.weight
+    else:
+        from ...nn.parallel.sharded_init import derived_from
+        from ...nn.parallel.tensor_parallel import ParallelParameter
+
+        source = model.model.embed_tokens.weight
+        weight = ParallelParameter(Tensor._make(backend.copy_array(source.array, source.device), source.device),
+                                   requires_grad=source.requires_grad)
+        place(weight, tied_copy=True)
+        if source.device is backend.META:
+            derived_from(weight, source)
+    embedding = nn.Embedding(*weight.shape, padding_idx=model.model.embed_tokens.padding_idx, _weight=weight)
+    share(model.mtp, embedding, chunk.lm_head)
+
+
+def shared_embedding_names(model):
+    """The names of the embedding and of the last stage's copy for an untied model with MTP modules (else None)."""
+    if "mtp" not in model._modules or model.config.tie_word_embeddings:
+        return None
+    return ("model.embed_tokens.weight", "mtp.0.embed_tokens.weight")
+
+
+def _rolled(array, k, fill, device):
+    xp = device.array_module()
+    with device.context():
+        out = xp.full_like(array, fill)
+        out[:, :array.shape[1] - k] = array[:, k:]
+    return Tensor._make(out, device)
+
+
+def mtp_loss(model, hidden, targets):
+    """The mean over the depths of the MTP cross-entropies (a 0-d Tensor), from the main model's hidden states before
+    its final norm (B, T, dim) and its targets (B, T); the input tokens come from ``input_tokens``."""
+    idx = _tokens.value
+    if idx is None:
+        raise RuntimeError("DeepseekV3: multi-token prediction needs the batch's input tokens on the last pipeline "
+                           "stage (models.deepseek_v3.mtp.input_tokens)")
+    device = hidden.device
+    rope = model.block_args(hidden, None)
+    tokens, labels, h, total = idx.array, targets.array, hidden, None
+    for k, layer in enumerate(model.mtp, start=1):
+        shifted = _rolled(tokens, k, 0, device)
+        h, logits = layer(h, shifted, *rope)
+        loss = token_loss(logits.view(-1, logits.shape[-1]), _rolled(labels, k, -1, device).view(-1))
+        total = loss if total is None else total + loss
+    return total / len(model.mtp)
+
+
+def add_mtp_loss(model, hidden, targets, loss):
+    """``loss`` + mtp_loss_weight x the MTP loss, kept (detached) as ``model.mtp_loss``."""
+    value = mtp_loss(model, hidden, targets)
+    model.mtp_loss = value.detach()
+    weight = model.mtp_loss_weight
+    return loss + value.to(loss.dtype) * weight if weight else loss
+
+
+__all__ = ["MTPLayer", "build_mtp", "input_tokens", "mtp_loss", "add_mtp_loss", "attach_to_last_chunk",
+           "shared_embedding_names", "DEFAULT_WEIGHT"]
