@@ -286,6 +286,10 @@ def _head_counts(config):
 
 
 def _layout_problems(config, tensor, pipeline, virtual, sequence):
+    if tensor > 1 and config.num_nextn_predict_layers:
+        return [f"parallel.tensor: expected 1 with model.num_nextn_predict_layers={config.num_nextn_predict_layers} "
+                "(the multi-token prediction modules do not run tensor-parallel yet), got "
+                f"{tensor}; HINT: set parallel.tensor=1, or model.num_nextn_predict_layers=0"]
     if sequence and config.seq_aux_loss_alpha:
         return [f"parallel.sequence: expected false with model.seq_aux_loss_alpha={config.seq_aux_loss_alpha} (the "
                 "sequence-wise balance loss counts each whole sequence's routing; under sequence parallelism a rank "
