@@ -1,0 +1,71 @@
+"""configs/deepseek_v3_tiny.yaml with multi-token prediction on (model.num_nextn_predict_layers=2) through
+examples/gpt2/train.py: a one-process run logs mtp_loss per step and its loss falls; its checkpoint holds the MTP
+modules; PP2 (the MTP modules on the last stage, with the input tokens and a copy of the embedding whose gradient is
+summed with the first stage's) equals it over a few steps; tensor parallelism with MTP is refused clearly."""
+import os
+
+import numpy as np
+import pytest
+
+from infini_train.run_state import list_checkpoints, load_checkpoint
+from tests.distributed.mpi_jobs import needs_mpiexec
+from tests.training.tiny_run import REPO, metrics, run
+
+CONFIG = os.path.join(REPO, "configs", "deepseek_v3_tiny.yaml")
+MTP = ("model.num_nextn_predict_layers=2", "train.mtp_loss_weight=0.3")
+
+
+def _args(data_dir, out, *extra):
+    return [f"out_dir={out}", f"data.train={data_dir}/train_*.bin", f"data.val={data_dir}/val_*.bin",
+            "data.source=null", "train.num_iterations=4", "train.batch_size=2", "train.total_batch_size=256",
+            "train.val_loss_every=0", "train.sample_every=0", "train.save_every=4", "train.log_every=1",
+            "train.learning_rate=3e-3", "train.warmup_iters=0", "plot=false", "device=cpu", *MTP, *extra]
+
+
+def _values(out, key):
+    return np.array([r[key] for r in metrics(out) if key in r and "loss" in r])
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("deepseek_mtp_one")
+    proc = run(_args(data_dir, out), config=CONFIG)
+    return out, proc.stdout
+
+
+def test_the_tiny_config_with_mtp_trains_in_one_process(one_process):
+    out, stdout = one_process
+    losses, mtp = _values(out, "loss"), _values(out, "mtp_loss")
+    assert len(losses) == 4 and len(mtp) == 4 and losses[-1] < losses[0]
+    assert np.all(mtp > 0) and mtp[-1] < mtp[0] and "| mtp " in stdout
+    weights, _, _ = load_checkpoint(list_checkpoints(out)[-1])
+    for name in ("mtp.0.enorm.weight", "mtp.1.hnorm.weight", "mtp.1.eh_proj.weight", "mtp.0.shared_head.norm.weight",
+                 "mtp.1.self_attn.kv_b_proj.weight", "mtp.1.mlp.gate.e_score_correction_bias"):
+        assert name in weights, name
+    # the MTP block's router is balanced as the others are
+    assert np.abs(np.asarray(weights["mtp.0.mlp.gate.e_score_correction_bias"])).max() > 0
+
+
+def test_tensor_parallel_with_mtp_is_refused():
+    from infini_train.training.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"parallel.tensor: expected 1 with model.num_nextn_predict_layers=2"):
+        load_config(CONFIG, [*MTP, "parallel.tensor=2"])
+    load_config(CONFIG, [*MTP, "parallel.pipeline=2"])
+    with pytest.raises(ConfigError, match="train.mtp_loss_weight"):
+        load_config(CONFIG, [*MTP, "train.mtp_loss_weight=-1"])
+
+
+@pytest.mark.layouts
+@needs_mpiexec
+def test_pipeline_parallel_with_mtp_on_the_last_stage_gives_the_one_process_run(data_dir, one_process, tmp_path):
+    out = tmp_path / "run"
+    proc = run(_args(data_dir, out, "parallel.pipeline=2"), ranks=2, config=CONFIG)
+    assert "pipeline 2" in proc.stdout
+    for key in ("loss", "mtp_loss", "grad_norm", "aux_loss"):
+        np.testing.assert_allclose(_values(out, key), _values(one_process[0], key), rtol=1e-4, err_msg=key)
+    mine, _, _ = load_checkpoint(list_checkpoints(out)[-1])  # (the last stage's embedding copy is not saved apart)
+    ref, _, _ = load_checkpoint(list_checkpoints(one_process[0])[-1])
+    assert sorted(mine) == sorted(ref)
+    for name in ref:
+        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-4, atol=2e-4, err_msg=name)
