@@ -142,3 +142,25 @@ def test_the_memory_efficient_attention_gives_the_materialised_one(tmp_path):
     for name, g in math_grads.items():
         np.testing.assert_allclose(blocked_grads[name], g, rtol=1e-4, atol=1e-6, err_msg=name)
     assert blocked_gen.tolist() == math_gen.tolist()
+
+
+@pytest.mark.parametrize("case", ["q_lora", "direct_q"])
+def test_absorbed_decoding_gives_the_expanded_attention(tmp_path, case):
+    """Weight absorption over the compressed cache: the logits of a cached continuation within rounding, and the
+    greedy tokens HF's generate gives."""
+    ours, hf = pair(tmp_path, seed=17, **CASES[case])
+    x = batch(seed=18, T=9)
+    expanded = ours.new_kv_cache(2, it.backend.CPU)
+    ours.absorbed_decoding = True
+    absorbed = ours.new_kv_cache(2, it.backend.CPU)
+    with it.no_grad():
+        for cache in (expanded, absorbed):
+            ours(it.tensor(x[:, :5]), kv_cache=cache)
+        a = ours(it.tensor(x[:, 5:]), kv_cache=expanded)[0].numpy()
+        b = ours(it.tensor(x[:, 5:]), kv_cache=absorbed)[0].numpy()
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    prompt = np.array([[5, 17, 42, 8, 3], [9, 9, 1, 30, 2]]) % VOCAB
+    hf.generation_config.eos_token_id = None
+    expected = hf.generate(torch.tensor(prompt), max_new_tokens=20, do_sample=False,
+                           attention_mask=torch.ones_like(torch.tensor(prompt))).numpy()
+    assert ours.generate(it.tensor(prompt), 20, temperature=0).numpy().tolist() == expected.tolist()

@@ -86,7 +86,7 @@ def test_flops_count_mla_attention_and_the_active_experts_only():
     assert full.num_experts == 256 and full.head_dim == 192
 
 
-def test_run_config_section_builds_the_tiny_config_and_refuses_sequence_parallel_with_the_sequence_loss():
+def test_run_config_section_builds_the_tiny_config():
     from infini_train.models import registry
     from infini_train.training.config import ConfigError, load_config
 
@@ -98,7 +98,5 @@ def test_run_config_section_builds_the_tiny_config_and_refuses_sequence_parallel
                                                                       ["model.q_lora_rank=0",
                                                                        "model.rope_scaling_factor=0"]).model)
     assert direct.q_lora_rank is None and direct.rope_scaling is None
-    with pytest.raises(ConfigError, match=r"parallel.sequence: expected false with model.seq_aux_loss_alpha=0.0001"):
-        load_config("configs/deepseek_v3_tiny.yaml", ["parallel.tensor=2", "parallel.sequence=true"])
-    load_config("configs/deepseek_v3_tiny.yaml", ["parallel.tensor=2", "parallel.sequence=true",
-                                                  "model.seq_aux_loss_alpha=0"])
+    with pytest.raises(ConfigError, match=r"model.first_k_dense_replace: expected first_k_dense_replace \(4\)"):
+        load_config("configs/deepseek_v3_tiny.yaml", ["model.first_k_dense_replace=4"])

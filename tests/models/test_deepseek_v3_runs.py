@@ -103,14 +103,14 @@ def test_a_pretrained_run_consolidates_to_a_directory_transformers_loads(data_di
 @needs_mpiexec
 @pytest.mark.parametrize("q_lora_rank", [64, 0], ids=["q_lora", "direct_q"])
 def test_sequence_parallel_gives_the_one_process_run(data_dir, tmp_path, q_lora_rank):
-    """TP2 with sequence parallelism (each rank's slice through the shared down-projections, the rope key gathered),
-    without the sequence-wise balance loss (refused with it)."""
-    extra = ("model.seq_aux_loss_alpha=0", f"model.q_lora_rank={q_lora_rank}")
+    """TP2 with sequence parallelism: each rank's slice through the shared down-projections, the rope key gathered,
+    the sequence-wise balance loss pooled over the slices."""
+    extra = (f"model.q_lora_rank={q_lora_rank}",)
     run(_args(data_dir, tmp_path / "one", *extra), config=CONFIG)
     proc = run(_args(data_dir, tmp_path / "sp", *extra, "parallel.tensor=2", "parallel.sequence=true"), ranks=2,
                config=CONFIG)
     assert "with sequence parallel" in proc.stdout
-    for key in ("loss", "grad_norm", "expert_load_max"):
+    for key in ("loss", "grad_norm", "aux_loss", "expert_load_max"):
         np.testing.assert_allclose(_values(tmp_path / "sp", key), _values(tmp_path / "one", key), rtol=1e-4,
                                    err_msg=key)
     mine, _, _ = load_checkpoint(list_checkpoints(tmp_path / "sp")[-1])

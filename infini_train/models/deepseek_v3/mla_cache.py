@@ -12,9 +12,10 @@ from ...tensor import Tensor
 
 class MLACache:
     """Preallocated to the context length, written in place (no_grad only); ``length``, ``advance`` and ``reset`` as
-    KVCache's (models/attention.py), which generation drives."""
+    KVCache's (models/attention.py), which generation drives. ``absorbed``: attention over it folds kv_b_proj into
+    the queries and the output instead of expanding the keys and values."""
 
-    def __init__(self, config, batch_size, device, dtype=backend.float32):
+    def __init__(self, config, batch_size, device, dtype=backend.float32, absorbed=False):
         dev = backend.Device.parse(device)
         xp = dev.array_module()
         T = config.context_length
@@ -23,6 +24,7 @@ class MLACache:
             self.rope_keys = [xp.zeros((batch_size, 1, T, config.qk_rope_head_dim), dtype)
                               for _ in range(config.num_layers)]
         self.length, self.capacity, self.device = 0, T, dev
+        self.absorbed = absorbed  # attention reads the latents by weight absorption (model.py)
 
     def append(self, layer, latent, k_rot):
         """Store latent (B, T, rank) and k_rot (B, 1, T, rope) at the next positions of ``layer``; return both over

@@ -112,6 +112,27 @@ class DeepseekV3Attention(nn.Module):
         k = cat([k_nope, k_rot.expand(B, k_nope.shape[1], S, self.rope_dim)], -1)
         return k, v
 
+    def absorbed_attention(self, q_nope, q_rot, latent, k_rot, past):
+        """Attention over the cached latent without expanding it (DeepSeek-V2's weight absorption, for decoding):
+        kv_b_proj's key part folded into the queries, q_nope W_UK . latent = q_nope . k_nope, and its value part
+        applied after the weighted sum of latents, (P latent) W_UV = P v -- per step the cost of the latents, not of
+        every head's keys and values. The same attention up to rounding."""
+        if active_layout() is not None:
+            raise ValueError("attention: packed documents run whole sequences without a KV cache\nHINT: generate "
+                             "outside packed_documents")
+        w = self.kv_b_proj.weight  # (this rank's heads x (nope + v), rank)
+        w = w.reshape(w.shape[0] // (self.nope + self.v_dim), self.nope + self.v_dim, self.rank)
+        w_k, w_v = w.split([self.nope, self.v_dim], dim=1)  # (H, nope, rank), (H, v, rank)
+        lat = latent.unsqueeze(1)  # (B, 1, S, rank)
+        scores = (q_nope @ w_k) @ lat.transpose(-1, -2) + q_rot @ k_rot.transpose(-1, -2)  # (B, H, T, S)
+        T, S = scores.shape[-2], scores.shape[-1]
+        if T > 1:  # the new queries sit at the end of the key range
+            future = np.arange(T)[:, None] + past < np.arange(S)[None, :]
+            scores = scores.masked_fill(Tensor._make(backend.to_device_array(future, scores.device), scores.device),
+                                        float("-inf"))
+        probs = F.softmax(scores * self.scale, dim=-1)
+        return (probs @ lat) @ w_v.transpose(-1, -2)  # (B, H, T, v)
+
     def forward(self, x, rope, kv_cache=None, layer=0):
         q = self.query(x)  # (under sequence parallelism x is this rank's slice, q the whole sequence's)
         B, T = q.shape[0], q.shape[1]
@@ -125,6 +146,9 @@ class DeepseekV3Attention(nn.Module):
         if kv_cache is not None:  # the cache keeps the compressed latent and the rotated rope key
             past = kv_cache.length
             latent, k_rot = kv_cache.append(layer, latent, k_rot)
+            if kv_cache.absorbed:
+                y = self.absorbed_attention(q_nope, q_rot, latent, k_rot, past)
+                return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
         k, v = self.expand(latent, k_rot)
         q = cat([q_nope, q_rot], -1)
         dropout_p = self.dropout if self.training else 0.0
@@ -239,9 +263,12 @@ class DeepseekV3(MoECausalLM, Llama):
         attn = block.self_attn
         return attn.kv_b_proj.weight.shape[0] // (attn.nope + attn.v_dim)
 
+    absorbed_decoding = False  # True: attention over the cache by weight absorption (absorbed_attention), not HF's
+
     def new_kv_cache(self, batch_size, device, dtype=backend.float32):
-        """The compressed cache: per layer the latent and the rotated rope key of each token (mla_cache.py)."""
-        return MLACache(self.config, batch_size, device, dtype)
+        """The compressed cache: per layer the latent and the rotated rope key of each token (mla_cache.py); with
+        ``absorbed_decoding`` attention reads it without expanding the keys and values (HF expands them)."""
+        return MLACache(self.config, batch_size, device, dtype, absorbed=self.absorbed_decoding)
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token: 6 x the active parameters (the routed experts a token is not sent to left out)
@@ -290,10 +317,6 @@ def _layout_problems(config, tensor, pipeline, virtual, sequence):
         return [f"parallel.tensor: expected 1 with model.num_nextn_predict_layers={config.num_nextn_predict_layers} "
                 "(the multi-token prediction modules do not run tensor-parallel yet), got "
                 f"{tensor}; HINT: set parallel.tensor=1, or model.num_nextn_predict_layers=0"]
-    if sequence and config.seq_aux_loss_alpha:
-        return [f"parallel.sequence: expected false with model.seq_aux_loss_alpha={config.seq_aux_loss_alpha} (the "
-                "sequence-wise balance loss counts each whole sequence's routing; under sequence parallelism a rank "
-                "routes a slice of it), got true; HINT: set parallel.sequence=false, or model.seq_aux_loss_alpha=0"]
     return []
 
 

@@ -12,8 +12,8 @@ same tokens, the same gradients); the embedding and output layer are vocab-paral
 With sequence parallelism each rank runs the shared down-projections, their norms, the block norms and the MoE layers
 on its slice of the sequence (their weights marked ``sequence_parallel``: gradients summed over the group); q_b_proj
 (or q_proj) and kv_b_proj all-gather the sequence before their heads (reduce-scattering the gradient back), and so
-does the shared rope key (model.py), and o_proj reduce-scatters its output. The sequence-wise balance loss counts whole
-sequences: with it, sequence parallelism is refused (model.py's layout problems)."""
+does the shared rope key (model.py), and o_proj reduce-scatters its output (the sequence-wise balance loss pools the
+slices' routing: moe_lm.py)."""
 from __future__ import annotations
 
 from ...autograd.grad_mode import no_grad
