@@ -6,10 +6,12 @@ as the checkpoints have them; the correction bias
 (``mlp.gate.e_score_correction_bias``) is a buffer, read and written with the weights."""
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
 
+from ...safetensors_io import read_header
 from ..gpt2.io import WeightsError
 from ..llama import io as llama_io
 from ..special_tokens import text_boundary_ids
@@ -44,10 +46,29 @@ def hf_config_to_deepseek_v3(hf, source):
                   dropout=float(hf.get("attention_dropout", 0.0) or 0.0), pad_token_id=llama_io._pad_id(hf),
                   n_group=hf.get("n_group", 8) or 1, topk_group=hf.get("topk_group", 4) or 1,
                   q_lora_rank=hf.get("q_lora_rank", 1536))  # (HF's defaults where config.json has no key)
+    if fields.get("num_nextn_predict_layers") and os.path.isfile(source):  # (a directory's config.json)
+        fields["num_nextn_predict_layers"] = stored_mtp_layers(os.path.dirname(source), fields["n_layers"],
+                                                               fields["num_nextn_predict_layers"])
     try:
         return DeepseekV3Config(**fields)
     except ValueError as exc:
         raise WeightsError(f"{source}: {exc}") from exc
+
+
+def stored_mtp_layers(directory, n_layers, depths):
+    """How many of config.json's ``depths`` MTP modules the directory's weights hold: depth j when
+    ``model.layers.{N+j}.eh_proj.weight`` is stored (transformers writes num_nextn_predict_layers = 1, its default,
+    without them: such a directory reads as a model without MTP)."""
+    names = set()
+    try:
+        for path, listed in llama_io._weight_files(directory):
+            names |= set(listed) if listed is not None else set(read_header(path)[0])
+    except (OSError, ValueError):
+        return depths  # (no readable weights here: the config alone)
+    count = 0
+    while count < depths and f"model.layers.{n_layers + count}.eh_proj.weight" in names:
+        count += 1
+    return count
 
 
 def deepseek_v3_to_hf_config(cfg, dtype):
