@@ -188,3 +188,13 @@ def test_generation_and_evaluation_ignore_mtp(tmp_path):
     np.testing.assert_allclose(trained.item(), loss.item() + 0.3 * model.mtp_loss.item(), rtol=1e-6)
     out = model.generate(it.tensor(x[:1, :4]), 3, temperature=0.0 if False else 1.0, top_k=1)
     assert out.shape == (1, 7)
+
+
+def test_flops_count_the_mtp_modules_active_parameters_attention_and_head():
+    base = DeepseekV3Config.from_preset("deepseek-v3-tiny")
+    plain, mtp = DeepseekV3(base), DeepseekV3(DeepseekV3Config(**{**base.to_dict(), "num_nextn_predict_layers": 1}))
+    T, c = 64, base
+    own = mtp.num_params(non_embedding=True) - plain.num_params(non_embedding=True)  # the module's parameters
+    idle = (c.n_routed_experts - c.num_experts_per_tok) * 3 * c.dim * c.moe_intermediate_size
+    extra = 6 * (own - idle) + 6 * c.n_heads * T * (c.head_dim + c.v_head_dim) + 6 * c.vocab_size * c.dim
+    assert mtp.flops_per_token(T) - plain.flops_per_token(T) == extra

@@ -58,10 +58,12 @@ def test_tensor_parallel_with_mtp_is_refused():
 
 @pytest.mark.layouts
 @needs_mpiexec
-def test_pipeline_parallel_with_mtp_on_the_last_stage_gives_the_one_process_run(data_dir, one_process, tmp_path):
+@pytest.mark.parametrize("layout", ["parallel.pipeline=2", "parallel.expert=2"])
+def test_pipeline_and_expert_parallel_with_mtp_give_the_one_process_run(data_dir, one_process, tmp_path, layout):
+    """PP2: the MTP modules on the last stage; EP2: the MTP block's experts split over the expert group too."""
     out = tmp_path / "run"
-    proc = run(_args(data_dir, out, "parallel.pipeline=2"), ranks=2, config=CONFIG)
-    assert "pipeline 2" in proc.stdout
+    proc = run(_args(data_dir, out, layout), ranks=2, config=CONFIG)
+    assert ("pipeline 2" if "pipeline" in layout else "expert") in proc.stdout
     for key in ("loss", "mtp_loss", "grad_norm", "aux_loss"):
         np.testing.assert_allclose(_values(out, key), _values(one_process[0], key), rtol=1e-4, err_msg=key)
     mine, _, _ = load_checkpoint(list_checkpoints(out)[-1])  # (the last stage's embedding copy is not saved apart)

@@ -278,7 +278,11 @@ class DeepseekV3(MoECausalLM, Llama):
         cfg = self.config
         seq = seq_len or cfg.context_length
         dense = training_flops_per_token(self, 0, 0, 0, seq, self.idle_params)
-        return dense + 6 * cfg.n_layers * cfg.n_heads * seq * (cfg.head_dim + cfg.v_head_dim)
+        total = dense + 6 * cfg.n_layers * cfg.n_heads * seq * (cfg.head_dim + cfg.v_head_dim)
+        if "mtp" in self._modules:  # the multi-token prediction modules' own (mtp.py)
+            from .mtp import mtp_flops_per_token
+            total += mtp_flops_per_token(self, seq)
+        return total
 
     # ---------------------------------------------------------------------------------------- weights
     @classmethod

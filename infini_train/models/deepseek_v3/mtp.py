@@ -34,9 +34,6 @@ from ...tensor import Tensor
 from ..token_loss import token_loss
 from .model import DeepseekV3, DeepseekV3DecoderLayer
 
-DEFAULT_WEIGHT = 0.3  # DeepSeek-V3's lambda for the first 10T tokens (0.1 after)
-
-
 class _Tokens(threading.local):
     value = None
 
@@ -129,6 +126,16 @@ def shared_embedding_names(model):
     return ("model.embed_tokens.weight", "mtp.0.embed_tokens.weight")
 
 
+def mtp_flops_per_token(model, seq_len):
+    """What the MTP modules add to the model's training FLOPs per token (its 6 N counts their parameters once, every
+    expert and the output layer once): each module's attention 6 H T (qk_head_dim + v_head_dim), one more pass
+    through the shared output layer (6 V dim), less the routed experts a token is not sent to."""
+    cfg = model.config
+    per = 6 * cfg.n_heads * seq_len * (cfg.head_dim + cfg.v_head_dim) + 6 * cfg.vocab_size * cfg.dim
+    idle = 6 * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.dim * cfg.moe_intermediate_size
+    return sum(per - (idle if cfg.sparse_layer(layer.layer) else 0) for layer in model.mtp)
+
+
 def _rolled(array, k, fill, device):
     xp = device.array_module()
     with device.context():
@@ -163,5 +170,5 @@ def add_mtp_loss(model, hidden, targets, loss):
     return loss + value.to(loss.dtype) * weight if weight else loss
 
 
-__all__ = ["MTPLayer", "build_mtp", "input_tokens", "mtp_loss", "add_mtp_loss", "attach_to_last_chunk",
-           "shared_embedding_names", "DEFAULT_WEIGHT"]
+__all__ = ["MTPLayer", "build_mtp", "mtp_flops_per_token", "input_tokens", "mtp_loss", "add_mtp_loss",
+           "attach_to_last_chunk", "shared_embedding_names"]
