@@ -198,3 +198,29 @@ def test_flops_count_the_mtp_modules_active_parameters_attention_and_head():
     idle = (c.n_routed_experts - c.num_experts_per_tok) * 3 * c.dim * c.moe_intermediate_size
     extra = 6 * (own - idle) + 6 * c.n_heads * T * (c.head_dim + c.v_head_dim) + 6 * c.vocab_size * c.dim
     assert mtp.flops_per_token(T) - plain.flops_per_token(T) == extra
+
+
+def test_packed_documents_compute_as_each_document_alone():
+    """Two documents in one row: the summed token losses (main and MTP) are those of each document alone."""
+    from infini_train.models.documents import packed_documents
+    from infini_train.models.token_loss import loss_over_tokens
+
+    config = DeepseekV3Config.from_preset("deepseek-v3-tiny", n_layers=2, num_nextn_predict_layers=2)
+    it.manual_seed(3)
+    model = DeepseekV3(config).double()
+    model.train()
+    first, second = batch(seed=7, B=1, T=7) % 257, batch(seed=8, B=1, T=9) % 257
+
+    def losses(x, layout=None):
+        with loss_over_tokens(1.0), packed_documents(*layout) if layout else packed_documents(None):
+            _, loss = model(it.tensor(x), it.tensor(shifted_targets(x)))
+        return loss.item(), model.mtp_loss.item()
+
+    alone = np.add(losses(first), losses(second))
+    x = np.concatenate([first, second], 1)
+    positions = np.concatenate([np.arange(7), np.arange(9)])[None]
+    segments = np.array([[1] * 7 + [2] * 9])
+    targets = np.concatenate([shifted_targets(first), shifted_targets(second)], 1)
+    with loss_over_tokens(1.0), packed_documents(positions, segments):
+        _, loss = model(it.tensor(x), it.tensor(targets))
+    np.testing.assert_allclose([loss.item(), model.mtp_loss.item()], alone, rtol=1e-12)

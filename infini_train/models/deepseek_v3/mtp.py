@@ -8,7 +8,8 @@ norm for k = 1) and the shared embedding of token t + k, and predicts token t + 
 
 The block is a DeepSeek-V3 decoder layer of index N + k - 1 (N = num_hidden_layers: MLA and, past
 first_k_dense_replace, a DeepSeek-MoE layer). As Megatron does, each depth rolls the input tokens and the targets
-one more place to the left; the last k positions of depth k have no target (ignored). Training adds
+one more place to the left; the last k positions of depth k (of each document, for packed documents) have no target
+(ignored). Training adds
 
     mtp_loss = mean over k of CE(logits^k, x_{t+1+k})     and     loss = main loss + mtp_loss_weight * mtp_loss
 
@@ -26,11 +27,14 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import numpy as np
+
 from ... import backend
 from ... import nn
 from ...autograd.ops.joins import cat
 from ...placement import place
 from ...tensor import Tensor
+from ..documents import active_layout
 from ..token_loss import token_loss
 from .model import DeepseekV3, DeepseekV3DecoderLayer
 
@@ -144,6 +148,16 @@ def _rolled(array, k, fill, device):
     return Tensor._make(out, device)
 
 
+def _within_documents(target, segments, k, device):
+    T = segments.shape[1]
+    same = np.zeros(segments.shape, bool)
+    same[:, :T - k] = (segments[:, k:] == segments[:, :T - k]) & (segments[:, :T - k] != 0)
+    keep = backend.to_device_array(same, device)
+    xp = device.array_module()
+    with device.context():
+        return Tensor._make(xp.where(keep, target.array, -1), device)
+
+
 def mtp_loss(model, hidden, targets):
     """The mean over the depths of the MTP cross-entropies (a 0-d Tensor), from the main model's hidden states before
     its final norm (B, T, dim) and its targets (B, T); the input tokens come from ``input_tokens``."""
@@ -154,10 +168,14 @@ def mtp_loss(model, hidden, targets):
     device = hidden.device
     rope = model.block_args(hidden, None)
     tokens, labels, h, total = idx.array, targets.array, hidden, None
+    layout = active_layout()
     for k, layer in enumerate(model.mtp, start=1):
         shifted = _rolled(tokens, k, 0, device)
         h, logits = layer(h, shifted, *rope)
-        loss = token_loss(logits.view(-1, logits.shape[-1]), _rolled(labels, k, -1, device).view(-1))
+        target = _rolled(labels, k, -1, device)
+        if layout is not None:  # packed documents: no target from the next document (each computes as alone)
+            target = _within_documents(target, layout.segments, k, device)
+        loss = token_loss(logits.view(-1, logits.shape[-1]), target.view(-1))
         total = loss if total is None else total + loss
     return total / len(model.mtp)
 
