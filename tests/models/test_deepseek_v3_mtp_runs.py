@@ -3,6 +3,7 @@ examples/gpt2/train.py: a one-process run logs mtp_loss per step and its loss fa
 modules; PP2 (the MTP modules on the last stage, with the input tokens and a copy of the embedding whose gradient is
 summed with the first stage's) equals it over a few steps; tensor parallelism with MTP is refused clearly."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -71,3 +72,23 @@ def test_pipeline_and_expert_parallel_with_mtp_give_the_one_process_run(data_dir
     assert sorted(mine) == sorted(ref)
     for name in ref:
         np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-4, atol=2e-4, err_msg=name)
+
+
+@needs_mpiexec
+def test_a_pipeline_checkpoint_with_mtp_resumes_on_one_process(data_dir, tmp_path):
+    """PP2's checkpoint (the MTP modules from the last stage, its embedding copy not saved apart) resumes in one
+    process: the resumed steps give PP2's losses and MTP losses."""
+    pp2, resumed = tmp_path / "pp2", tmp_path / "resumed"
+    run(_args(data_dir, pp2, "parallel.pipeline=2", "train.num_iterations=6", "train.save_every=3"), ranks=2,
+        config=CONFIG)
+    shutil.copytree(pp2, resumed)
+    shutil.rmtree(list_checkpoints(resumed)[-1])
+    log = resumed / "metrics.jsonl"  # (the steps after the checkpoint: the resumed run's own)
+    log.write_text("".join(line for line in log.read_text().splitlines(True) if '"step": 3' not in line
+                           and '"step": 4' not in line and '"step": 5' not in line))
+    proc = run(_args(data_dir, resumed, "train.num_iterations=6", "train.save_every=3", "resume=auto"),
+               config=CONFIG)
+    assert "resumed from" in proc.stdout
+    assert [r["step"] for r in metrics(resumed) if "loss" in r] == list(range(6))
+    for key in ("loss", "mtp_loss", "grad_norm"):
+        np.testing.assert_allclose(_values(resumed, key)[-3:], _values(pp2, key)[-3:], rtol=1e-4, err_msg=key)
