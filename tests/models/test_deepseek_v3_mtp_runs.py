@@ -16,11 +16,11 @@ CONFIG = os.path.join(REPO, "configs", "deepseek_v3_tiny.yaml")
 MTP = ("model.num_nextn_predict_layers=2", "train.mtp_loss_weight=0.3")
 
 
-def _args(data_dir, out, *extra):
+def _args(data_dir, out, *extra, mtp=MTP):
     return [f"out_dir={out}", f"data.train={data_dir}/train_*.bin", f"data.val={data_dir}/val_*.bin",
             "data.source=null", "train.num_iterations=4", "train.batch_size=2", "train.total_batch_size=256",
             "train.val_loss_every=0", "train.sample_every=0", "train.save_every=4", "train.log_every=1",
-            "train.learning_rate=3e-3", "train.warmup_iters=0", "plot=false", "device=cpu", *MTP, *extra]
+            "train.learning_rate=3e-3", "train.warmup_iters=0", "plot=false", "device=cpu", *mtp, *extra]
 
 
 def _values(out, key):
@@ -92,3 +92,37 @@ def test_a_pipeline_checkpoint_with_mtp_resumes_on_one_process(data_dir, tmp_pat
     assert [r["step"] for r in metrics(resumed) if "loss" in r] == list(range(6))
     for key in ("loss", "mtp_loss", "grad_norm"):
         np.testing.assert_allclose(_values(resumed, key)[-3:], _values(pp2, key)[-3:], rtol=1e-4, err_msg=key)
+
+
+def test_a_pretrained_run_with_mtp_consolidates_to_deepseeks_names(data_dir, tmp_path):
+    """model.pretrained = a directory with DeepSeek's MTP layers: the run trains them (mtp_loss logged) and
+    ``tools.consolidate --format hf`` writes them back under model.layers.{N+k}; transformers loads the main model."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import DeepseekV3ForCausalLM
+
+    import infini_train as it
+    from infini_train.safetensors_io import read_header
+
+    from .test_deepseek_v3_mtp import N, mtp_pair
+
+    _, _, _, directory = mtp_pair(tmp_path, 1, vocab_size=257, max_position_embeddings=64)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  arch: deepseek_v3\n  pretrained: {directory}\n")
+    out = tmp_path / "run"
+    run(_args(data_dir, out, "train.num_iterations=2", "train.sequence_length=32", "train.save_every=2", mtp=()),
+        config=str(config))
+    assert len(_values(out, "mtp_loss")) == 2
+    subprocess.run([sys.executable, "-m", "infini_train.tools.consolidate", "--format", "hf",
+                    list_checkpoints(out)[-1], str(tmp_path / "back")], check=True, cwd=REPO, capture_output=True)
+    names = set(read_header(str(tmp_path / "back" / "model.safetensors"))[0])
+    assert names == set(read_header(str(directory / "model.safetensors"))[0])
+    ours = it.models.from_pretrained(tmp_path / "back")
+    assert len(ours.mtp) == 1 and f"model.layers.{N}.eh_proj.weight" in names
+    theirs = DeepseekV3ForCausalLM.from_pretrained(tmp_path / "back", experts_implementation="eager").eval()
+    x = np.arange(12).reshape(2, 6) * 7 % 257
+    ours.eval()
+    np.testing.assert_allclose(ours(it.tensor(x))[0].numpy(), theirs(torch.tensor(x)).logits.detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
