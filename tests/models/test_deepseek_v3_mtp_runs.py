@@ -128,3 +128,10 @@ def test_a_pretrained_run_with_mtp_consolidates_to_deepseeks_names(data_dir, tmp
     ours.eval()
     np.testing.assert_allclose(ours(it.tensor(x))[0].numpy(), theirs(torch.tensor(x)).logits.detach().numpy(),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_mixed_with_mtp_follows_float32(data_dir, one_process, tmp_path):
+    out = tmp_path / "bf16"
+    run(_args(data_dir, out, "precision=bf16-mixed", "train.save_every=0"), config=CONFIG)
+    for key, rtol in (("loss", 2e-3), ("mtp_loss", 2e-3), ("grad_norm", 1e-2)):
+        np.testing.assert_allclose(_values(out, key), _values(one_process[0], key), rtol=rtol, err_msg=key)
