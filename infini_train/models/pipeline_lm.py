@@ -163,7 +163,8 @@ class PipelinedLM(nn.Module):
         ``last_only`` (generation), the loss when ``targets`` are given)."""
         B, T = idx.shape
         parts = self._activation(B, T, self._dtype())
-        with no_grad():
+        tokens = (self._with_tokens([idx], None) or [contextlib.nullcontext])[0]
+        with no_grad(), tokens():
             out = self.pipe.forward(idx, parts, idx.device, targets=targets, kv_cache=kv_cache,
                                     last_only=last_only)
         if kv_cache is not None:
