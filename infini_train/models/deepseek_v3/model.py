@@ -317,10 +317,11 @@ def _head_counts(config):
 
 
 def _layout_problems(config, tensor, pipeline, virtual, sequence):
-    if tensor > 1 and config.num_nextn_predict_layers:
-        return [f"parallel.tensor: expected 1 with model.num_nextn_predict_layers={config.num_nextn_predict_layers} "
-                "(the multi-token prediction modules do not run tensor-parallel yet), got "
-                f"{tensor}; HINT: set parallel.tensor=1, or model.num_nextn_predict_layers=0"]
+    if tensor > 1 and pipeline > 1 and config.num_nextn_predict_layers:
+        return [f"parallel.tensor: expected 1 with parallel.pipeline={pipeline} and model.num_nextn_predict_layers="
+                f"{config.num_nextn_predict_layers} (the last stage's multi-token prediction modules do not run "
+                f"tensor-parallel yet), got {tensor}; HINT: set parallel.tensor=1 or parallel.pipeline=1, or "
+                "model.num_nextn_predict_layers=0"]
     return []
 
 

@@ -77,8 +77,12 @@ class MTPLayer(DeepseekV3DecoderLayer):
         self.shared_head = SharedHead(config)
 
     def forward(self, h, tokens, rope):
-        """(h^k, logits^k) from h^{k-1} (B, T, dim) and the shifted tokens (B, T)."""
+        """(h^k, logits^k) from h^{k-1} (B, T, dim; under sequence parallelism this rank's slice) and the shifted
+        tokens (B, T)."""
         emb = self.embed_tokens(tokens)
+        tp = self.self_attn.tp
+        if tp is not None and tp.sequence_parallel:
+            emb = tp.scatter_sequence(emb)
         if emb.dtype != h.dtype:
             emb = emb.to(h.dtype)
         x = self.eh_proj(cat([self.enorm(emb), self.hnorm(h)], -1))
@@ -99,6 +103,18 @@ def share(layers, embedding, head):
     for layer in layers:
         layer.embed_tokens = embedding
         layer.shared_head.head = head
+
+
+def parallelize_mtp(model, sequence_parallel):
+    """Under tensor parallelism (parallel.py splits the blocks): the modules share the vocab-parallel embedding and
+    head; with sequence parallelism their norms and eh_proj run on each rank's slice (gradients summed)."""
+    share(model.mtp, model.model.embed_tokens, model.lm_head)
+    if sequence_parallel:
+        from ...nn.parallel import mark_sequence_parallel
+
+        for layer in model.mtp:
+            for module in (layer.enorm, layer.hnorm, layer.eh_proj, layer.shared_head.norm):
+                mark_sequence_parallel(module)
 
 
 def attach_to_last_chunk(model, chunk, first):
@@ -175,7 +191,10 @@ def mtp_loss(model, hidden, targets):
         target = _rolled(labels, k, -1, device)
         if layout is not None:  # packed documents: no target from the next document (each computes as alone)
             target = _within_documents(target, layout.segments, k, device)
-        loss = token_loss(logits.view(-1, logits.shape[-1]), target.view(-1))
+        if model.tp is not None:  # logits of this rank's part of the vocabulary
+            _, loss = model.tp.logits_and_loss(logits, target, model.config.vocab_size)
+        else:
+            loss = token_loss(logits.view(-1, logits.shape[-1]), target.view(-1))
         total = loss if total is None else total + loss
     return total / len(model.mtp)
 
