@@ -316,15 +316,6 @@ def _head_counts(config):
     return {"n_head": config.n_heads}
 
 
-def _layout_problems(config, tensor, pipeline, virtual, sequence):
-    if tensor > 1 and pipeline > 1 and config.num_nextn_predict_layers:
-        return [f"parallel.tensor: expected 1 with parallel.pipeline={pipeline} and model.num_nextn_predict_layers="
-                f"{config.num_nextn_predict_layers} (the last stage's multi-token prediction modules do not run "
-                f"tensor-parallel yet), got {tensor}; HINT: set parallel.tensor=1 or parallel.pipeline=1, or "
-                "model.num_nextn_predict_layers=0"]
-    return []
-
-
 def read_hf(directory):
     from .io import hf_weights
 
@@ -332,6 +323,6 @@ def read_hf(directory):
 
 
 SPEC = register(ModelSpec("deepseek_v3", DeepseekV3, DeepseekV3Config, _parallelize, _head_counts,
-                          _layout_problems, read_hf=read_hf))
+                          read_hf=read_hf))
 
 __all__ = ["DeepseekV3", "DeepseekV3Attention", "DeepseekV3DecoderLayer", "latent_attention", "rotate", "SPEC"]

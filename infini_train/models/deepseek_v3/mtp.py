@@ -119,23 +119,33 @@ def parallelize_mtp(model, sequence_parallel):
 
 def attach_to_last_chunk(model, chunk, first):
     """Give the last pipeline chunk the MTP modules; on a stage other than the first, their embedding is a copy of the
-    model's (placed as a tied copy; a tied output layer's copy when the embedding is tied)."""
+    model's (placed as a tied copy; a tied output layer's copy when the embedding is tied), vocab-parallel as the
+    model's under tensor parallelism."""
     chunk.mtp = model.mtp
     if first:
         return
+    source = model.model.embed_tokens
     if model.config.tie_word_embeddings:
         weight = chunk.lm_head.weight
     else:
         from ...nn.parallel.sharded_init import derived_from
         from ...nn.parallel.tensor_parallel import ParallelParameter
 
-        source = model.model.embed_tokens.weight
-        weight = ParallelParameter(Tensor._make(backend.copy_array(source.array, source.device), source.device),
-                                   requires_grad=source.requires_grad)
-        place(weight, tied_copy=True)
-        if source.device is backend.META:
-            derived_from(weight, source)
-    embedding = nn.Embedding(*weight.shape, padding_idx=model.model.embed_tokens.padding_idx, _weight=weight)
+        whole = source.weight
+        weight = ParallelParameter(Tensor._make(backend.copy_array(whole.array, whole.device), whole.device),
+                                   requires_grad=whole.requires_grad)
+        place(weight, tensor_shard=whole.placement.tensor_shard, tied_copy=True)
+        if whole.device is backend.META:
+            derived_from(weight, whole)
+    if isinstance(source, nn.Embedding):
+        embedding = nn.Embedding(*weight.shape, padding_idx=source.padding_idx, _weight=weight)
+    else:  # a VocabParallelEmbedding: the same split over the copy
+        embedding = type(source).__new__(type(source))
+        nn.Module.__init__(embedding)
+        for name in ("group", "num_embeddings", "embedding_dim", "pad_to_multiple_of", "padded_num_embeddings",
+                     "num_embeddings_per_partition", "padding_idx"):
+            setattr(embedding, name, getattr(source, name))
+        embedding.weight = weight
     share(model.mtp, embedding, chunk.lm_head)
 
 
