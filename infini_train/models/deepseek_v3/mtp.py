@@ -21,7 +21,10 @@ Names are those of DeepSeek's checkpoints: module k is ``model.layers.{N+k-1}`` 
 ``shared_head.head`` are the model's embedding and output layer (shared modules: they appear in the state dict under
 these names too, as a tied weight does). In a pipeline the modules live on the last stage, which gets the input
 tokens (``input_tokens``, set per micro-batch by PipelinedLM) and a copy of the embedding placed as a ``tied_copy``
-(its gradient summed with the first stage's over the embedding group; a tied output layer's copy serves both)."""
+(its gradient summed with the first stage's over the embedding group; a tied output layer's copy serves both). Under
+tensor parallelism (parallel.py) the blocks split as the model's, the embedding and head are the vocab-parallel ones
+(the MTP losses through the vocab-parallel cross-entropy), and with sequence parallelism the norms and eh_proj run on
+each rank's slice."""
 from __future__ import annotations
 
 import contextlib
