@@ -137,3 +137,15 @@ def test_bf16_mixed_with_mtp_follows_float32(data_dir, one_process, tmp_path):
     run(_args(data_dir, out, "precision=bf16-mixed", "train.save_every=0"), config=CONFIG)
     for key, rtol in (("loss", 2e-3), ("mtp_loss", 2e-3), ("grad_norm", 1e-2)):
         np.testing.assert_allclose(_values(out, key), _values(one_process[0], key), rtol=rtol, err_msg=key)
+
+
+@pytest.mark.layouts
+@needs_mpiexec
+def test_tied_embeddings_with_mtp_under_pp2_give_the_one_process_run(data_dir, tmp_path):
+    """Tied: the last stage's output-layer copy is the MTP modules' embedding too."""
+    tied = "model.tie_embeddings=true"
+    run(_args(data_dir, tmp_path / "one", tied), config=CONFIG)
+    run(_args(data_dir, tmp_path / "pp2", tied, "parallel.pipeline=2"), ranks=2, config=CONFIG)
+    for key in ("loss", "mtp_loss", "grad_norm"):
+        np.testing.assert_allclose(_values(tmp_path / "pp2", key), _values(tmp_path / "one", key), rtol=1e-4,
+                                   err_msg=key)
