@@ -224,3 +224,23 @@ def test_packed_documents_compute_as_each_document_alone():
     with loss_over_tokens(1.0), packed_documents(positions, segments):
         _, loss = model(it.tensor(x), it.tensor(targets))
     np.testing.assert_allclose([loss.item(), model.mtp_loss.item()], alone, rtol=1e-12)
+
+
+def test_float32_mtp_loss_and_every_gradient_equal_the_torch_reference(tmp_path):
+    """As HF runs (its float32 norms and router, each side's own rotary tables): 1e-5."""
+    ours, hf, extra, _ = mtp_pair(tmp_path, 2)
+    x = batch(T=16)
+    ours.train()
+    hf.train()
+    _, loss = ours(it.tensor(x), it.tensor(shifted_targets(x)))
+    total, _, mtp = reference(hf, extra, x, 2, 0.3)
+    np.testing.assert_allclose([loss.item(), ours.mtp_loss.item()], [total.item(), mtp.item()], rtol=1e-5, atol=1e-5)
+    loss.backward()
+    total.backward()
+    grads = {ours.to_hf_name(name): g for name, g in grads_by_hf_name(ours).items()}
+    references = {**dict(hf.named_parameters()), **extra}
+    worst = 0.0
+    for name, p in references.items():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
+        worst = max(worst, float(np.abs(grads[name] - p.grad.numpy()).max()))
+    print("float32 worst gradient error", worst)
