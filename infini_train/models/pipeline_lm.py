@@ -15,6 +15,8 @@ every rank of the pipeline the result, so validation and generation work unchang
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .. import backend
@@ -60,6 +62,10 @@ class PipelinedLM(nn.Module):
             raise ValueError(f"{problems[0]}\nHINT: choose sizes whose product divides the layers")
         self.config, self.tp, self.group = model.config, model.tp, group
         self.tied = model.tied_weight_names()  # (embedding, output layer) names of a tied weight, or None
+        # the weights summed over the embedding group: the tied ones, or an embedding and the last stage's copy
+        # (DeepSeek-V3's multi-token prediction: deepseek_v3/mtp.py)
+        self.shared = self.tied or (model.shared_embedding_names() if hasattr(model, "shared_embedding_names")
+                                    else None)
         per_chunk = L // (P * V)
         chunks = []
         for local in range(V):
@@ -130,17 +136,35 @@ class PipelinedLM(nn.Module):
         every stage."""
         parts = self._activation(*inputs[0].shape, self._dtype())
         losses = self.pipe.train_step(inputs, targets, parts, inputs[0].device, backward, forward_context,
-                                      batch_contexts)
+                                      self._with_tokens(inputs, batch_contexts))
         mean = np.array([np.mean(losses) if losses is not None else 0.0], np.float64)
         self.group.broadcast(mean, self.pipe.owner(self.pipe.num_chunks - 1))
         return float(mean[0])
+
+    def _with_tokens(self, inputs, batch_contexts):
+        """The micro-batches' contexts, giving the last stage their input tokens where its chunk reads them
+        (DeepSeek-V3's multi-token prediction modules)."""
+        if "mtp" not in self.chunks[-1]._modules:
+            return batch_contexts
+        from .deepseek_v3.mtp import input_tokens
+
+        contexts = batch_contexts or [contextlib.nullcontext] * len(inputs)
+
+        def context(m):
+            @contextlib.contextmanager
+            def both():
+                with contexts[m](), input_tokens(inputs[m]):
+                    yield
+            return both
+        return [context(m) for m in range(len(inputs))]
 
     def forward(self, idx, targets=None, kv_cache=None, last_only=False):
         """One batch through every stage in turn: (logits, loss) on every rank of the pipeline (logits only when
         ``last_only`` (generation), the loss when ``targets`` are given)."""
         B, T = idx.shape
         parts = self._activation(B, T, self._dtype())
-        with no_grad():
+        tokens = (self._with_tokens([idx], None) or [contextlib.nullcontext])[0]
+        with no_grad(), tokens():
             out = self.pipe.forward(idx, parts, idx.device, targets=targets, kv_cache=kv_cache,
                                     last_only=last_only)
         if kv_cache is not None:
@@ -173,10 +197,10 @@ class PipelinedLM(nn.Module):
     # ------------------------------------------------------------------------------------------- weights
     def shared_embedding_params(self):
         """The tied weight on this stage: the embedding on the first stage, its copy on the last, else []."""
-        if self.tied is None:
+        if self.shared is None:
             return []
         own = self.state_dict(keep_vars=True)
-        return list({id(own[n]): own[n] for n in self.tied if n in own}.values())
+        return list({id(own[n]): own[n] for n in self.shared if n in own}.values())
 
     def canonical_names(self):
         """{id(parameter): its name in the whole model's optimizer state} (a tied output layer's copy is the
@@ -184,7 +208,7 @@ class PipelinedLM(nn.Module):
         names = {}
         for name, p in self.state_dict(keep_vars=True).items():
             if isinstance(p, nn.Parameter):
-                names.setdefault(id(p), self.tied[0] if p.placement.tied_copy else name)
+                names.setdefault(id(p), self.shared[0] if p.placement.tied_copy else name)
         return names
 
 

@@ -35,6 +35,7 @@ from .out_dir import check_writable
 from .memory import PhasePeaks, peak_rss_bytes
 from .model_build import build_model
 from .moe_metrics import moe_metrics_for
+from .mtp_metrics import mtp_metrics_for
 from .lora_run import check_same_lora, checkpoint_reference
 from .precision import autocast_for, scaler_for
 from .numerics_run import numerics_checker_for
@@ -122,6 +123,7 @@ class Run:
             cfg, self.device, dims, lora_reference=(resume_state or {}).get("lora"), resuming=bool(self.resumed_from))
         self.zero_stage = cfg.parallel.zero_stage
         self.moe = moe_metrics_for(self.plan.model, dims, p.expert)  # router statistics of a MoE, else None
+        self.mtp = mtp_metrics_for(self.plan.model, dims)  # DeepSeek-V3's multi-token prediction loss, else None
         self.layout = self.plan.train(t)
         self.raw_model, self.model, self.optimizer = self.layout.raw_model, self.layout.model, self.layout.optimizer
         self.tokenizer = get_tokenizer(self.tok_name)
@@ -221,9 +223,12 @@ class Run:
                     record["loss_scale"] = result.loss_scale
                 if self.moe is not None:
                     record.update(self.moe.collect())
+                if self.mtp is not None:
+                    record.update(self.mtp.collect())
                 log.write(record)
                 self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar,
-                               self.moe.describe(record) if self.moe is not None else "")
+                               (self.moe.describe(record) if self.moe is not None else "")
+                               + (self.mtp.describe(record) if self.mtp is not None else ""))
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.num_iterations:
                     self.save(step + 1)
         if bar is not None:

@@ -59,6 +59,8 @@ def build_model(cfg, device, dims=None, lora_reference=None, resuming=False):
     base = None
     with backend.META if on_meta else contextlib.nullcontext(), recording_inits() as init_calls:
         model = like = spec.model_class(model_cfg)
+        if "mtp" in model._modules:  # DeepSeek-V3's multi-token prediction: its loss weight (chunks share it)
+            model.mtp_loss_weight = cfg.train.mtp_loss_weight
         if not on_meta:
             model.to(device=device, dtype=cfg.dtype)
         shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -26,6 +26,7 @@ SCALARS = {  # record key -> TensorBoard tag
     "aux_loss": "train/aux_loss",  # MoE runs (moe_metrics): the load-balancing loss, the busiest expert's load over
     "expert_load_max": "train/expert_load_max",  # the mean, and the experts no token reached
     "experts_idle": "train/experts_idle",
+    "mtp_loss": "train/mtp_loss",  # DeepSeek-V3 with multi-token prediction (mtp_metrics)
 }
 
 

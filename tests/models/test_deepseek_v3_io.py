@@ -52,22 +52,24 @@ def test_config_json_both_ways_and_the_released_layout():
                 "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "routed_scaling_factor": 2.5,
                 "num_nextn_predict_layers": 1, "tie_word_embeddings": False}
     full = hf_config_to_deepseek_v3(released, "config.json")
-    assert full == DeepseekV3Config.from_preset("deepseek-v3", max_seq_len=163840)
+    assert full == DeepseekV3Config.from_preset("deepseek-v3", max_seq_len=163840, num_nextn_predict_layers=1)
     with pytest.raises(Exception, match="rope scaling 'dynamic' is not supported"):
         hf_config_to_deepseek_v3({**released, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "config.json")
 
 
-def test_multi_token_prediction_layers_are_skipped_on_reading(tmp_path):
+def test_a_directory_without_the_multi_token_prediction_weights_reads_without_them(tmp_path):
+    """transformers writes num_nextn_predict_layers = 1 (its default) and no MTP tensors; tensors of layer N without
+    an MTP module's eh_proj are skipped (test_deepseek_v3_mtp.py reads whole MTP modules)."""
     ours, _ = pair(tmp_path, seed=13)
     directory = tmp_path / "hf13"
     tensors = mapped_safetensors(str(directory / "model.safetensors"))
     state = {k: np.asarray(v) for k, v in tensors.items()}
-    state["model.layers.3.eh_proj.weight"] = np.zeros((32, 64), np.float32)  # the MTP module's (layer N)
     state["model.layers.3.self_attn.kv_b_proj.weight"] = np.zeros((88, 16), np.float32)
     write_safetensors(str(directory / "model.safetensors"), state, {"format": "pt"})
     config = json.loads((directory / "config.json").read_text())
     assert config["num_nextn_predict_layers"] == 1
     loaded = it.models.from_pretrained(directory)
+    assert loaded.config.num_nextn_predict_layers == 0 and "mtp" not in loaded._modules
     x = batch(seed=14)
     np.testing.assert_array_equal(loaded(it.tensor(x))[0].numpy(), ours(it.tensor(x))[0].numpy())
 

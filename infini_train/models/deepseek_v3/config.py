@@ -43,7 +43,8 @@ class DeepseekV3Config(LMConfig):
     original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim). ``rope_interleave``: the rotary
     pairs are (x0, x1), (x2, x3), ... (DeepSeek's layout; HF's default). Layers ``>= first_k_dense_replace`` are
     DeepSeek-MoE layers; ``bias_update_rate`` is the auxiliary-loss-free bias's step (0: frozen) and
-    ``seq_aux_loss_alpha`` the sequence-wise balance loss's weight (0: none). HF's defaults otherwise."""
+    ``seq_aux_loss_alpha`` the sequence-wise balance loss's weight (0: none); ``num_nextn_predict_layers``: the
+    multi-token prediction modules (mtp.py; 0: none). HF's defaults otherwise."""
 
     vocab_size: int = 129280
     dim: int = 7168
@@ -75,6 +76,7 @@ class DeepseekV3Config(LMConfig):
     norm_topk_prob: bool = True
     bias_update_rate: float = 1e-3
     seq_aux_loss_alpha: float = 0.0
+    num_nextn_predict_layers: int = 0
     RUN_KEYS = {"dim": "n_embd", "n_layers": "n_layer", "n_heads": "n_head", "max_seq_len": "block_size",
                 "tie_word_embeddings": "tie_embeddings", "attention_bias": "bias", "pad_token_id": "pretrained",
                 "n_routed_experts": "num_experts"}
@@ -109,6 +111,9 @@ class DeepseekV3Config(LMConfig):
             raise ValueError(f"{name}: expected bias_update_rate >= 0, seq_aux_loss_alpha >= 0 and "
                              f"routed_scaling_factor > 0, got {self.bias_update_rate!r}, {self.seq_aux_loss_alpha!r}, "
                              f"{self.routed_scaling_factor!r}")
+        if not isinstance(self.num_nextn_predict_layers, int) or self.num_nextn_predict_layers < 0:
+            raise ValueError(f"{name}.num_nextn_predict_layers: expected an integer >= 0 (0: no multi-token "
+                             f"prediction), got {self.num_nextn_predict_layers!r}")
         if self.rope_scaling is not None:
             unknown = sorted(set(self.rope_scaling) - set(YARN_KEYS))
             if unknown or "original_max_position_embeddings" not in self.rope_scaling:

@@ -188,7 +188,9 @@ class DeepseekV3(MoECausalLM, Llama):
     statistics, and the loss: cross-entropy plus, with seq_aux_loss_alpha, the sequence-wise balance loss of every
     MoE layer; no Switch load-balancing loss)."""
 
-    CHUNK_ATTRIBUTES = Llama.CHUNK_ATTRIBUTES + ("_attention_factor",)
+    CHUNK_ATTRIBUTES = Llama.CHUNK_ATTRIBUTES + ("_attention_factor", "mtp_loss_weight")
+    mtp_loss_weight = 0.3  # train.mtp_loss_weight: the multi-token prediction loss's weight (mtp.py)
+    mtp_loss = None  # the last training forward's MTP loss (before the weight), with num_nextn_predict_layers
 
     def __init__(self, config: DeepseekV3Config):
         CausalLM.__init__(self)
@@ -202,8 +204,37 @@ class DeepseekV3(MoECausalLM, Llama):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.apply(self._init_weights)
+        if config.num_nextn_predict_layers:  # multi-token prediction (mtp.py)
+            from .mtp import build_mtp
+            self.mtp = build_mtp(self)
         self._inv_freq, self._attention_factor = config.rope_parameters()
         self._rope_tables = {}
+
+    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
+        if "mtp" in self._modules and self.first and self.last:  # (a pipeline sets the tokens per micro-batch)
+            from .mtp import input_tokens
+            with input_tokens(idx):
+                return super().forward(idx, targets, kv_cache, last_only)
+        return super().forward(idx, targets, kv_cache, last_only)
+
+    def head(self, x, targets=None, last_only=False):
+        logits, loss = super().head(x, targets, last_only)
+        if loss is not None and self.training and "mtp" in self._modules:  # x: before the final norm
+            from .mtp import add_mtp_loss
+            loss = add_mtp_loss(self, x, targets, loss)
+        return logits, loss
+
+    def pipeline_chunk(self, layers, first, last, head=None):
+        chunk = super().pipeline_chunk(layers, first, last, head)
+        if last and "mtp" in self._modules:
+            from .mtp import attach_to_last_chunk
+            attach_to_last_chunk(self, chunk, first)
+        return chunk
+
+    def shared_embedding_names(self):
+        """(embedding, the last pipeline stage's copy) of an untied model with MTP modules, else None."""
+        from .mtp import shared_embedding_names
+        return shared_embedding_names(self)
 
     @staticmethod
     def _init_weights(module):
@@ -247,7 +278,11 @@ class DeepseekV3(MoECausalLM, Llama):
         cfg = self.config
         seq = seq_len or cfg.context_length
         dense = training_flops_per_token(self, 0, 0, 0, seq, self.idle_params)
-        return dense + 6 * cfg.n_layers * cfg.n_heads * seq * (cfg.head_dim + cfg.v_head_dim)
+        total = dense + 6 * cfg.n_layers * cfg.n_heads * seq * (cfg.head_dim + cfg.v_head_dim)
+        if "mtp" in self._modules:  # the multi-token prediction modules' own (mtp.py)
+            from .mtp import mtp_flops_per_token
+            total += mtp_flops_per_token(self, seq)
+        return total
 
     # ---------------------------------------------------------------------------------------- weights
     @classmethod
@@ -259,9 +294,13 @@ class DeepseekV3(MoECausalLM, Llama):
         from .io import deepseek_v3_to_hf_config
         return deepseek_v3_to_hf_config(self.config, dtype)
 
+    def to_hf_name(self, name):
+        from .io import mtp_to_hf_name
+        return mtp_to_hf_name(name, self.config.n_layers)
+
     @classmethod
     def from_pretrained(cls, directory, device=None, dtype=None):
-        """Load a Hugging Face DeepseekV3ForCausalLM directory (multi-token prediction layers are skipped)."""
+        """Load a Hugging Face DeepseekV3ForCausalLM directory (with its multi-token prediction layers, mtp.py)."""
         from .io import load_hf
         model = load_hf(cls, directory, dtype)
         return model.to(device) if device is not None else model

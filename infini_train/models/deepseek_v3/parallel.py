@@ -32,7 +32,8 @@ def parallelize_deepseek_v3(model, group, sequence_parallel=False):
         return model
     cfg, sp = model.config, tp.sequence_parallel
     with no_grad():
-        for block in model.model.layers:
+        mtp = list(model._modules.get("mtp") or [])  # the multi-token prediction modules' blocks split alike
+        for block in [*model.model.layers, *mtp]:
             attn, mlp = block.self_attn, block.mlp
             for name in ("q_proj", "q_b_proj", "kv_b_proj"):
                 if name in attn._modules:
@@ -60,6 +61,9 @@ def parallelize_deepseek_v3(model, group, sequence_parallel=False):
         model.lm_head = VocabParallelHead(head_weight, group, sp)
         if sp:
             mark_sequence_parallel(model.model.norm)
+        if mtp:
+            from .mtp import parallelize_mtp
+            parallelize_mtp(model, sp)
     model.tp = tp
     return model
 

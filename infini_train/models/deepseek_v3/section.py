@@ -46,6 +46,9 @@ _OWN = (
                                       "step; 0: frozen; null: 0.001", at_least_zero("frozen")),
     RunKey("seq_aux_loss_alpha", float, "deepseek_v3: weight of the sequence-wise balance loss; 0: none; null: 0",
            at_least_zero("none")),
+    RunKey("num_nextn_predict_layers", int, "deepseek_v3: multi-token prediction modules (each predicts one token "
+                                            "further; loss weight train.mtp_loss_weight); 0: none; null: 0",
+           at_least_zero("none")),
 )
 KEYS = tuple(LLAMA_KEYS[k] for k in ("intermediate_size", "rope_theta", "rms_norm_eps", "tie_embeddings",
                                      "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",

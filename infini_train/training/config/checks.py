@@ -38,6 +38,7 @@ def check_ranges(cfg, errors, bad, checker=None):
     c.need("train.eps", lambda v: finite(v) and v > 0, "a number > 0")
     c.need("train.weight_decay", lambda v: finite(v) and v >= 0, "a number >= 0")
     c.need("train.grad_clip", lambda v: finite(v) and v >= 0, "a number >= 0 (0 disables clipping)")
+    c.need("train.mtp_loss_weight", lambda v: finite(v) and v >= 0, "a number >= 0 (0: MTP modules trained by nothing)")
     c.need("train.peak_flops", lambda v: finite(v) and v >= 0, "a number >= 0 (FLOP/s; 0: the device's known peak)")
     c.need("train.initial_loss_scale", lambda v: finite(v) and v > 0, "a finite number > 0 (e.g. 65536)")
     c.need("train.loss_scale_window", lambda v: v >= 1, "an integer >= 1 (steps without overflow before the scale "

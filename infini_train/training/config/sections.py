@@ -59,6 +59,8 @@ class TrainConfig:
     beta2: float = _key(0.95, "AdamW beta2")
     eps: float = _key(1e-8, "AdamW epsilon")
     grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping")
+    mtp_loss_weight: float = _key(0.3, "weight of the multi-token prediction loss (model.num_nextn_predict_layers > "
+                                       "0; DeepSeek-V3's 0.3, then 0.1); without MTP modules it changes nothing")
     peak_flops: float = _key(0.0, "peak FLOP/s of one device (a GPU, or one host's CPU cores) that MFU divides by; 0: "
                                   "the GPU's datasheet peak for the run's precision, or the CPU's vector peak")
     initial_loss_scale: float = _key(65536.0, "fp16-mixed: the GradScaler's first loss scale (a checkpoint's scale "
