@@ -13,6 +13,8 @@ states: nothing for GPT-2, the rotary tables for LLaMA), ``kv_heads(block)`` (a 
 """
 from __future__ import annotations
 
+import contextlib
+
 from .. import backend
 from .. import nn
 from ..autograd import grad_mode
@@ -92,6 +94,18 @@ class CausalLM(nn.Module):
                              f"{self.config.context_length} tokens (generate() does this)")
 
     # ------------------------------------------------------------------------------------ pipeline
+    reads_input_tokens = False  # whether the last pipeline stage's chunk reads the batch's input tokens (input_tokens)
+
+    def input_tokens(self, idx):
+        """A context in which forwards see ``idx`` (B, T) as the batch's input tokens, for modules of the last
+        pipeline stage that read them (DeepSeek-V3's multi-token prediction); nothing here."""
+        return contextlib.nullcontext()
+
+    def shared_embedding_names(self):
+        """(embedding, the last pipeline stage's copy) of an embedding the last stage also reads beside an untied
+        output layer (summed over the embedding group), else None."""
+        return None
+
     def pipeline_chunk(self, layers, first, last, head=None):
         """The module a pipeline stage runs: blocks ``layers`` (and the embedding / head when first / last), the
         same class as the model, whose submodules keep their names in the whole model (``transformer.h.5``,

@@ -64,8 +64,7 @@ class PipelinedLM(nn.Module):
         self.tied = model.tied_weight_names()  # (embedding, output layer) names of a tied weight, or None
         # the weights summed over the embedding group: the tied ones, or an embedding and the last stage's copy
         # (DeepSeek-V3's multi-token prediction: deepseek_v3/mtp.py)
-        self.shared = self.tied or (model.shared_embedding_names() if hasattr(model, "shared_embedding_names")
-                                    else None)
+        self.shared = self.tied or model.shared_embedding_names()
         per_chunk = L // (P * V)
         chunks = []
         for local in range(V):
@@ -144,16 +143,15 @@ class PipelinedLM(nn.Module):
     def _with_tokens(self, inputs, batch_contexts):
         """The micro-batches' contexts, giving the last stage their input tokens where its chunk reads them
         (DeepSeek-V3's multi-token prediction modules)."""
-        if "mtp" not in self.chunks[-1]._modules:
+        last = self.chunks[-1]
+        if not last.reads_input_tokens:
             return batch_contexts
-        from .deepseek_v3.mtp import input_tokens
-
         contexts = batch_contexts or [contextlib.nullcontext] * len(inputs)
 
         def context(m):
             @contextlib.contextmanager
             def both():
-                with contexts[m](), input_tokens(inputs[m]):
+                with contexts[m](), last.input_tokens(inputs[m]):
                     yield
             return both
         return [context(m) for m in range(len(inputs))]

@@ -86,14 +86,12 @@ def deepseek_v3_to_hf_config(cfg, dtype):
     return hf
 
 
-def hf_weights(directory, cls=None):
+def hf_weights(directory, cls):
     """(config, {our name: tensor read box by box}, {name: file}) of an HF DeepSeek-V3 directory. Its multi-token
     prediction layers ``model.layers.{N+j}`` (j < num_nextn_predict_layers) are ``mtp.{j}`` here; their
     ``embed_tokens`` and ``shared_head.head`` are read by tying (the model's embedding and output layer); layers past
     them are skipped."""
-    from .model import DeepseekV3
-
-    config, state, where = llama_io.hf_weights(directory, cls or DeepseekV3)
+    config, state, where = llama_io.hf_weights(directory, cls)
     N, D = config.n_layers, config.num_nextn_predict_layers
     for name in [n for n in state if (m := _LAYER.match(n)) and int(m.group(1)) >= N]:
         value, file = state.pop(name), where.pop(name, None)

@@ -39,7 +39,7 @@ from ...placement import place
 from ...tensor import Tensor
 from ..documents import active_layout
 from ..token_loss import token_loss
-from .model import DeepseekV3, DeepseekV3DecoderLayer
+from .layers import DeepseekV3DecoderLayer, init_weights
 
 class _Tokens(threading.local):
     value = None
@@ -97,7 +97,7 @@ def build_mtp(model):
     """The model's D MTP modules (their own weights initialised as the model's), sharing its embedding and head."""
     config = model.config
     layers = nn.ModuleList([MTPLayer(config, config.n_layers + k) for k in range(config.num_nextn_predict_layers)])
-    layers.apply(DeepseekV3._init_weights)
+    layers.apply(init_weights)
     share(layers, model.model.embed_tokens, model.lm_head)
     return layers
 
