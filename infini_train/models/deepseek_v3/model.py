@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from ... import backend
-from ... import nn
 from ...tensor import Tensor
 from ..causal_lm import CausalLM
 from ..llama.model import Llama
@@ -35,18 +34,11 @@ class DeepseekV3(MoECausalLM, Llama):
     mtp_loss_weight = 0.3  # train.mtp_loss_weight: the multi-token prediction loss's weight (mtp.py)
     mtp_loss = None  # the last training forward's MTP loss (before the weight), with num_nextn_predict_layers
 
+    DECODER_LAYER = DeepseekV3DecoderLayer
+
     def __init__(self, config: DeepseekV3Config):
         CausalLM.__init__(self)
-        self.config = config
-        self.model = nn.ModuleDict(dict(
-            embed_tokens=nn.Embedding(config.vocab_size, config.dim, padding_idx=config.pad_token_id),
-            layers=nn.ModuleList([DeepseekV3DecoderLayer(config, i) for i in range(config.n_layers)]),
-            norm=nn.RMSNorm(config.dim, eps=config.rms_norm_eps),
-        ))
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.apply(self._init_weights)
+        self.build_shell(config)
         if config.num_nextn_predict_layers:  # multi-token prediction (mtp.py)
             from .mtp import build_mtp
             self.mtp = build_mtp(self)

@@ -71,19 +71,11 @@ class GptOssDecoderLayer(nn.Module):
 
 class GptOss(MoECausalLM, Llama):
     CHUNK_ATTRIBUTES = Llama.CHUNK_ATTRIBUTES + ("_rope_factor",)
+    DECODER_LAYER = GptOssDecoderLayer
 
     def __init__(self, config: GptOssConfig):
         nn.Module.__init__(self)
-        self.config = config
-        self.model = nn.ModuleDict(dict(
-            embed_tokens=nn.Embedding(config.vocab_size, config.dim, padding_idx=config.pad_token_id),
-            layers=nn.ModuleList([GptOssDecoderLayer(config, i) for i in range(config.n_layers)]),
-            norm=nn.RMSNorm(config.dim, eps=config.rms_norm_eps),
-        ))
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.apply(self._init_weights)
+        self.build_shell(config)
         self._inv_freq, self._rope_factor = config.rope_parameters()
         self._rope_tables = {}
 

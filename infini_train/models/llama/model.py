@@ -91,19 +91,27 @@ class Llama(CausalLM):
     CONTEXT_KEY = "max_seq_len"
     CHUNK_ATTRIBUTES = CausalLM.CHUNK_ATTRIBUTES + ("_inv_freq", "_rope_tables")
 
+    DECODER_LAYER = LlamaDecoderLayer  # (config, layer index) -> a block; the other models on this shell set theirs
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
+        self.build_shell(config)
+        self._inv_freq = config.inv_freq()
+
+    def build_shell(self, config):
+        """The embedding, ``config.n_layers`` blocks of DECODER_LAYER, the final norm and the output layer (tied to
+        the embedding with tie_word_embeddings), initialised by ``_init_weights``: what every model on LLaMA's
+        shell builds (in this order, which fixes the initial weights)."""
         self.config = config
         self.model = nn.ModuleDict(dict(
             embed_tokens=nn.Embedding(config.vocab_size, config.dim, padding_idx=config.pad_token_id),
-            layers=nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.n_layers)]),
+            layers=nn.ModuleList([self.DECODER_LAYER(config, i) for i in range(config.n_layers)]),
             norm=nn.RMSNorm(config.dim, eps=config.rms_norm_eps),
         ))
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.apply(self._init_weights)
-        self._inv_freq = config.inv_freq()
         self._rope_tables = {}  # device -> (cos, sin) of the positions so far, shared with pipeline chunks
 
     @staticmethod
