@@ -1,8 +1,8 @@
 """DeepSeek-V3 runs (configs/deepseek_v3_tiny.yaml, shrunk) under the layouts Qwen3-MoE runs: EP2, EP2 x DP2 with
-ZeRO-1 and ZeRO-2, TP2 x EP2 with and without sequence parallelism, and two pipeline stages give the one process's losses, gradient norms,
-sequence-wise balance losses, expert loads and correction biases over 10 steps with the same global batch (rtol 1e-4),
-and its final weights and biases; the auxiliary-loss-free bias moves (rate 0.01), the optimizer keeps no state for it,
-and an EP2 checkpoint resumes on one process with the same biases and run."""
+ZeRO-1 and ZeRO-2, TP2 x EP2 with and without sequence parallelism, and two pipeline stages give the one process's
+losses, gradient norms, sequence-wise balance losses, expert loads and correction biases over 10 steps with the same
+global batch (rtol 1e-4), and its final weights and biases; the auxiliary-loss-free bias moves (rate 0.01), the
+optimizer keeps no state for it, and an EP2 checkpoint resumes on one process with the same biases and run."""
 import os
 import shutil
 
