@@ -13,7 +13,7 @@ from ...nn.parallel.context_parallel import active_group
 from ...tensor import Tensor
 from ..attention import sharded_random
 from ..documents import active_layout
-from ..llama.model import LlamaMLP
+from ..llama.model import LlamaDecoderLayer, LlamaMLP
 from .config import DeepseekV3Config
 
 
@@ -158,17 +158,14 @@ def build_mlp(config, layer):
                        bias_update_rate=c.bias_update_rate, seq_aux_loss_alpha=c.seq_aux_loss_alpha)
 
 
-class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(self, config: DeepseekV3Config, layer=0):
-        super().__init__()
-        self.self_attn = DeepseekV3Attention(config)
-        self.mlp = build_mlp(config, layer)
-        self.input_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
+class DeepseekV3DecoderLayer(LlamaDecoderLayer):
+    @staticmethod
+    def attention(config, layer):
+        return DeepseekV3Attention(config)
 
-    def forward(self, x, rope, kv_cache=None, layer=0):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    @staticmethod
+    def feed_forward(config, layer):
+        return build_mlp(config, layer)
 
 
 def init_weights(module):

@@ -11,10 +11,8 @@ the rotated rope key per token (mla_cache.py), and the keys and values are expan
 does."""
 from __future__ import annotations
 
-import numpy as np
 
 from ... import backend
-from ...tensor import Tensor
 from ..causal_lm import CausalLM
 from ..llama.model import Llama
 from ..moe_lm import MoECausalLM
@@ -30,7 +28,7 @@ class DeepseekV3(MoECausalLM, Llama):
     statistics, and the loss: cross-entropy plus, with seq_aux_loss_alpha, the sequence-wise balance loss of every
     MoE layer; no Switch load-balancing loss)."""
 
-    CHUNK_ATTRIBUTES = Llama.CHUNK_ATTRIBUTES + ("_attention_factor", "mtp_loss_weight")
+    CHUNK_ATTRIBUTES = Llama.CHUNK_ATTRIBUTES + ("_rope_factor", "mtp_loss_weight")
     mtp_loss_weight = 0.3  # train.mtp_loss_weight: the multi-token prediction loss's weight (mtp.py)
     mtp_loss = None  # the last training forward's MTP loss (before the weight), with num_nextn_predict_layers
 
@@ -42,7 +40,7 @@ class DeepseekV3(MoECausalLM, Llama):
         if config.num_nextn_predict_layers:  # multi-token prediction (mtp.py)
             from .mtp import build_mtp
             self.mtp = build_mtp(self)
-        self._inv_freq, self._attention_factor = config.rope_parameters()
+        self._inv_freq, self._rope_factor = config.rope_parameters()
         self._rope_tables = {}
 
     def forward(self, idx, targets=None, kv_cache=None, last_only=False):
@@ -80,20 +78,6 @@ class DeepseekV3(MoECausalLM, Llama):
         return input_tokens(idx)
 
     _init_weights = staticmethod(init_weights)  # HF's DeepseekV3PreTrainedModel's (layers.py)
-
-    def rope(self, start, length, device):
-        """(cos, sin) (length, qk_rope_head_dim) float32, times YaRN's attention factor, as HF's rotary embedding."""
-        table = self._rope_tables.get(device)
-        if table is None or table[0].shape[0] < start + length:
-            size = min(max(start + length, 2 * (table[0].shape[0] if table is not None else 128)),
-                       max(self.config.max_seq_len, start + length))
-            freqs = np.arange(size, dtype=np.float32)[:, None] * self._inv_freq[None, :]
-            emb = np.concatenate([freqs, freqs], axis=-1)
-            factor = np.float32(self._attention_factor)
-            table = tuple(backend.to_device_array((f(emb) * factor).astype(np.float32), device)
-                          for f in (np.cos, np.sin))
-            self._rope_tables[device] = table
-        return tuple(Tensor._make(t[start:start + length], device) for t in table)
 
     def kv_heads(self, block):
         attn = block.self_attn

@@ -7,15 +7,12 @@ with a biased router and clamped-SwiGLU experts with biases (moe.py); the loss a
 (the experts stacked as HF stores them)."""
 from __future__ import annotations
 
-import numpy as np
 
-from ... import backend
 from ... import nn
 from ...nn import functional as F
 from ...nn.layers import _param
-from ...tensor import Tensor
 from ..attention import cached_attention, sharded_random
-from ..llama.model import Llama, _head_counts, read_hf
+from ..llama.model import Llama, LlamaDecoderLayer, _head_counts, read_hf
 from ..moe_lm import MoECausalLM
 from ..registry import ModelSpec, register
 from .config import GptOssConfig
@@ -56,17 +53,14 @@ class GptOssAttention(nn.Module):
         return f"window={self.window}"
 
 
-class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config: GptOssConfig, layer=0):
-        super().__init__()
-        self.self_attn = GptOssAttention(config, layer)
-        self.mlp = GptOssMLP(config)
-        self.input_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
+class GptOssDecoderLayer(LlamaDecoderLayer):
+    @staticmethod
+    def attention(config, layer):
+        return GptOssAttention(config, layer)
 
-    def forward(self, x, rope, kv_cache=None, layer=0):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    @staticmethod
+    def feed_forward(config, layer):
+        return GptOssMLP(config)
 
 
 class GptOss(MoECausalLM, Llama):
@@ -89,20 +83,6 @@ class GptOss(MoECausalLM, Llama):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, GptOssAttention):
             nn.init.normal_(module.sinks, mean=0.0, std=0.02)
-
-    def rope(self, start, length, device):
-        """LLaMA's (cos, sin) tables times YaRN's attention factor (in float32, as HF's GptOssRotaryEmbedding)."""
-        table = self._rope_tables.get(device)
-        if table is None or table[0].shape[0] < start + length:
-            size = min(max(start + length, 2 * (table[0].shape[0] if table is not None else 128)),
-                       max(self.config.max_seq_len, start + length))
-            freqs = np.arange(size, dtype=np.float32)[:, None] * self._inv_freq[None, :]
-            emb = np.concatenate([freqs, freqs], axis=-1)
-            factor = np.float32(self._rope_factor)
-            table = tuple(backend.to_device_array((f(emb).astype(np.float32) * factor).astype(np.float32), device)
-                          for f in (np.cos, np.sin))
-            self._rope_tables[device] = table
-        return tuple(Tensor._make(t[start:start + length], device) for t in table)
 
     def moe_layers(self):
         return [block.mlp for _, block in self.numbered_blocks()]

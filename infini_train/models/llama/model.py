@@ -74,12 +74,23 @@ def build_mlp(config, layer):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """A pre-norm block: x + attention(norm(x)), then + mlp(norm(x)). The models on LLaMA's shell subclass it with
+    their own ``attention`` and ``feed_forward`` (config, layer index) -> module."""
+
     def __init__(self, config: LlamaConfig, layer=0):
         super().__init__()
-        self.self_attn = LlamaAttention(config)
-        self.mlp = build_mlp(config, layer)
+        self.self_attn = self.attention(config, layer)
+        self.mlp = self.feed_forward(config, layer)
         self.input_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(config.dim, eps=config.rms_norm_eps)
+
+    @staticmethod
+    def attention(config, layer):
+        return LlamaAttention(config)
+
+    @staticmethod
+    def feed_forward(config, layer):
+        return build_mlp(config, layer)
 
     def forward(self, x, rope, kv_cache=None, layer=0):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, layer)
@@ -149,16 +160,22 @@ class Llama(CausalLM):
             return ((Tensor._make(cos.array[index], x.device), Tensor._make(sin.array[index], x.device)),)
         return (self.rope(kv_cache.length if kv_cache is not None else 0, length, x.device),)
 
+    _rope_factor = None  # YaRN's attention factor the cos / sin tables are multiplied by (DeepSeek-V3, gpt-oss)
+
     def rope(self, start, length, device):
         """(cos, sin) of positions start .. start+length-1, (length, head_dim) float32 on ``device``, computed in
-        float32 as HF does (position x inverse frequency, the halves repeated); the table grows as needed."""
+        float32 as HF does (position x inverse frequency, the halves repeated, times ``_rope_factor`` where the model
+        has one); the table grows as needed."""
         table = self._rope_tables.get(device)
         if table is None or table[0].shape[0] < start + length:
             size = min(max(start + length, 2 * (table[0].shape[0] if table is not None else 128)),
                        max(self.config.max_seq_len, start + length))
             freqs = np.arange(size, dtype=np.float32)[:, None] * self._inv_freq[None, :]
             emb = np.concatenate([freqs, freqs], axis=-1)
-            table = tuple(backend.to_device_array(f(emb).astype(np.float32), device) for f in (np.cos, np.sin))
+            parts = [f(emb).astype(np.float32) for f in (np.cos, np.sin)]
+            if self._rope_factor is not None:
+                parts = [(p * np.float32(self._rope_factor)).astype(np.float32) for p in parts]
+            table = tuple(backend.to_device_array(p, device) for p in parts)
             self._rope_tables[device] = table
         return tuple(Tensor._make(t[start:start + length], device) for t in table)
 
