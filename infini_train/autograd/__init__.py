@@ -8,6 +8,7 @@ from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inferen
                         set_grad_enabled)
 from .recompute import checkpoint, checkpoint_sequential
 from .saved_hooks import saved_tensors_hooks
+from .split_backward import WeightGradients, backward_input
 from . import graph  # it.autograd.graph.to_dot / render: the graph as Graphviz DOT
 from .ops import comm  # it.autograd.comm.Scatter / Gather / Broadcast / ReduceAddCoalesced
 
@@ -15,7 +16,7 @@ __all__ = [
     "AccumulateGrad", "AllReducePostAccumulateHook", "PostAccumulateGradHook", "backward", "grad", "Function", "Op",
     "OpError", "RemovableHandle", "sum_to", "enable_grad", "inference_mode", "is_grad_enabled",
     "is_inference_mode_enabled", "no_grad", "set_grad_enabled", "checkpoint", "checkpoint_sequential",
-    "saved_tensors_hooks",
+    "saved_tensors_hooks", "backward_input", "WeightGradients",
 ]
 
 

@@ -295,13 +295,21 @@ class Function:
         return True
 
     def _run_backward(self, retain_graph, create_graph=False):
-        grads = self.grad_outputs
-        self.grad_outputs = None
-        if grads is None or self.grad_outputs_reached == 0:
+        grads = self._take_grads(create_graph)
+        if grads is None:
             # nothing flowed into this node: propagate "no gradient" so the counts downstream still close
             if not retain_graph:
                 self._release()
             return [(fn, None, i) for fn, i in self.next_functions if fn is not None]
+        return self._backward_with(grads, retain_graph, create_graph)
+
+    def _take_grads(self, create_graph=False):
+        """The output gradients collected in this pass, through the tensor hooks and completed (zeros for outputs that
+        got none); None when nothing flowed in."""
+        grads = self.grad_outputs
+        self.grad_outputs = None
+        if grads is None or self.grad_outputs_reached == 0:
+            return None
         if self._pre_hooks:
             grads = self._run_tensor_hooks(grads, create_graph)
         if self._num_outputs > 1:
@@ -311,6 +319,11 @@ class Function:
                     grads[i] = self.xp.zeros(shape, dtype)
                     if create_graph:
                         grads[i] = _tensor_class()._make(grads[i], self.device)
+        return grads
+
+    def _backward_with(self, grads, retain_graph, create_graph=False):
+        """Run backward on the collected (hooked, completed) ``grads``; returns the edges to deliver next. The split
+        backward (split_backward.py) calls it twice, with ``needs_input_grad`` narrowed to each half."""
         self.retain_graph = retain_graph
         prev = _state.enabled
         _state.enabled = create_graph
