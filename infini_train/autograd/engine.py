@@ -24,6 +24,7 @@ from .observers import observed_backward
 class _PassState(threading.local):
     handed = None  # ids of gradient arrays already given to a leaf's .grad in this pass
     callbacks = None  # run once the current pass has finished (DDP waits for its all-reduces there)
+    input_half = None  # inside split_backward.input_half_only: (inputs, the weight halves collected)
 
 
 pass_state = _PassState()
@@ -212,6 +213,11 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
 
     ``inputs``: accumulate only into these leaves (and run only what leads to them). ``create_graph``: record
     the backward so the gradients can be differentiated again; ``retain_graph`` defaults to it."""
+    if pass_state.input_half is not None and not create_graph and inputs is None:
+        from .split_backward import backward_input
+        wanted, halves = pass_state.input_half
+        halves.append(backward_input(tensors, grad_tensors, wanted))
+        return
     if retain_graph is None:
         retain_graph = create_graph
     roots, external = _roots(tensors, grad_tensors, create_graph, "backward")

@@ -16,10 +16,16 @@ its post-accumulate hooks (DDP's bucketed all-reduce, ZeRO's reduce-scatter, ful
 Engine callbacks queued during B (fully_shard's end of backward) run at the end of W, where the pass they belong
 to ends. B then W computes what one whole backward computes, with the same operations on the same values.
 
+``input_half_only(inputs)``: inside it, ``backward()`` (``loss.backward()``, a GradScaler's) runs its input half only
+and the weight halves collect in the list it yields: how a pipeline splits the backward of a loss that the caller's
+own code scales and backpropagates.
+
 ``held_bytes``: the memory W holds between the two (the narrowed nodes' saved tensors and output gradients, the
 handed-over gradients), as the pipeline reports it.
 """
 from __future__ import annotations
+
+import contextlib
 
 from ..lazy_mode.mode import _state as _lazy_state
 from .engine import _count_dependencies, _graph_node, _leading_to, _roots, pass_state
@@ -103,8 +109,8 @@ def backward_input(tensors, grad_tensors=None, inputs=()):
     for fn in root_fns:
         fn.increase_dependencies_number()
     split = WeightGradients(external)
-    outer = pass_state.handed, pass_state.callbacks
-    pass_state.handed, pass_state.callbacks = external, split.callbacks
+    outer = pass_state.handed, pass_state.callbacks, pass_state.input_half
+    pass_state.handed, pass_state.callbacks, pass_state.input_half = external, split.callbacks, None
     grad_mode, lazy_mode = _state.enabled, _lazy_state.enabled
     _state.enabled = _lazy_state.enabled = False
     try:
@@ -135,8 +141,20 @@ def backward_input(tensors, grad_tensors=None, inputs=()):
             work.extend(e for e in edges if id(e[0]) not in weight_side)
     finally:
         _state.enabled, _lazy_state.enabled = grad_mode, lazy_mode
-        pass_state.handed, pass_state.callbacks = outer
+        pass_state.handed, pass_state.callbacks, pass_state.input_half = outer
     return split
+
+
+@contextlib.contextmanager
+def input_half_only(inputs):
+    """``backward()`` calls inside run ``backward_input(..., inputs)``; yields the list of their WeightGradients."""
+    halves = []
+    outer = pass_state.input_half
+    pass_state.input_half = (tuple(inputs), halves)
+    try:
+        yield halves
+    finally:
+        pass_state.input_half = outer
 
 
 def _narrowed(fn, grads, weight_side, input_half):
@@ -166,4 +184,4 @@ def _nbytes(a):
     return 0 if a is None else int(getattr(a, "nbytes", 0))
 
 
-__all__ = ["backward_input", "WeightGradients"]
+__all__ = ["backward_input", "input_half_only", "WeightGradients"]

@@ -10,7 +10,7 @@ reduce-scattered them into this rank's shards. Then, in this order:
    divided by the data-parallel size (under ZeRO 1 and 2 in the optimizer's expert spaces; ZeRO-2 reduce-scatters
    them into this rank's shard);
 2. tied embedding (pipelines): the first stage's embedding and the last stage's copy summed over the embedding group
-   (under ZeRO-3 their shards, which cover the same elements);
+   (under ZeRO-3 their shards, which cover the same elements), or on the first stage itself in a V (zbv, dualpipev);
 3. sequence parallelism: the layer norms' and row-parallel biases' gradients summed over the tensor group (under ZeRO,
    the pieces this rank owns; a mixture of experts' where any rank of the group got one);
 4. ZeRO-2 under pipelines: the whole gradients, kept through the schedule, reduce-scattered over the data group;
@@ -35,9 +35,22 @@ def reduce_expert_grads(layout):
 
 def sum_tied_embedding_grads(layout):
     dims = layout.dims
-    if dims.pipeline_parallel and dims.embedding_group is not None:
-        shared = {id(p) for p in layout.raw_model.shared_embedding_params()}
-        all_reduce_grads(_grads(layout, lambda p: id(p) in shared, owned=layout.zero_stage == 3), dims.embedding_group)
+    if not dims.pipeline_parallel:
+        return
+    shared = layout.raw_model.shared_embedding_params()
+    owned = layout.zero_stage == 3
+    if layout.raw_model.shared_on_one_stage:  # a V: the embedding and its copies all live on the first stage
+        copies = [_grads(layout, lambda p, q=q: p is q, owned) for q in shared]
+        for pieces in zip(*copies) if len(copies) > 1 else ():  # the same elements of each copy
+            total = pieces[0].array + pieces[1].array
+            for g in pieces[2:]:
+                total = total + g.array
+            for g in pieces:
+                g.array[...] = total
+                g._version[0] += 1
+    elif dims.embedding_group is not None:
+        ids = {id(p) for p in shared}
+        all_reduce_grads(_grads(layout, lambda p: id(p) in ids, owned), dims.embedding_group)
 
 
 def sum_sequence_parallel_grads(layout):

@@ -8,7 +8,8 @@ possibly split over a tensor group already) and keeps this stage's chunks. Param
 so checkpoints are the files of a one-process run. A tied embedding / output weight lives twice, as the first
 stage's embedding and the last stage's output layer (a copy placed as a ``tied_copy``); their gradients are summed
 over the embedding group (first and last stage) before the step, so the copies stay equal (Megatron-LM's embedding
-group), and only the embedding counts in the gradient norm.
+group), and only the embedding counts in the gradient norm. In a V (zbv, dualpipev) the first stage runs the last
+chunk too and sums the two itself.
 
 Training runs the schedule (``train_step``); calling the model runs one batch through the stages in turn and gives
 every rank of the pipeline the result, so validation and generation work unchanged.
@@ -23,6 +24,7 @@ from .. import backend
 from .. import nn
 from ..autograd.grad_mode import no_grad
 from ..nn.parallel.pipeline import PipelineParallel
+from ..nn.parallel.pipeline_schedules import stage_chunks as stage_chunks_of
 from ..nn.parallel.sharded_init import derived_from
 from ..nn.parallel.tensor_parallel import ParallelParameter
 from ..placement import place
@@ -67,13 +69,14 @@ class PipelinedLM(nn.Module):
         self.shared = self.tied or model.shared_embedding_names()
         per_chunk = L // (P * V)
         chunks = []
-        for local in range(V):
-            c = local * P + group.rank
+        for c in stage_chunks_of(schedule, P, V, group.rank):
             first, last = c == 0, c == P * V - 1
             head = _head_copy(model) if last and not first and self.tied is not None else None
             chunks.append(model.pipeline_chunk(range(c * per_chunk, (c + 1) * per_chunk), first, last, head))
         self.chunks = nn.ModuleList(chunks)
         self.pipe = PipelineParallel(chunks, group, schedule, V)
+        # in a V (zbv, dualpipev) the first stage runs the last chunk too: its copy of a tied weight is summed there
+        self.shared_on_one_stage = self.pipe.owner(0) == self.pipe.owner(P * V - 1)
         # the whole model's layout, kept to write and read one-process checkpoints
         self.whole_state_names = list(model.state_dict(keep_vars=True))
         names = {id(p): n for n, p in model.named_parameters()}

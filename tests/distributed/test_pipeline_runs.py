@@ -125,9 +125,17 @@ def test_data_parallel_pipeline_chunks_reduce_once_per_step_in_their_last_backwa
     (1, ["parallel.pipeline=3"], "model.n_layer: expected a multiple of parallel.pipeline x parallel.virtual_pipeline"
                                  " = 3 x 1 = 3 (equal model chunks), got 4"),
     (1, ["parallel.virtual_pipeline=2"], "parallel.virtual_pipeline: expected 1 with parallel.pipeline_schedule="
-                                         "'1f1b' (only interleaved runs several chunks per stage), got 2"),
+                                         "'1f1b' (only interleaved, zbv and dualpipev run several chunks per stage), "
+                                         "got 2"),
     (1, ["parallel.pipeline_schedule=1fb1"], "parallel.pipeline_schedule: expected one of ('gpipe', '1f1b', "
-                                             "'interleaved') (did you mean '1f1b'?)"),
+                                             "'interleaved', 'zb1p', 'zbv', 'dualpipev') (did you mean '1f1b'?)"),
+    (2, ["parallel.pipeline=2", "parallel.pipeline_schedule=zbv"],
+     "parallel.virtual_pipeline: expected 2 with parallel.pipeline_schedule=zbv (two model chunks per stage, in a V), "
+     "got 1"),
+    (2, ["parallel.pipeline=2", "parallel.pipeline_schedule=dualpipev", "parallel.virtual_pipeline=2",
+         "train.total_batch_size=256"],
+     "parallel.pipeline_schedule: dualpipev needs at least 2 x parallel.pipeline (2) - 1 = 3 micro-batches per step "
+     "(gradient-accumulation steps), got 2"),
     (3, ["parallel.pipeline=2"], "parallel: the world of 3 ranks is not divisible by tensor x pipeline = 1 x 2 = 2"),
 ])
 def test_impossible_pipeline_layouts_are_refused(data_dir, tmp_path, ranks, extra, message):

@@ -1,9 +1,11 @@
 """Under ``mpiexec -n P`` (P = 2 or 4, one pipeline; ``--cuda``: one GPU per rank over NCCL): a tiny GPT-2 split
 into P stages (PipelinedLM) against the whole model built from the same seed, on the same M = 8 micro-batches, for
-every schedule (interleaved with V = 2):
+every schedule (interleaved, zbv and dualpipev with V = 2):
 
 - the mean loss and every gradient (the tied embedding's summed over its two copies) equal the whole model's;
-- each stage holds at most the activations the schedule promises: M micro-batches under gpipe, P - stage under 1f1b;
+- each stage holds at most the activations the schedule promises: M micro-batches under gpipe, P - stage under 1f1b,
+  P under zb1p (its deferred weight halves keep theirs), 2P chunk activations under zbv (2P + 1 under dualpipev);
+  the split schedules report the bytes their pending weight halves hold;
 - the sequential forward (validation, generation) gives the whole model's loss and last-position logits;
 - gathered on rank 0 (RunState.gather) the stages' state is the whole model's state dict, and after an AdamW step
   the whole AdamW state dict (numbering included); the whole model's checkpoint read back by every stage
@@ -22,6 +24,7 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train.models.gpt2 import GPT2, GPT2Config
 from infini_train.models.pipeline_lm import PipelinedLM
+from infini_train.nn.parallel.pipeline_schedules import SPLIT_SCHEDULES
 from infini_train.run_state import RunState, save_checkpoint
 from infini_train.nn.parallel.tensor_parallel import all_reduce_grads
 
@@ -32,6 +35,7 @@ device = it.device(f"cuda:{dist.get_local_rank()}" if on_gpu else "cpu")
 group = dist.default_group()
 config = GPT2Config(block_size=16, vocab_size=67, n_layer=8, n_head=2, n_embd=16)
 M = 8
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb1p", 1), ("zbv", 2), ("dualpipev", 2))
 rng = np.random.default_rng(0)
 xs = [it.tensor(rng.integers(0, 67, (2, 16)), device=device) for _ in range(M)]
 ys = [it.tensor(rng.integers(0, 67, (2, 16)), device=device) for _ in range(M)]
@@ -54,17 +58,32 @@ for x, y in zip(xs, ys):
 whole_loss = np.mean([whole(x, y)[1].item() for x, y in zip(xs, ys)])
 whole_grads = {n: p.grad.numpy() for n, p in whole.named_parameters()}
 
-for schedule, virtual in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+
+
+def sum_tied(stage):
+    """The tied embedding's gradient summed over its copies: over the embedding group, or on the first stage in a V."""
+    shared = stage.shared_embedding_params()
+    if stage.shared_on_one_stage:
+        if len(shared) == 2:
+            total = shared[0].grad.array + shared[1].grad.array
+            for p in shared:
+                p.grad.array[...] = total
+    elif rank in (0, world - 1):
+        all_reduce_grads([p.grad for p in shared], embedding_group)
+
+
+for schedule, virtual in SCHEDULES:
     stage = PipelinedLM(build(), group, schedule, virtual)
     loss = stage.train_step(xs, ys, backward=lambda loss: (loss / M).backward())
     close(loss, whole_loss, f"{schedule} loss")
-    if rank in (0, world - 1):
-        all_reduce_grads([p.grad for p in stage.shared_embedding_params()], embedding_group)
+    sum_tied(stage)
     for name, p in stage.state_dict(keep_vars=True).items():
         expected = whole_grads["transformer.wte.weight" if name == "lm_head.weight" else name]
         close(p.grad, expected, f"{schedule} gradient of {name}")
     peak = stage.pipe.stats["peak_live_microbatches"]
-    promised = {"gpipe": M, "1f1b": min(world - rank, M), "interleaved": None}[schedule]
+    promised = {"gpipe": M, "1f1b": min(world - rank, M), "zb1p": min(world, M), "zbv": 2 * world,
+                "dualpipev": 2 * world + (M >= 2 * world - rank)}.get(schedule)
+    assert (stage.pipe.stats["peak_weight_bytes"] > 0) == (schedule in SPLIT_SCHEDULES), (schedule, rank)
     assert promised is None or peak == promised, (schedule, rank, peak, promised)
 
 stage = PipelinedLM(build(), group, "1f1b")

@@ -1,11 +1,12 @@
 """Under ``mpiexec -n 4``: a tiny GPT-2 as two pipeline stages x two data-parallel replicas, each local chunk wrapped
-in DistributedDataParallel (plain, and with a ZeRO-1 optimizer's reducer), for every schedule (interleaved with
-V = 2). Each replica runs its own M = 4 micro-batches. Checks:
+in DistributedDataParallel (plain, and with a ZeRO-1 optimizer's reducer), for every schedule (interleaved, zbv and
+dualpipev with V = 2). Each replica runs its own M = 4 micro-batches. Checks:
 
 - every gradient (the tied embedding's summed over its two copies afterwards) is the average over the replicas of
   the whole model's gradients on their micro-batches;
-- each chunk reduces once per step, during its last backward: the data group sees exactly one all-reduce per
-  bucket of each chunk, however many micro-batches ran, and none before the chunk's last backward.
+- each chunk reduces once per step, during its last backward (its last weight half where the schedule splits
+  backwards): the data group sees exactly one all-reduce per bucket of each chunk, however many micro-batches ran,
+  and none before.
 Prints "rank R: pipeline ddp ok".
 """
 import numpy as np
@@ -79,7 +80,7 @@ def noting_wrapper(chunk, counting, zero, wrappers):
     return ddp
 
 
-for schedule, virtual in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+for schedule, virtual in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb1p", 1), ("zbv", 2), ("dualpipev", 2)):
     for zero_stage in (0, 1):
         label = f"{schedule} ZeRO-{zero_stage}"
         stage = PipelinedLM(build(), mesh.pipeline_group, schedule, virtual)
@@ -94,8 +95,13 @@ for schedule, virtual in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
         stage.train_step([x for x, _ in mine], [y for _, y in mine], backward=lambda loss: (loss / M).backward())
         buckets = sum(len(w.reducer.buckets) for w in wrappers)
         assert counting.calls == buckets, f"rank {rank}: {label}: {counting.calls} all-reduces, {buckets} buckets"
-        if mesh.embedding_group is not None:
-            all_reduce_grads([p.grad for p in stage.shared_embedding_params()], mesh.embedding_group)
+        shared = stage.shared_embedding_params()
+        if stage.shared_on_one_stage and shared:  # a V: the embedding and its copy are both on the first stage
+            total = shared[0].grad.array + shared[1].grad.array
+            for p in shared:
+                p.grad.array[...] = total
+        elif not stage.shared_on_one_stage and mesh.embedding_group is not None:
+            all_reduce_grads([p.grad for p in shared], mesh.embedding_group)
         for name, p in stage.state_dict(keep_vars=True).items():
             close(p.grad, expected["transformer.wte.weight" if name == "lm_head.weight" else name],
                   f"{label}: gradient of {name}")

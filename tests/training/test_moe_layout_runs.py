@@ -82,7 +82,13 @@ LAYOUTS = {"pp2": (2, ["parallel.pipeline=2"], "pipeline 2 (1f1b) x data paralle
            "ep2xpp2-zero1": (4, ["parallel.pipeline=2", "parallel.expert=2", "parallel.zero_stage=1"],
                              "pipeline 2 (1f1b) x data parallel 2 x expert parallel 2"),
            "tp2xdp2-zero2": (4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.zero_stage=2"],
-                             "data parallel 2 x tensor parallel 2 with sequence parallel")}
+                             "data parallel 2 x tensor parallel 2 with sequence parallel"),
+           # zero-bubble schedules: split backwards, the router statistics and aux losses through a V of chunks
+           "pp2-dualpipev": (2, ["parallel.pipeline=2", "parallel.pipeline_schedule=dualpipev",
+                                 "parallel.virtual_pipeline=2"], "pipeline 2 (dualpipev, 2 chunks per stage)"),
+           "ep2xpp2-zbv": (4, ["parallel.pipeline=2", "parallel.expert=2", "parallel.pipeline_schedule=zbv",
+                               "parallel.virtual_pipeline=2"], "pipeline 2 (zbv, 2 chunks per stage) x data parallel 2 "
+                                                              "x expert parallel 2")}
 
 
 @needs_mpiexec

@@ -2,17 +2,20 @@
 activations forward and gradients back to the neighbouring stages with point-to-point transfers.
 
 ``PipelineParallel(chunks, group, schedule, virtual)``: ``chunks`` are this stage's model chunks in local order
-(local chunk v is model chunk v * P + stage, see pipeline_schedules.py). A chunk is called as ``chunk(x, targets)``:
-the first model chunk gets the micro-batch's inputs, the others the previous chunk's activation; the last returns
-``(output, loss)``, the others their activation. ``parts`` says what an activation is: a list of (shape, dtype), one
-Tensor per part -- one part is a Tensor, several a tuple of Tensors (a mixture-of-experts model also passes its
-router statistics on), each sent as its own message and each getting its gradient back.
+(``stage_chunks`` in pipeline_schedules.py says which: model chunk v * P + stage for local chunk v, or in a V (zbv,
+dualpipev) the stage's chunk on the way down and the one on the way back up). A chunk is called as
+``chunk(x, targets)``: the first model chunk gets the micro-batch's inputs, the others the previous chunk's
+activation; the last returns ``(output, loss)``, the others their activation. ``parts`` says what an activation is:
+a list of (shape, dtype), one Tensor per part -- one part is a Tensor, several a tuple of Tensors (a
+mixture-of-experts model also passes its router statistics on), each sent as its own message and each getting its
+gradient back.
 
 ``train_step`` runs the forwards and backwards of every micro-batch in the schedule's order (``timetable``): at each
 tick this stage runs its action, then sends what it produced and posts the receives of what its neighbours produced
-at that tick, all in one ``batch_isend_irecv``; a receive is waited on only when its action runs. An activation is
-kept until its backward ran, then freed with its graph. Gradients accumulate in the parameters; the caller syncs
-them (data parallel, tied weights) and steps.
+at that tick, all in one ``batch_isend_irecv``; a receive is waited on only when its action runs (the next chunk on
+the same stage, in a V, takes a copy without a transfer). An activation is kept until its backward ran (its weight
+half, where the schedule splits backwards into I and W), then freed with its graph. Gradients accumulate in the
+parameters; the caller syncs them (data parallel, tied weights) and steps.
 
 ``forward`` runs one input through the chunks in order (no overlap: evaluation and generation).
 """
@@ -23,8 +26,10 @@ import time
 
 from ...autograd.engine import backward as autograd_backward
 from ...autograd.grad_mode import no_grad
+from ...autograd.split_backward import backward_input, input_half_only
 from ...tensor import Tensor
-from .pipeline_schedules import check_schedule, forward_only_order, stage_order, timetable
+from .pipeline_schedules import (chunk_stage, check_schedule, forward_only_order, stage_chunks, stage_order,
+                                 timetable)
 
 
 class PipelineParallel:
@@ -36,6 +41,8 @@ class PipelineParallel:
             raise ValueError(f"PipelineParallel: expected {self.virtual} model chunks on this stage (virtual), got "
                              f"{len(self.chunks)}")
         self.num_chunks = self.stages * self.virtual
+        self.chunk_ids = stage_chunks(schedule, self.stages, self.virtual, self.stage)  # model chunk of each local one
+        self._owners = [chunk_stage(schedule, self.stages, self.virtual, c) for c in range(self.num_chunks)]
         self.data_parallel = False  # the chunks are DistributedDataParallel wrappers (set_data_parallel)
         self._tables = {}
         self.stats = {}  # of the last train_step: busy and total seconds, live activations
@@ -53,10 +60,10 @@ class PipelineParallel:
     # ------------------------------------------------------------------------------------------- layout
     def owner(self, chunk):
         """The stage that runs model chunk ``chunk``."""
-        return chunk % self.stages
+        return self._owners[chunk]
 
     def local(self, chunk):
-        return self.chunks[chunk // self.stages]
+        return self.chunks[self.chunk_ids.index(chunk)]
 
     def is_first(self, chunk):
         return chunk == 0
@@ -74,20 +81,23 @@ class PipelineParallel:
         if key not in self._tables:
             P, V = self.stages, self.virtual
             if forward_only:
-                orders = [forward_only_order(P, V, micro_batches, s) for s in range(P)]
+                orders = [forward_only_order(P, V, micro_batches, s, self.schedule) for s in range(P)]
             else:
                 check_schedule(self.schedule, P, V, micro_batches)
                 orders = [stage_order(self.schedule, P, V, micro_batches, s) for s in range(P)]
-            self._tables[key] = timetable(orders, P, V)
+            self._tables[key] = timetable(orders, P, V, self.schedule)
         return self._tables[key]
 
     def _tag(self, kind, chunk, mb, micro_batches, part=0, parts=1):
-        return (((chunk * micro_batches + mb) * 2 + (kind == "B")) * parts + part) % 32768
+        return (((chunk * micro_batches + mb) * 2 + (kind != "F")) * parts + part) % 32768
 
     def _destination(self, kind, chunk):
-        """The stage a message produced by ``kind`` of ``chunk`` goes to (None: it stays here)."""
+        """The stage a message produced by ``kind`` of ``chunk`` goes to (None: none is produced; W produces
+        nothing, F of the last chunk neither, a backward of the first neither). It may be this stage (a V)."""
         if kind == "F":
             return None if self.is_last(chunk) else self.owner(chunk + 1)
+        if kind == "W":
+            return None
         return None if self.is_first(chunk) else self.owner(chunk - 1)
 
     # -------------------------------------------------------------------------------------------- train
@@ -119,7 +129,7 @@ class PipelineParallel:
         for work, _ in run.sends:
             work.wait()
         self.stats = {"busy_s": run.busy, "total_s": time.perf_counter() - start, "ticks": len(table),
-                      "peak_live_microbatches": run.peak}
+                      "peak_live_microbatches": run.peak, "peak_weight_bytes": run.peak_weight_bytes}
         return [run.losses[m] for m in range(M)] if self.owns_last else None
 
     def _receives(self, row, received, parts, device, M):
@@ -128,7 +138,7 @@ class PipelineParallel:
         for stage, action in enumerate(row):
             if action is None or stage == self.stage or self._destination(action.kind, action.chunk) != self.stage:
                 continue
-            key = (action.kind, action.chunk, action.mb)
+            key = ("F" if action.kind == "F" else "G", action.chunk, action.mb)
             for i, buffer in enumerate(_buffers(parts, device)):
                 ops.append(("recv", buffer, stage, self._tag(action.kind, action.chunk, action.mb, M, i, len(parts)),
                             key))
@@ -140,7 +150,8 @@ class PipelineParallel:
         that take a gradient: an activation whose gradient goes back to the previous stage)."""
         tensors = []
         for array, work in pending:
-            work.wait()
+            if work is not None:  # (None: handed over on this stage)
+                work.wait()
             x = Tensor._make(array, device)
             tensors.append(x.requires_grad_(True) if requires_grad else x)
         return _packed(tensors)
@@ -174,7 +185,7 @@ class PipelineParallel:
         for c in range(self.num_chunks):
             if self.owner(c) != self.stage:
                 continue
-            if not self.is_first(c):
+            if not self.is_first(c) and self.owner(c - 1) != self.stage:
                 buffers = _buffers(parts, device)
                 for i, buffer in enumerate(buffers):
                     self.group.recv(Tensor._make(buffer, device), self.owner(c - 1),
@@ -182,8 +193,10 @@ class PipelineParallel:
                 x = _packed([Tensor._make(b, device) for b in buffers])
             out = self.local(c)(x, targets, **kwargs) if self.is_last(c) else self.local(c)(x, None, **kwargs)
             if not self.is_last(c):
-                for i, t in enumerate(self._check_activation(out, parts, c)):
-                    self.group.send(t, self.owner(c + 1), self._tag("F", c, 0, 1, i, len(parts)))
+                tensors = self._check_activation(out, parts, c)
+                if self.owner(c + 1) != self.stage:
+                    for i, t in enumerate(tensors):
+                        self.group.send(t, self.owner(c + 1), self._tag("F", c, 0, 1, i, len(parts)))
                 x = out
         return out if self.owns_last else None
 
@@ -206,7 +219,11 @@ def _unpacked(out, count):
 
 class _Step:
     """The state of one train_step on this stage: what each action needs and leaves, and the time it computes
-    (waiting for a transfer is not computing: the bubble is measured from it)."""
+    (waiting for a transfer is not computing: the bubble is measured from it).
+
+    Actions: F (forward), B (whole backward), I (the backward's input half: the gradient the previous chunk waits
+    for) and W (its weight half, run later: autograd/split_backward.py). An activation is held from its F until its
+    B or W; ``held_weight_bytes`` is what the pending W's keep meanwhile."""
 
     def __init__(self, pipe, inputs, targets, parts, device, backward, forward_context, batch_contexts):
         self.pipe, self.inputs, self.targets = pipe, inputs, targets
@@ -215,51 +232,98 @@ class _Step:
         self.forward_context, self.batch_contexts = forward_context, batch_contexts
         self.M = len(inputs)
         self.kept_in, self.kept_out, self.received, self.sends, self.losses = {}, {}, {}, [], {}
-        self.backwards_left = {}  # per chunk, with data-parallel wrappers: its last backward averages
+        self.weight_halves = {}  # (chunk, mb) -> the WeightGradients its I left for its W
+        self.weight_passes_left = {}  # per chunk, with data-parallel wrappers: its last B or W averages
         self.busy, self.live, self.peak = 0.0, 0, 0
+        self.held_weight_bytes = self.peak_weight_bytes = 0
 
     def act(self, action):
         """Run one action; returns the send ops for what it produced."""
-        pipe, c, m = self.pipe, action.chunk, action.mb
-        if action.kind == "F":
-            x = self.inputs[m] if pipe.is_first(c) else pipe._arrived(self.received.pop(("F", c - 1, m)),
-                                                                      self.device, True)
-            t0 = time.perf_counter()
-            with self.forward_context(), self.batch_contexts[m]():
-                out = pipe.local(c)(x, self.targets[m] if pipe.is_last(c) else None)
-            self.kept_in[(c, m)] = x
-            self.live += 1
-            self.peak = max(self.peak, self.live)
-            if pipe.is_last(c):
-                self.kept_out[(c, m)] = out[1]
-                self.losses[m] = float(out[1].item())
-                self.busy += time.perf_counter() - t0
-                return []
-            tensors = pipe._check_activation(out, self.parts, c)
-            self.kept_out[(c, m)] = tensors
-            self.busy += time.perf_counter() - t0
-            return pipe._sends("F", c, m, self.M, tensors, pipe.owner(c + 1))
-        out = self.kept_out.pop((c, m))
-        grads = None if pipe.is_last(c) else _unpacked(pipe._arrived(self.received.pop(("B", c + 1, m)), self.device),
-                                                       len(self.parts))
         t0 = time.perf_counter()
-        if pipe.data_parallel:
-            left = self.backwards_left[c] = self.backwards_left.get(c, self.M) - 1
-            pipe.local(c).prepare_backward(sync=left == 0)
-        if grads is None:
-            self.backward(out)
-        else:  # the parts that do not depend on this chunk's inputs or weights take no part in its backward
-            roots = [(t, g) for t, g in zip(out, grads) if t.requires_grad]
-            autograd_backward([t for t, _ in roots], [g for _, g in roots])
-        x = self.kept_in.pop((c, m))
-        self.live -= 1
-        ops = []
-        if not pipe.is_first(c):
-            received = _unpacked(x, len(self.parts))
-            back = [t.grad if t.grad is not None else Tensor._make(t.array * 0, self.device) for t in received]
-            ops = pipe._sends("B", c, m, self.M, back, pipe.owner(c - 1))
+        if action.kind == "F":
+            ops = self._forward(action.chunk, action.mb)
+        elif action.kind == "W":
+            ops = self._weight_half(action.chunk, action.mb)
+        else:
+            ops = self._backward(action.chunk, action.mb, split=action.kind == "I")
         self.busy += time.perf_counter() - t0
         return ops
+
+    def _forward(self, c, m):
+        pipe = self.pipe
+        x = self.inputs[m] if pipe.is_first(c) else pipe._arrived(self.received.pop(("F", c - 1, m)), self.device,
+                                                                  True)
+        with self.forward_context(), self.batch_contexts[m]():
+            out = pipe.local(c)(x, self.targets[m] if pipe.is_last(c) else None)
+        self.kept_in[(c, m)] = x
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        if pipe.is_last(c):
+            self.kept_out[(c, m)] = out[1]
+            self.losses[m] = float(out[1].item())
+            return []
+        tensors = pipe._check_activation(out, self.parts, c)
+        self.kept_out[(c, m)] = tensors
+        return self._send("F", c, m, tensors)
+
+    def _backward(self, c, m, split):
+        pipe = self.pipe
+        out = self.kept_out.pop((c, m))
+        grads = None if pipe.is_last(c) else _unpacked(pipe._arrived(self.received.pop(("G", c + 1, m)), self.device),
+                                                       len(self.parts))
+        x = self.kept_in[(c, m)]
+        received = [] if pipe.is_first(c) else _unpacked(x, len(self.parts))
+        wanted = [t for t in received if t.requires_grad]
+        if not split:
+            self._before_weight_pass(c)
+        halves = []
+        if grads is None:  # the loss: the caller's backward scales it (1 / M, a GradScaler)
+            with input_half_only(wanted) if split else contextlib.nullcontext() as halves:
+                self.backward(out)
+        else:  # the parts that do not depend on this chunk's inputs or weights take no part in its backward
+            roots = [(t, g) for t, g in zip(out, grads) if t.requires_grad]
+            if split:
+                halves = [backward_input([t for t, _ in roots], [g for _, g in roots], wanted)]
+            else:
+                autograd_backward([t for t, _ in roots], [g for _, g in roots])
+        if split:
+            self.weight_halves[(c, m)] = halves
+            self.held_weight_bytes += sum(h.held_bytes for h in halves)
+            self.peak_weight_bytes = max(self.peak_weight_bytes, self.held_weight_bytes)
+        else:
+            self._release(c, m)
+        if pipe.is_first(c):
+            return []
+        back = [t.grad if t.grad is not None else Tensor._make(t.array * 0, self.device) for t in received]
+        return self._send("G", c, m, back)
+
+    def _weight_half(self, c, m):
+        halves = self.weight_halves.pop((c, m))
+        self.held_weight_bytes -= sum(h.held_bytes for h in halves)
+        self._before_weight_pass(c)
+        for half in halves:
+            half.backward_weight()
+        self._release(c, m)
+        return []
+
+    def _before_weight_pass(self, c):
+        """With data-parallel wrappers, a chunk's last pass that accumulates weight gradients averages them."""
+        if self.pipe.data_parallel:
+            left = self.weight_passes_left[c] = self.weight_passes_left.get(c, self.M) - 1
+            self.pipe.local(c).prepare_backward(sync=left == 0)
+
+    def _release(self, c, m):
+        del self.kept_in[(c, m)]
+        self.live -= 1
+
+    def _send(self, kind, c, m, tensors):
+        """Send ops for what an action produced, or, for the next chunk on this stage (a V), a copy kept here."""
+        pipe = self.pipe
+        destination = pipe.owner(c + 1) if kind == "F" else pipe.owner(c - 1)
+        if destination != pipe.stage:
+            return pipe._sends(kind, c, m, self.M, tensors, destination)
+        self.received[(kind, c, m)] = [(t.array.copy(), None) for t in tensors]
+        return []
 
 
 __all__ = ["PipelineParallel"]

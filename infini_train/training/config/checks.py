@@ -7,6 +7,7 @@ import os
 
 from ...data.hf_tokenizer import config_problem as hf_config_problem
 from ...data.tokenizer import HF_PREFIX, TOKENIZERS
+from ...nn.parallel.pipeline_schedules import SCHEDULES, V_SCHEDULES
 from .checker import Checker, closest, finite
 from .model_checks import check_model
 
@@ -16,7 +17,6 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 SOURCES = ("stdlib",)
 DATA_FORMATS = ("tokens", "text", "chat", "instruction")
 SFT_SUFFIXES = (".jsonl", ".sft")  # SFT data: JSONL files, or the shards of prepare_data.py --format chat ...
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "block")
 
 
@@ -98,15 +98,18 @@ def _check_parallel(cfg, c, errors):
     c.need("parallel.pipeline_schedule", lambda v: v in SCHEDULES,
            f"one of {SCHEDULES}{closest(p.pipeline_schedule, SCHEDULES)}")
     if c.ok("parallel.virtual_pipeline", "parallel.pipeline_schedule", "parallel.pipeline"):
-        if p.pipeline_schedule == "interleaved" and p.virtual_pipeline < 2:
+        schedule = p.pipeline_schedule
+        if schedule == "interleaved" and p.virtual_pipeline < 2:
             errors.append(f"parallel.virtual_pipeline: expected >= 2 with parallel.pipeline_schedule=interleaved "
                           f"(model chunks per stage), got {p.virtual_pipeline}")
-        elif p.virtual_pipeline > 1 and p.pipeline_schedule != "interleaved":
-            errors.append(f"parallel.virtual_pipeline: expected 1 with parallel.pipeline_schedule="
-                          f"{p.pipeline_schedule!r} (only interleaved runs several chunks per stage), got "
-                          f"{p.virtual_pipeline}")
-        elif p.pipeline_schedule == "interleaved" and p.pipeline < 2:
-            errors.append("parallel.pipeline_schedule: expected parallel.pipeline >= 2 with interleaved, got "
+        elif schedule in V_SCHEDULES and p.virtual_pipeline != 2:
+            errors.append(f"parallel.virtual_pipeline: expected 2 with parallel.pipeline_schedule={schedule} (two "
+                          f"model chunks per stage, in a V), got {p.virtual_pipeline}")
+        elif p.virtual_pipeline > 1 and schedule != "interleaved" and schedule not in V_SCHEDULES:
+            errors.append(f"parallel.virtual_pipeline: expected 1 with parallel.pipeline_schedule={schedule!r} (only "
+                          f"interleaved, zbv and dualpipev run several chunks per stage), got {p.virtual_pipeline}")
+        elif (schedule == "interleaved" or schedule in V_SCHEDULES) and p.pipeline < 2:
+            errors.append(f"parallel.pipeline_schedule: expected parallel.pipeline >= 2 with {schedule}, got "
                           f"parallel.pipeline={p.pipeline}")
     if c.ok("parallel.tensor", "parallel.sequence") and p.sequence and p.tensor == 1:
         errors.append("parallel.sequence: expected parallel.tensor > 1 (sequence parallelism splits the sequence "

@@ -121,9 +121,11 @@ class ParallelConfig:
     sequence: bool = _key(False, "sequence parallelism: layer norms and dropout on slices of the sequence "
                                  "(needs tensor > 1)")
     pipeline: int = _key(1, "pipeline stages: the layers split into this many consecutive parts, one per rank")
-    virtual_pipeline: int = _key(1, "model chunks per pipeline stage (> 1 with pipeline_schedule=interleaved)")
-    pipeline_schedule: str = _key("1f1b", "gpipe | 1f1b | interleaved; micro-batches are the gradient-accumulation "
-                                          "steps")
+    virtual_pipeline: int = _key(1, "model chunks per pipeline stage (> 1 with pipeline_schedule=interleaved; 2 "
+                                    "with zbv and dualpipev)")
+    pipeline_schedule: str = _key("1f1b", "gpipe | 1f1b | interleaved | zb1p | zbv | dualpipev (the last three "
+                                          "split backwards into input and weight halves to fill the bubble); "
+                                          "micro-batches are the gradient-accumulation steps")
     expert: int = _key(1, f"expert-parallel size ({' | '.join(_expert_parallel_archs())}): "
                           "each MoE layer's experts split over groups of this many data-parallel ranks (tokens "
                           "exchanged all-to-all); divides the data-parallel size and num_experts")
