@@ -227,6 +227,42 @@ def pipeline_schedules(path):
     _save(fig, path)
 
 
+def zero_bubble_schedules(path):
+    """1f1b against the split schedules (zb1p, zbv, dualpipev) for P = 4, M = 8, timed by ``start_times`` with F = I =
+    W = 1 and B = 2 per stage (a V's chunks are half a stage: half of that)."""
+    from infini_train.nn.parallel.pipeline_schedules import COSTS, ideal_bubble, stage_order, start_times
+
+    P, M = 4, 8
+    cases = [("1f1b", 1), ("zb1p", 1), ("zbv", 2), ("dualpipev", 2)]
+    colours = {"F": F_COLOUR, "B": B_COLOUR, "I": "#e8a87c", "W": "#55a868"}
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 6.6), sharex=True)
+    for ax, (schedule, V) in zip(axes, cases):
+        orders = [stage_order(schedule, P, V, M, s) for s in range(P)]
+        costs = {kind: cost / V for kind, cost in COSTS.items()}
+        starts = start_times(orders, P, V, schedule, costs)
+        for s, (order, times) in enumerate(zip(orders, starts)):
+            for action, start in zip(order, times):
+                second = V > 1 and action.chunk >= P
+                ax.add_patch(Rectangle((start, P - 1 - s), costs[action.kind], 1, facecolor=colours[action.kind],
+                                       edgecolor="white", linewidth=0.5, alpha=0.55 if second else 1.0))
+        end = max(t[-1] + costs[o[-1].kind] for t, o in zip(starts, orders))
+        ax.set_xlim(0, 3 * M + 3 * (P - 1) + 0.2)
+        ax.set_ylim(0, P)
+        ax.set_yticks([P - 0.5 - s for s in range(P)], [f"stage {s}" for s in range(P)], fontsize=7)
+        chunks = ", two chunks per stage in a V (light: the way back up)" if V > 1 else ""
+        ax.set_title(f"{schedule}{chunks}: {end:g} time units for {3 * M} of work per stage; ideal bubble "
+                     f"{ideal_bubble(schedule, P, V, M):.3f}", fontsize=8.5, loc="left")
+        ax.tick_params(axis="x", labelsize=7)
+    axes[-1].set_xlabel("time (a stage's forward of one micro-batch = 1, input half 1, weight half 1, whole "
+                        "backward 2)", fontsize=8)
+    handles = [Rectangle((0, 0), 1, 1, color=colours[k]) for k in "FBIW"]
+    fig.legend(handles, ["forward", "whole backward", "input half (I)", "weight half (W)"], loc="upper right",
+               fontsize=7, ncol=4)
+    fig.suptitle(f"P = {P} stages, M = {M} micro-batches (pipeline_schedules.start_times)", fontsize=10, x=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def context_parallel(path):
     """CP4: the sequence in 2N = 8 chunks, rank r keeping r and 2N-1-r, and its share of the causal triangle."""
     from infini_train.nn.parallel.ring_attention import chunks_of
@@ -540,9 +576,11 @@ def attention_memory(path):
 
 def pipeline_bubble(path):
     """bench_pipeline.py: measured bubble against theory, and the first stage's peak activations."""
-    rows = [("P2 gpipe", 0.092, 0.111, 362), ("P2 1f1b", 0.089, 0.111, 106), ("P2 interleaved", 0.056, 0.059, 135),
-            ("P4 gpipe", 0.240, 0.273, 186), ("P4 1f1b", 0.233, 0.273, 101), ("P4 interleaved", 0.172, 0.158, 142)]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.0))
+    rows = [("P2 gpipe", 0.086, 0.111, 361), ("P2 1f1b", 0.088, 0.111, 105), ("P2 interleaved", 0.054, 0.059, 135),
+            ("P2 zb1p", 0.063, 0.040, 105), ("P2 zbv", 0.018, 0.020, 114), ("P2 dualpipev", 0.031, 0.020, 135),
+            ("P4 gpipe", 0.238, 0.273, 184), ("P4 1f1b", 0.235, 0.273, 100), ("P4 interleaved", 0.181, 0.158, 141),
+            ("P4 zb1p", 0.159, 0.111, 100), ("P4 zbv", 0.055, 0.059, 109), ("P4 dualpipev", 0.083, 0.059, 116)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
     xs = range(len(rows))
     left.bar([x - 0.2 for x in xs], [r[1] for r in rows], 0.4, color=STAGE[0], label="measured")
     left.bar([x + 0.2 for x in xs], [r[2] for r in rows], 0.4, color="#bbbbbb", label="ideal")
@@ -563,6 +601,7 @@ FIGURES = {
     "parallelism/zero-stages.svg": zero_stages,
     "parallelism/tensor-parallel.svg": tensor_parallel,
     "parallelism/pipeline-schedules.svg": pipeline_schedules,
+    "parallelism/zero-bubble-schedules.svg": zero_bubble_schedules,
     "parallelism/context-parallel.svg": context_parallel,
     "parallelism/expert-parallel.svg": expert_parallel,
     "concepts/autograd-graph.svg": autograd_graph,

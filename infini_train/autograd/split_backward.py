@@ -45,15 +45,18 @@ class WeightGradients:
 
     @property
     def held_bytes(self):
-        total = 0
+        """Bytes of the arrays only the weight half still needs: output gradients, handed-over gradients and saved
+        activations, each array once (parameters, which live anyway, are not counted)."""
+        arrays = {}
         for item in self.items:
             if item[0] == "narrowed":
-                node, grads = item[1], item[2]
-                total += sum(_nbytes(g) for g in grads)
-                total += sum(_nbytes(e[0]) for e in (node._saved or ()) if e is not None and not node._packed)
+                node = item[1]
+                arrays.update((id(g), g) for g in item[2] if g is not None)
+                if not node._packed:
+                    arrays.update((id(e[0]), e[0]) for e in node._saved or () if e is not None and not _leaf(e))
             else:
-                total += sum(_nbytes(g) for _, g, _ in item[1])
-        return total
+                arrays.update((id(g), g) for _, g, _ in item[1] if g is not None)
+        return sum(int(getattr(a, "nbytes", 0)) for a in arrays.values())
 
     def backward_weight(self):
         """Compute the weight gradients and accumulate them (hooks fire as in a whole backward)."""
@@ -180,8 +183,10 @@ def _observed(fn, run):
     return observed_backward(fn, run) if _OBSERVERS else run()
 
 
-def _nbytes(a):
-    return 0 if a is None else int(getattr(a, "nbytes", 0))
+def _leaf(entry):
+    """Whether a saved entry is a leaf that requires grad (a parameter: it lives whether or not W runs)."""
+    ref = entry[3]
+    return isinstance(ref, tuple) and ref[1] < 0
 
 
 __all__ = ["backward_input", "input_half_only", "WeightGradients"]

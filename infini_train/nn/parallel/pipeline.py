@@ -238,72 +238,79 @@ class _Step:
         self.held_weight_bytes = self.peak_weight_bytes = 0
 
     def act(self, action):
-        """Run one action; returns the send ops for what it produced."""
-        t0 = time.perf_counter()
+        """Run one action; returns the send ops for what it produced. Its compute time counts as busy from the
+        moment what it waits for (a transfer) has arrived."""
         if action.kind == "F":
-            ops = self._forward(action.chunk, action.mb)
-        elif action.kind == "W":
-            ops = self._weight_half(action.chunk, action.mb)
-        else:
-            ops = self._backward(action.chunk, action.mb, split=action.kind == "I")
-        self.busy += time.perf_counter() - t0
-        return ops
+            return self._forward(action.chunk, action.mb)
+        if action.kind == "W":
+            return self._weight_half(action.chunk, action.mb)
+        return self._backward(action.chunk, action.mb, split=action.kind == "I")
+
+    @contextlib.contextmanager
+    def _computing(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.busy += time.perf_counter() - t0
 
     def _forward(self, c, m):
         pipe = self.pipe
         x = self.inputs[m] if pipe.is_first(c) else pipe._arrived(self.received.pop(("F", c - 1, m)), self.device,
                                                                   True)
-        with self.forward_context(), self.batch_contexts[m]():
-            out = pipe.local(c)(x, self.targets[m] if pipe.is_last(c) else None)
-        self.kept_in[(c, m)] = x
-        self.live += 1
-        self.peak = max(self.peak, self.live)
-        if pipe.is_last(c):
-            self.kept_out[(c, m)] = out[1]
-            self.losses[m] = float(out[1].item())
-            return []
-        tensors = pipe._check_activation(out, self.parts, c)
-        self.kept_out[(c, m)] = tensors
-        return self._send("F", c, m, tensors)
+        with self._computing():
+            with self.forward_context(), self.batch_contexts[m]():
+                out = pipe.local(c)(x, self.targets[m] if pipe.is_last(c) else None)
+            self.kept_in[(c, m)] = x
+            self.live += 1
+            self.peak = max(self.peak, self.live)
+            if pipe.is_last(c):
+                self.kept_out[(c, m)] = out[1]
+                self.losses[m] = float(out[1].item())
+                return []
+            tensors = pipe._check_activation(out, self.parts, c)
+            self.kept_out[(c, m)] = tensors
+            return self._send("F", c, m, tensors)
 
     def _backward(self, c, m, split):
         pipe = self.pipe
         out = self.kept_out.pop((c, m))
         grads = None if pipe.is_last(c) else _unpacked(pipe._arrived(self.received.pop(("G", c + 1, m)), self.device),
                                                        len(self.parts))
-        x = self.kept_in[(c, m)]
-        received = [] if pipe.is_first(c) else _unpacked(x, len(self.parts))
-        wanted = [t for t in received if t.requires_grad]
-        if not split:
-            self._before_weight_pass(c)
-        halves = []
-        if grads is None:  # the loss: the caller's backward scales it (1 / M, a GradScaler)
-            with input_half_only(wanted) if split else contextlib.nullcontext() as halves:
-                self.backward(out)
-        else:  # the parts that do not depend on this chunk's inputs or weights take no part in its backward
-            roots = [(t, g) for t, g in zip(out, grads) if t.requires_grad]
+        with self._computing():
+            received = [] if pipe.is_first(c) else _unpacked(self.kept_in[(c, m)], len(self.parts))
+            wanted = [t for t in received if t.requires_grad]
+            if not split:
+                self._before_weight_pass(c)
+            halves = []
+            if grads is None:  # the loss: the caller's backward scales it (1 / M, a GradScaler)
+                with input_half_only(wanted) if split else contextlib.nullcontext() as halves:
+                    self.backward(out)
+            else:  # the parts that do not depend on this chunk's inputs or weights take no part in its backward
+                roots = [(t, g) for t, g in zip(out, grads) if t.requires_grad]
+                if split:
+                    halves = [backward_input([t for t, _ in roots], [g for _, g in roots], wanted)]
+                else:
+                    autograd_backward([t for t, _ in roots], [g for _, g in roots])
             if split:
-                halves = [backward_input([t for t, _ in roots], [g for _, g in roots], wanted)]
+                self.weight_halves[(c, m)] = halves
+                self.held_weight_bytes += sum(h.held_bytes for h in halves)
+                self.peak_weight_bytes = max(self.peak_weight_bytes, self.held_weight_bytes)
             else:
-                autograd_backward([t for t, _ in roots], [g for _, g in roots])
-        if split:
-            self.weight_halves[(c, m)] = halves
-            self.held_weight_bytes += sum(h.held_bytes for h in halves)
-            self.peak_weight_bytes = max(self.peak_weight_bytes, self.held_weight_bytes)
-        else:
-            self._release(c, m)
-        if pipe.is_first(c):
-            return []
-        back = [t.grad if t.grad is not None else Tensor._make(t.array * 0, self.device) for t in received]
-        return self._send("G", c, m, back)
+                self._release(c, m)
+            if pipe.is_first(c):
+                return []
+            back = [t.grad if t.grad is not None else Tensor._make(t.array * 0, self.device) for t in received]
+            return self._send("G", c, m, back)
 
     def _weight_half(self, c, m):
-        halves = self.weight_halves.pop((c, m))
-        self.held_weight_bytes -= sum(h.held_bytes for h in halves)
-        self._before_weight_pass(c)
-        for half in halves:
-            half.backward_weight()
-        self._release(c, m)
+        with self._computing():
+            halves = self.weight_halves.pop((c, m))
+            self.held_weight_bytes -= sum(h.held_bytes for h in halves)
+            self._before_weight_pass(c)
+            for half in halves:
+                half.backward_weight()
+            self._release(c, m)
         return []
 
     def _before_weight_pass(self, c):

@@ -337,11 +337,17 @@ def timetable(orders, stages, virtual, schedule="1f1b"):
     return table
 
 
+def start_times(orders, stages, virtual, schedule, costs=None):
+    """When each stage starts each action of its order (``starts[s][k]``) when actions take ``costs`` (default
+    ``COSTS``: F = I = W = 1, B = 2) and communication is free."""
+    return _run(orders, stages, virtual, schedule, {**COSTS, **(costs or {})})
+
+
 def simulate(orders, stages, virtual, schedule, costs=None):
     """Each stage's idle fraction (idle / makespan) when actions take ``costs`` (default ``COSTS``: F = I = W = 1,
     B = 2) and communication is free: every stage starts at 0, the makespan ends with the last action of any stage."""
     costs = {**COSTS, **(costs or {})}
-    starts = _run(orders, stages, virtual, schedule, costs)
+    starts = start_times(orders, stages, virtual, schedule, costs)
     busy = [sum(costs[a.kind] for a in order) for order in orders]
     makespan = max((t[-1] + costs[o[-1].kind] for t, o in zip(starts, orders) if o), default=0)
     return [1 - b / makespan if makespan else 0.0 for b in busy]
@@ -359,4 +365,4 @@ def ideal_bubble(schedule, stages, virtual, micro_batches):
 
 __all__ = ["SCHEDULES", "SPLIT_SCHEDULES", "V_SCHEDULES", "COSTS", "ScheduleError", "Action", "chunk_stage",
            "stage_chunks", "min_micro_batches", "check_schedule", "stage_order", "forward_only_order", "timetable",
-           "simulate", "ideal_bubble"]
+           "start_times", "simulate", "ideal_bubble"]
