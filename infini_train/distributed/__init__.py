@@ -33,6 +33,7 @@ from .launch_utils import (
     uninstall_abort_on_failure,
 )
 from .object_collectives import all_gather_object as _all_gather_object
+from .comm_counters import CommCounters, count_communication
 from .p2p import P2POp, batch_isend_irecv
 from .process_group import ProcessGroup, ReduceOp, SingleProcessGroup
 from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_timeout, set_oversubscribed
@@ -41,7 +42,8 @@ __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get
            "get_local_rank", "get_local_world_size", "get_backend", "new_group", "default_group", "ReduceOp",
            "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_into_tensor",
            "reduce_scatter_tensor", "all_to_all_single", "reduce", "barrier", "all_gather_object", "send", "recv",
-           "isend", "irecv", "P2POp", "batch_isend_irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
+           "isend", "irecv", "P2POp", "batch_isend_irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV", "count_communication",
+           "CommCounters"]
 
 _BACKENDS = (None, "auto", "mpi", "nccl", "single")
 _world = None  # the default (world) group

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import backend
 from ..autograd import observers
+from . import comm_counters
 from ..tensor import array_of
 from .work import DEFAULT_TIMEOUT, CompletedWork, Work
 
@@ -124,12 +125,15 @@ def _result(work, async_op):
     return None
 
 
-def _observed(name):
-    """Run the collective as a ``"<backend>:<name>"`` range for the op observers (the profiler's collectives);
-    one list test when none is installed."""
+def _observed(name, sent=None):
+    """Run the collective as a ``"<backend>:<name>"`` range for the op observers (the profiler's collectives) and
+    count what it moves (argument ``sent``: the position of what this rank hands over) for the open communication
+    counters (comm_counters.py); one list test for each when none is open."""
     def wrap(method):
         @functools.wraps(method)
         def run(self, *args, **kwargs):
+            if comm_counters.ACTIVE and sent is not None:
+                comm_counters.record(name, self.ranks, args[sent] if len(args) > sent else None)
             if not observers.ACTIVE:
                 return method(self, *args, **kwargs)
             with observers.record(f"{self.backend}:{name}", "collective"):
@@ -163,7 +167,7 @@ class ProcessGroup:
         return f"<{type(self).__name__} backend={self.backend} ranks={self.ranks} rank={self.rank}>"
 
     # ------------------------------------------------------------------------------ collectives
-    @_observed("all_reduce")
+    @_observed("all_reduce", sent=0)
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group; every rank ends with the result, in place."""
         arr = _array_of(tensor, "all_reduce", writes=True)
@@ -172,7 +176,7 @@ class ProcessGroup:
         _bump(tensor)
         return _result(work, async_op)
 
-    @_observed("broadcast")
+    @_observed("broadcast", sent=0)
     def broadcast(self, tensor, src=0, async_op=False):
         """Copy rank ``src``'s ``tensor`` into ``tensor`` on every other rank."""
         arr = _array_of(tensor, "broadcast", writes=True)
@@ -182,7 +186,7 @@ class ProcessGroup:
             _bump(tensor)
         return _result(work, async_op)
 
-    @_observed("all_gather")
+    @_observed("all_gather", sent=1)
     def all_gather(self, tensor_list, tensor, async_op=False):
         """``tensor_list[r]`` receives rank r's ``tensor`` on every rank."""
         arr = _array_of(tensor, "all_gather", writes=False)
@@ -191,7 +195,7 @@ class ProcessGroup:
         _bump(*tensor_list)
         return _result(work, async_op)
 
-    @_observed("reduce_scatter")
+    @_observed("reduce_scatter", sent=1)
     def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
         """``output`` on rank r receives the reduction over ranks of their ``input_list[r]``."""
         out = _array_of(output, "reduce_scatter", writes=True)
@@ -201,7 +205,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("all_gather_into_tensor")
+    @_observed("all_gather_into_tensor", sent=1)
     def all_gather_into_tensor(self, output, input, async_op=False):
         """Rank r's ``input`` lands in chunk r of ``output`` (``output.numel() == size * input.numel()``, e.g.
         shape ``(size * n,)``, ``(size * d0, ...)`` or ``(size, *input.shape)``), on every rank. ``input`` may be
@@ -214,7 +218,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("reduce_scatter_tensor")
+    @_observed("reduce_scatter_tensor", sent=1)
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
         """``output`` on rank r receives the reduction over ranks of chunk r of their ``input``
         (``input.numel() == size * output.numel()``). ``output`` may be this rank's own chunk of ``input``."""
@@ -227,7 +231,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("all_to_all_single")
+    @_observed("all_to_all_single", sent=1)
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         """Rank i sends its ``input``'s j-th block of rows (dim 0, ``input_split_sizes[j]`` rows) to rank j and
         receives into ``output`` the blocks every rank j sent it, concatenated in rank order
@@ -244,7 +248,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("reduce")
+    @_observed("reduce", sent=0)
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor`` (the others' stay unchanged)."""
         arr = _array_of(tensor, "reduce", writes=self.rank == dst)
@@ -260,7 +264,7 @@ class ProcessGroup:
         """Return (or complete the Work) once every rank of the group reached the barrier."""
         return _result(self._barrier(), async_op)
 
-    @_observed("isend")
+    @_observed("isend", sent=0)
     def isend(self, tensor, dst, tag=0) -> Work:
         arr = _array_of(tensor, "send", writes=False)
         self._check_peer(dst, "send", "dst")
