@@ -7,7 +7,8 @@ consecutive data-parallel ranks (distributed/expert_groups.py), alone or with da
 - gradients: DDP averages the other parameters over the data-parallel group (the experts are its
   ``ignored_parameters``); after backward ``reduce_grads`` sums the experts' over the expert-data group and divides by
   the data-parallel size (under ZeRO 1 and 2 in the optimizer's expert spaces: ZeRO-2 reduce-scatters them into
-  this rank's shard);
+  this rank's shard); under ZeRO-3 fully_shard keeps the experts sharded over the expert-data group within each
+  block's unit and reduce-scatters their gradients, with the same divisor, at the end of backward (parallelize.py);
 - clipping: the norm counts every expert once: the squared norm of the local experts' gradients summed over the
   expert group (``expert_group``), plus the replicated parameters', summed over the pipeline stages.
 
@@ -45,9 +46,12 @@ class ExpertLayout:
         self.expert_params = expert_parameters(model)
         return model
 
-    def reduce_grads(self, zero=None, shard=False):
+    def reduce_grads(self, zero=None, shard=False, fully_sharded=False):
         """Average the local experts' gradients over the data-parallel ranks; under ZeRO (``zero``, the run's
-        ZeroRedundancyOptimizer) in its expert spaces, reduce-scattered into this rank's shard with ``shard``."""
+        ZeroRedundancyOptimizer) in its expert spaces, reduce-scattered into this rank's shard with ``shard``;
+        nothing when ``fully_sharded`` (ZeRO-3: fully_shard reduced them)."""
+        if fully_sharded:
+            return
         if zero is not None:
             zero.reduce_gradients(shard, spaces=zero.expert_spaces, divide_by=self.groups.data_size)
             return

@@ -4,11 +4,12 @@ model's norm. Each step does nothing where its layout is off.
 
 What already happened during backward: DDP (ZeRO's reducer under ZeRO 1 and 2), around the model or each pipeline
 chunk, averaged the replicated parameters' gradients over the data-parallel group; under ZeRO-3 fully_shard
-reduce-scattered them into this rank's shards. Then, in this order:
+reduce-scattered them into this rank's shards (the local experts' over their expert-data group, divided by the
+data-parallel size). Then, in this order:
 
 1. experts (expert parallelism): the local experts' gradients, left out of DDP, summed over the expert-data group and
    divided by the data-parallel size (under ZeRO 1 and 2 in the optimizer's expert spaces; ZeRO-2 reduce-scatters
-   them into this rank's shard);
+   them into this rank's shard; nothing under ZeRO-3, whose units reduced them);
 2. tied embedding (pipelines): the first stage's embedding and the last stage's copy summed over the embedding group
    (under ZeRO-3 their shards, which cover the same elements), or on the first stage itself in a V (zbv, dualpipev);
 3. sequence parallelism: the layer norms' and row-parallel biases' gradients summed over the tensor group (under ZeRO,
@@ -30,7 +31,8 @@ from .expert_bias import update_expert_biases
 
 def reduce_expert_grads(layout):
     if layout.experts is not None:
-        layout.experts.reduce_grads(layout.optimizer if layout.zero_stage else None, shard=layout.zero_stage == 2)
+        layout.experts.reduce_grads(layout.optimizer if layout.zero_stage else None, shard=layout.zero_stage == 2,
+                                    fully_sharded=layout.zero_stage == 3)
 
 
 def sum_tied_embedding_grads(layout):

@@ -17,7 +17,7 @@ class MoESection(ModelSection):
         return self.moe_problems(cfg, ok, config) + self.expert_parallel_problems(cfg, ok, config)
 
     def moe_problems(self, cfg, ok, config):
-        """What a run of this model refuses whatever the expert size (and ZeRO-3 with experts split)."""
+        """What a run of this model refuses whatever the expert size."""
         arch, p, problems = self.arch, cfg.parallel, []
         if ok("train.recompute") and cfg.train.recompute != "none":
             problems.append(f"train.recompute: expected 'none' for model.arch={arch} (the auxiliary loss reads every "
@@ -27,16 +27,6 @@ class MoESection(ModelSection):
             problems.append(f"parallel.context: expected 1 for model.arch={arch} (each context rank would route "
                             "only its chunks of the sequence, so the load-balancing loss would not be the one-process "
                             f"run's; not supported for MoE models yet), got {p.context}; HINT: use data parallelism")
-        if ok("parallel.zero_stage", "parallel.expert") and p.zero_stage == 3 and p.expert > 1:
-            problems.append(f"parallel.zero_stage: expected 0, 1 or 2 with parallel.expert={p.expert} (ZeRO-3 shards "
-                            "each block's parameters over the data-parallel group, whose ranks hold different experts; "
-                            "sharding the experts over their expert-data group instead is not supported yet), got 3; "
-                            "HINT: use parallel.zero_stage=2 (the experts' optimizer state is sharded over the "
-                            "expert-data group)")
-        if ok("parallel.zero_stage", "parallel.tensor") and p.zero_stage == 3 and p.tensor > 1:
-            problems.append(f"parallel.zero_stage: expected 0, 1 or 2 with parallel.tensor={p.tensor} for model.arch="
-                            f"{arch} (fully_shard's shards of the experts would have to agree over the tensor group on "
-                            "the experts no token reached; not supported yet), got 3; HINT: use parallel.zero_stage=2")
         lora = cfg.lora
         if ok("lora.rank", "lora.target_modules") and lora.rank > 0:
             from ..nn.lora import matches_target

@@ -11,7 +11,8 @@ The order, each step doing nothing where its layout is off:
   3. pipeline stages: this stage's model chunks (PipelinedLM);
   4. expert parallelism: this rank's experts of every MoE layer (ExpertLayout);
   5. recomputation: whole blocks re-run in backward;
-  6. full sharding (ZeRO-3): fully_shard per block and per root over the data x context group;
+  6. full sharding (ZeRO-3): fully_shard per block and per root over the data x context group (a block's local
+     experts, under expert parallelism, over their expert-data group within the block's unit);
   -- the run gives each rank storage for its part and fills it (init replay, checkpoint, pretrained boxes);
   7. the optimizer: AdamW over the model's param groups, or ZeRO's sharded AdamW (the experts' state over their
      expert-data group);
@@ -60,7 +61,7 @@ def parallelize(spec, model, dims, cfg):
     if plan.zero_stage == 3:  # each rank keeps (and will allocate) only its shards
         if _on_meta(model):
             model.to(dtype=cfg.dtype)
-        _shard_fully(model, dims)
+        _shard_fully(model, dims, plan.experts)
     plan.model = model
     return plan
 
@@ -184,21 +185,34 @@ def _on_meta(model):
     return next(iter(model.parameters())).device is backend.META
 
 
-def _shard_fully(model, dims):
+def _shard_fully(model, dims, experts=None):
     """fully_shard ``model`` (a causal LM or a PipelinedLM) block by block over ``dims.grad_group`` (data x context),
     then each root (the model, or each pipeline chunk) for what is left (embeddings, final norm, output layer), as
     torchtitan applies FSDP2. A pipeline's tied embedding and its last-stage copy are units of their own (the
     embedding module on the first stage, the output layer on the last): their shards cover the same elements on
-    both stages, so summing their gradient shards over the embedding group sums the copies'."""
+    both stages, so summing their gradient shards over the embedding group sums the copies'.
+
+    Expert parallelism (``experts``, the ExpertLayout): a block's local experts are replicated only over their
+    expert-data group, so they are sharded over it (torchtitan shards them over its ``edp`` mesh), in the block's
+    unit: every rank of an expert group runs every block, so gathering and reducing them with the block issues the
+    same collectives on every rank whichever experts its tokens reached. Their gradient shards are the sum over the
+    expert-data group divided by the data-parallel size (each replica's gradient already sums its expert group's
+    tokens): the one-process gradient, as ``ExpertLayout.reduce_grads`` gives under ZeRO 1 and 2."""
     roots = list(model.chunks) if dims.pipeline_parallel else [model]
     shared = {id(p) for p in model.shared_embedding_params()} if dims.pipeline_parallel else set()
+    by_experts = None
+    if experts is not None:
+        local = {id(p) for p in experts.expert_params}
+
+        def by_experts(p):
+            return experts.groups.expert_data_group if id(p) in local else None
     for root in roots:
         for module in root.modules():
             if any(id(p) in shared for p in module._parameters.values() if p is not None):
                 fully_shard(module, dims.grad_group)
         for _, block in root.numbered_blocks():
-            fully_shard(block, dims.grad_group)
-        fully_shard(root, dims.grad_group)
+            fully_shard(block, dims.grad_group, shard_group_fn=by_experts)
+        fully_shard(root, dims.grad_group, shard_group_fn=by_experts)
     return model
 
 

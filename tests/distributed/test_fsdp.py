@@ -1,13 +1,15 @@
 """fully_shard (ZeRO-3) through its Python interface, in a world of one here and on 2 and 3 ranks under mpiexec:
 training equals plain AdamW on one process; outside their module's forward the parameters hold placeholders that
 refuse to be read; the autograd graph keeps no gathered parameters between forward and backward; gradient sync can
-be deferred; the mixed-precision policy gathers and computes in its dtype."""
+be deferred; the mixed-precision policy gathers and computes in its dtype; ``shard_group_fn`` shards some parameters of
+a unit over a group of their own."""
 import numpy as np
 import pytest
 
 import infini_train as it
 from infini_train.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, ShardedError, fully_shard
 from infini_train.distributed.fsdp.flat_shard import GATHERED
+from infini_train.distributed.process_group import SingleProcessGroup
 from tests.distributed.fsdp_cases import CONFIG, batches, build, reference_steps, sharded, sharded_steps
 from tests.distributed.mpi_jobs import mpirun, needs_mpiexec, output
 
@@ -104,3 +106,19 @@ def test_a_forward_that_raises_leaves_the_next_forward_working():
     _, loss = model(it.tensor(x), it.tensor(y))
     loss.backward()
     assert not GATHERED
+
+
+def test_shard_group_fn_gives_some_parameters_a_space_over_their_own_group():
+    """(What a block's experts get under expert parallelism: a space over their expert-data group in the block's
+    unit, whose gradient sums are divided by the unit group's size.) In a world of one both groups are of one."""
+    own, model = SingleProcessGroup(), build()
+    mlps = {id(p) for block in model.transformer.h for p in block.mlp.parameters()}
+    sharded(model, shard_group_fn=lambda p: own if id(p) in mlps else None)
+    spaces = model.transformer.h[0]._fsdp.unit.spaces
+    assert [space.group is own for space in spaces] == [False, True]
+    assert {id(p) for p in spaces[1].params} == {id(p) for p in model.transformer.h[0].mlp.parameters()}
+    assert [space.divide_by for space in spaces] == [1, 1]
+    data = batches(3)
+    want = reference_steps(build(), data)
+    got = sharded_steps(model, data, 0, 1)
+    np.testing.assert_array_equal(got[0], want[0])

@@ -137,6 +137,15 @@ def test_mark_sequence_parallel_keeps_the_memory_and_ties():
     assert np.array_equal(ln.weight.grad.numpy(), before)
 
 
+def test_mark_sequence_parallel_keeps_the_experts_routed():
+    """A mixture of experts under sequence parallelism: its experts stay ``routed`` (fully_shard reduces a unit
+    holding them at the end of backward; a unit that lost it deadlocked ZeRO-3 x TP2 + SP x EP2)."""
+    moe = nn.MoE(8, 16, num_experts=4, top_k=1)
+    mark_sequence_parallel(moe)
+    assert all(p.placement.sequence_parallel for p in moe.parameters())
+    assert all(p.placement.routed for p in moe.experts.parameters()) and not moe.gate.weight.placement.routed
+
+
 def test_shard_spec_round_trips_in_a_group_of_one():
     full = np.arange(30.0).reshape(5, 6)
     spec = ShardSpec(1, blocks=3)

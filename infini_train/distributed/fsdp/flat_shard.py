@@ -5,8 +5,11 @@ Between uses a parameter holds a ``Placeholder`` (its shape and dtype, no values
 holds 1/N of the parameters, their gradients and optimizer state. ``unshard`` all-gathers the shards (in
 ``param_dtype``, as FSDP2's MixedPrecisionPolicy) into one flat buffer and points every parameter at its region;
 ``reshard`` drops the buffer. ``reduce_grads`` copies the whole gradients into one flat buffer (in
-``reduce_dtype``), drops them, and reduce-scatters it; the averaged shard is added to ``grad_shard`` when the
-reduction completes, so gradient accumulation sums into the shard as in one process.
+``reduce_dtype``), drops them, and reduce-scatters it; the shard of the sum, divided by ``divide_by`` (the group's
+size: their average), is added to ``grad_shard`` when the reduction completes, so gradient accumulation sums into
+the shard as in one process. A space sharded over fewer ranks than the module's data-parallel group (an expert
+parallel layer's experts, over the ranks holding the same experts) divides by that group's size instead: each
+replica's gradient already sums the tokens of the ranks it serves.
 
 Outside the module, ``local_shard`` gives a parameter's shard with its placement (a ShardedTensor: what
 ``model.state_dict()`` holds) and ``load_param`` writes one, or the whole tensor, back into the shard.
@@ -76,14 +79,16 @@ class Placeholder:
 
 
 class ShardedFlatSpace(FlatSpace):
-    """``ShardedFlatSpace(params, group, param_dtype=None, reduce_dtype=None)``: ``params`` (of one device, dtype
-    and requires_grad) keep only this rank's shard of their flat space."""
+    """``ShardedFlatSpace(params, group, param_dtype=None, reduce_dtype=None, divide_by=None)``: ``params`` (of one
+    device, dtype and requires_grad) keep only this rank's shard of their flat space over ``group``; their reduced
+    gradients are the sum over it divided by ``divide_by`` (default: its size)."""
 
     resident = False
 
-    def __init__(self, params, group, param_dtype=None, reduce_dtype=None):
+    def __init__(self, params, group, param_dtype=None, reduce_dtype=None, divide_by=None):
         self.lay_out(params, group.rank, group.size)
         self.group = group
+        self.divide_by = divide_by or group.size
         self.param_dtype = np.dtype(param_dtype or self.dtype)
         self.reduce_dtype = np.dtype(reduce_dtype or self.param_dtype)
         self.flat = self.flat_grad = None
@@ -231,7 +236,7 @@ class ShardedFlatSpace(FlatSpace):
         self.pending.append((self.group.reduce_scatter_tensor(out, flat_grad, async_op=True), out))
 
     def fold_reduced(self):
-        """Wait for the reductions in flight and add their averaged shards to ``grad_shard``."""
+        """Wait for the reductions in flight and add their shards, divided by ``divide_by``, to ``grad_shard``."""
         while self.pending:
             work, out = self.pending.pop(0)
             work.wait()
@@ -239,7 +244,7 @@ class ShardedFlatSpace(FlatSpace):
             grad = self.sharded_grad()
             if any(v.grad is None for v in views):  # zeroed with set_to_none by an optimizer
                 grad[...] = 0
-            out /= self.world
+            out /= self.divide_by
             grad += out if out.dtype == grad.dtype else out.astype(grad.dtype)
             for k, p in enumerate(self.params):  # (an empty piece gets an empty gradient: an optimizer then counts
                 view = self.shard_views[id(p)]      # its steps on every rank alike, as FSDP2's empty shards do)

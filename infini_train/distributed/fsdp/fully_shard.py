@@ -1,5 +1,6 @@
-"""``fully_shard(module, mesh_or_group=None, reshard_after_forward=True, mp_policy=None)``: fully sharded data
-parallelism (ZeRO-3), with FSDP2's interface. Apply it to each transformer block, then to the root model:
+"""``fully_shard(module, mesh_or_group=None, reshard_after_forward=True, mp_policy=None, shard_group_fn=None)``:
+fully sharded data parallelism (ZeRO-3), with FSDP2's interface. Apply it to each transformer block, then to the root
+model:
 
     for block in model.transformer.h:
         fully_shard(block, group)
@@ -10,9 +11,12 @@ Each data-parallel rank keeps only its shard of every parameter, gradient and op
 parameters are all-gathered just before its module's forward and freed after it (``reshard_after_forward``; the
 root keeps its own until backward is done), gathered again when backward reaches the module's outputs (the unit
 before it in forward order is gathered ahead, so the two overlap), and their gradients are reduce-scattered to
-the shards as soon as they have all accumulated. The autograd graph keeps no copy of the gathered parameters: the
+the shards as soon as they have all accumulated (a unit holding a mixture of experts' experts, which some ranks
+may get no gradient for, at the end of backward). The autograd graph keeps no copy of the gathered parameters: the
 tensors ops save for backward that view them are packed (saved_tensors_hooks) as places in the unit's storage,
-and an autocast cast of one as the cast to redo, read again after the backward gather.
+and an autocast cast of one as the cast to redo, read again after the backward gather. Expert parallelism
+(``shard_group_fn``): a block's experts, which only the ranks holding the same experts share, are sharded over that
+expert-data group within the block's unit, gathered and reduced with the rest of the block.
 
 The module's class becomes ``FSDP<Class>`` (an ``FSDPModule``): ``unshard()``, ``reshard()``,
 ``set_requires_gradient_sync(flag)`` (off: whole gradients accumulate locally, as DDP's no_sync),
@@ -57,9 +61,12 @@ def _resolve_group(mesh_or_group):
                     f"{type(mesh_or_group).__name__}")
 
 
-def fully_shard(module, mesh_or_group=None, *, reshard_after_forward=True, mp_policy=None):
+def fully_shard(module, mesh_or_group=None, *, reshard_after_forward=True, mp_policy=None, shard_group_fn=None):
     """Shard ``module``'s parameters (those not already sharded by an inner ``fully_shard``) over the data-parallel
-    ``mesh_or_group`` (a ProcessGroup, a ProcessMesh's data group, or None for the world); returns ``module``."""
+    ``mesh_or_group`` (a ProcessGroup, a ProcessMesh's data group, or None for the world); returns ``module``.
+    ``shard_group_fn``: parameter -> the group to shard it over instead (None: ``mesh_or_group``'s), for parameters
+    replicated over fewer ranks, e.g. an expert-parallel layer's experts over the ranks holding the same experts;
+    their gradient sums over it are divided by the data-parallel group's size, as every gradient's is."""
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard: {type(module).__name__} is already sharded\nHINT: call fully_shard once "
                          "per module, inner modules first")
@@ -67,7 +74,7 @@ def fully_shard(module, mesh_or_group=None, *, reshard_after_forward=True, mp_po
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
     params = [p for p in module.parameters() if p.placement.flat_shard is None]
-    unit = FSDPParamGroup(params, group, reshard_after_forward, mp_policy) if params else None
+    unit = FSDPParamGroup(params, group, reshard_after_forward, mp_policy, shard_group_fn) if params else None
     object.__setattr__(module, "_fsdp", _ModuleState(module, unit, group))
     cls = type(module)
     module.__class__ = _fsdp_class(cls)

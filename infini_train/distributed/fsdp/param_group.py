@@ -1,5 +1,7 @@
 """One fully_shard unit: the parameters a ``fully_shard(module)`` call manages (those of its subtree not managed by
-an inner unit), kept in ShardedFlatSpaces, one per (device, dtype, requires_grad).
+an inner unit), kept in ShardedFlatSpaces, one per (device, dtype, requires_grad, process group): a parameter is
+sharded over the unit's group, or over the group ``shard_group_fn`` names for it (an expert-parallel layer's experts
+over their expert-data group), whose gradient sums are then divided by the unit's group size all the same.
 
 The unit gathers its parameters before its module's forward and for its backward, reduce-scatters the gradients
 as soon as every trainable parameter's has accumulated (post-accumulate-grad hooks), and reshards.
@@ -34,16 +36,19 @@ class MixedPrecisionPolicy:
 
 
 class FSDPParamGroup:
-    def __init__(self, params, group, reshard_after_forward=True, mp_policy=None):
+    def __init__(self, params, group, reshard_after_forward=True, mp_policy=None, shard_group_fn=None):
         self.group = group
         self.reshard_after_forward = bool(reshard_after_forward)
         self.mp_policy = mp_policy or MixedPrecisionPolicy()
         self.params = params
-        keys = {}
+        keys, groups = {}, {}  # (in the parameters' order: the same spaces, in the same order, on every rank)
         for p in params:
-            keys.setdefault((p.device, str(p.dtype), p.requires_grad), []).append(p)
+            shard_group = (shard_group_fn(p) if shard_group_fn is not None else None) or group
+            groups[id(shard_group)] = shard_group
+            keys.setdefault((p.device, str(p.dtype), p.requires_grad, id(shard_group)), []).append(p)
         mp = self.mp_policy
-        self.spaces = [ShardedFlatSpace(members, group, mp.param_dtype, mp.reduce_dtype) for members in keys.values()]
+        self.spaces = [ShardedFlatSpace(members, groups[key[3]], mp.param_dtype, mp.reduce_dtype, group.size)
+                       for key, members in keys.items()]
         self.trainable = [p for p in params if p.requires_grad]
         # frozen parameters (LoRA's base weights) may still be needed for the input's gradient after every trainable
         # one has its gradient: such a unit also waits until backward has passed its module's inputs

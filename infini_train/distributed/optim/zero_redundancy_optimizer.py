@@ -29,9 +29,11 @@ expert-data group, not over ``process_group``, so they get flat spaces of their 
 Megatron-Core's distributed optimizer shards expert parameters over the expert-data-parallel group (rather than kept
 whole per rank: the same code as the dense spaces, with 1/(expert-data size) of the experts' state). Their gradients
 are not DDP's: the caller reduces them over the expert-data group after backward (``reduce_gradients`` with
-``spaces=expert_spaces``; under ZeRO-2 their whole gradients live until then). The expert groups and expert-data
-groups tile ``process_group``, so each element of every expert is owned by one rank of it and ``clip_grad_norm_``'s
-sum over it counts each expert once.
+``spaces=expert_spaces``; under ZeRO-2 their whole gradients live until then). Under ZeRO-3 fully_shard already
+keeps the experts in spaces sharded over the expert-data group, and reduces their gradients itself; this optimizer
+steps those shards as any other (``expert_spaces`` is then empty). The expert groups and expert-data groups tile
+``process_group``, so each element of every expert is owned by one rank of it and ``clip_grad_norm_``'s sum over it
+counts each expert once.
 """
 from __future__ import annotations
 
@@ -149,9 +151,16 @@ class ZeroRedundancyOptimizer:
         self.spaces = list({id(s): s for s in (p.placement.flat_shard for p in ordered) if s is not None}
                            .values())  # fully_shard's spaces (ZeRO-3): the parameters keep only their shards
         experts = {id(p) for p in expert_params}
-        if experts and (expert_data_group is None or any(p.placement.flat_shard for p in expert_params)):
-            raise ValueError("ZeroRedundancyOptimizer: expert_params need an expert_data_group, and cannot be sharded "
-                             "by fully_shard\nHINT: pass the expert-data group the experts are replicated over")
+        if experts and expert_data_group is None:
+            raise ValueError("ZeroRedundancyOptimizer: expert_params need an expert_data_group, got None\nHINT: pass "
+                             "the expert-data group the experts are replicated over")
+        misplaced = [p for p in expert_params
+                     if p.placement.flat_shard is not None and p.placement.flat_shard.group is not expert_data_group]
+        if misplaced:
+            raise ValueError(f"ZeroRedundancyOptimizer: expected fully_shard to shard expert_params over the "
+                             f"expert_data_group, got {len(misplaced)} of them sharded over a group of "
+                             f"{misplaced[0].placement.flat_shard.group.size} ranks\nHINT: fully_shard the blocks "
+                             "with shard_group_fn giving the experts' expert-data group")
         whole = [p for p in ordered if p.placement.flat_shard is None]
         self.expert_spaces = []
         for expert, group in ((False, self.group), (True, expert_data_group)):

@@ -157,14 +157,15 @@ def _replicated_parameter(param):
 
 def mark_sequence_parallel(module):
     """Place every parameter of ``module`` (e.g. a LayerNorm running on sequence shards) ``sequence_parallel``.
-    Plain Parameters are replaced by ParallelParameters over the same memory, so call this before building the
-    optimizer."""
+    Plain Parameters are replaced by ParallelParameters over the same memory, keeping the rest of their placement (a
+    mixture of experts' experts stay ``routed``), so call this before building the optimizer."""
     replaced = {}  # id of a plain Parameter -> its replacement, so tied parameters stay tied
     for sub in module.modules():
         for name, p in list(sub.named_parameters(recurse=False, remove_duplicate=False)):
             if not isinstance(p, ParallelParameter):
                 if id(p) not in replaced:
                     replaced[id(p)] = ParallelParameter(p, requires_grad=p.requires_grad)
+                    replaced[id(p)].placement = p.placement
                     _keep_init_source(p, replaced[id(p)])
                 p = replaced[id(p)]
                 setattr(sub, name, p)
