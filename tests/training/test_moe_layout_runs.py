@@ -1,10 +1,11 @@
 """Qwen3-MoE and Mixtral runs in every model-parallel layout with and without expert parallelism: pipeline stages
-(PP2), EP2 x PP2 (each stage's experts split over an expert group of its two data-parallel ranks), tensor parallelism
-of the attention (the experts whole on every tensor rank; Qwen3-MoE with sequence parallelism, each rank routing its
-slice of the sequence) and TP2 x EP2. Over 10 steps each gives the one process's losses, gradient norms and router
-statistics with the same global batch -- the auxiliary loss pools every stage's and every slice's sparse layers, its
-gradient reaching the first stage's routers through the pipeline -- and its checkpoint holds the one process's weights
-and AdamW state and resumes on one process; a one-process checkpoint resumes in the split layouts."""
+(PP2), EP2 x PP2 (each stage's experts split over an expert group of its two data-parallel ranks; under ZeRO 1 and 3
+too), tensor parallelism of the attention (the experts whole on every tensor rank; Qwen3-MoE with sequence
+parallelism, each rank routing its slice of the sequence) and TP2 x EP2. Over 10 steps each gives the one process's
+losses, gradient norms and router statistics with the same global batch -- the auxiliary loss pools every stage's and
+every slice's sparse layers, its gradient reaching the first stage's routers through the pipeline -- and its
+checkpoint holds the one process's weights and AdamW state and resumes on one process; a one-process checkpoint
+resumes in the split layouts."""
 import os
 import re
 import shutil
@@ -83,6 +84,9 @@ LAYOUTS = {"pp2": (2, ["parallel.pipeline=2"], "pipeline 2 (1f1b) x data paralle
                              "pipeline 2 (1f1b) x data parallel 2 x expert parallel 2"),
            "tp2xdp2-zero2": (4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.zero_stage=2"],
                              "data parallel 2 x tensor parallel 2 with sequence parallel"),
+           # ZeRO-3: each stage's experts sharded over their expert-data group within their blocks' units
+           "ep2xpp2-zero3": (4, ["parallel.pipeline=2", "parallel.expert=2", "parallel.zero_stage=3"],
+                             "pipeline 2 (1f1b) x data parallel 2 x expert parallel 2"),
            # zero-bubble schedules: split backwards, the router statistics and aux losses through a V of chunks
            "pp2-dualpipev": (2, ["parallel.pipeline=2", "parallel.pipeline_schedule=dualpipev",
                                  "parallel.virtual_pipeline=2"], "pipeline 2 (dualpipev, 2 chunks per stage)"),

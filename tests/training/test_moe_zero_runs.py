@@ -1,11 +1,15 @@
-"""Qwen3-MoE runs under ZeRO: data parallelism with ZeRO 1, 2 and 3 on 2 ranks, and expert parallelism x data
-parallelism (EP2 x DP2) with ZeRO 1 and 2 on 4 ranks, give the one process's losses, gradient norms and router
-statistics with the same global batch, and checkpoints holding its weights and AdamW state: top-1 of 16 experts
-leaves some experts without a token in some steps, which AdamW skips in one process (their .grad is None), so the
-experts' step counts differ and an expert no token has reached yet has no state, under ZeRO as in one process. The
-EP2 x DP2 checkpoints (whole under ZeRO-1, sharded under ZeRO-2) resume on one process, the one process's at EP2 x DP2
-under ZeRO-1 and the ZeRO-2 one at EP4 under ZeRO-1."""
+"""Qwen3-MoE runs under ZeRO: data parallelism with ZeRO 1, 2 and 3 on 2 ranks, expert parallelism x data parallelism
+(EP2 x DP2) with ZeRO 1, 2 and 3, and ZeRO-3 with tensor and sequence parallelism (TP2 x DP2, TP2 x EP2) on 4 ranks,
+give the one process's losses, gradient norms and router statistics with the same global batch, and checkpoints
+holding its weights and AdamW state: top-1 of 16 experts leaves some experts without a token in some steps, which
+AdamW skips in one process (their .grad is None), so the experts' step counts differ and an expert no token has reached
+yet has no state, under ZeRO as in one process. Under ZeRO-3 with EP2 the experts are sharded over their expert-data
+group, the rest over the data-parallel group. The EP2 x DP2 checkpoints resume across layouts: ZeRO-1's whole one on
+one process, the one process's at EP2 x DP2 under ZeRO-1 and at ZeRO-3 x EP2, ZeRO-2's sharded one at EP4 under
+ZeRO-1, ZeRO-3's sharded one on one process and at EP2 x DP2 under ZeRO-1 (ZeRO-3's whole one holds the one process's
+state as well)."""
 import os
+import re
 import shutil
 
 import numpy as np
@@ -83,20 +87,31 @@ def test_data_parallel_zero_equals_one_process(data_dir, one_process, tmp_path, 
     _same_as(out, one_process)
 
 
+EP_RESUMES = {  # (source: the run itself or one process, ranks, the layout it resumes in)
+    (1, "whole"): [("run", 1, ()), ("one", 4, ("parallel.expert=2", "parallel.zero_stage=1"))],
+    (2, "auto"): [("run", 1, ()), ("run", 4, ("parallel.expert=4", "parallel.zero_stage=1"))],  # 4 experts a rank
+    (3, "auto"): [("run", 1, ()), ("run", 4, ("parallel.expert=2", "parallel.zero_stage=1")),
+                  ("one", 4, ("parallel.expert=2", "parallel.zero_stage=3"))],
+    (3, "whole"): []}
+
+
 @needs_mpiexec
-@pytest.mark.parametrize("stage,fmt", [(1, "whole"), (2, "auto")], ids=["zero1", "zero2"])
+@pytest.mark.parametrize("stage,fmt", list(EP_RESUMES), ids=["zero1", "zero2", "zero3", "zero3-whole"])
 def test_expert_parallel_zero_equals_one_process_and_resumes_across_layouts(data_dir, one_process, tmp_path, stage,
                                                                             fmt):
-    out = tmp_path / "ep2xdp2"  # ZeRO-1 writes the whole checkpoint (experts gathered), ZeRO-2 the sharded one
+    out = tmp_path / "ep2xdp2"  # the whole format gathers the experts on rank 0, the sharded one has each rank write
+    samples = ["train.val_loss_every=5", "train.sample_every=5", "train.sample_length=8"] if stage == 3 else []
     proc = _train(data_dir, out, "parallel.expert=2", f"parallel.zero_stage={stage}", f"train.checkpoint_format={fmt}",
-                  *SAVES, ranks=4)
+                  *SAVES, *samples, ranks=4)
     assert "expert parallel 2" in proc.stdout and f"memory (ZeRO stage {stage}" in proc.stdout
+    if stage == 3:  # a quarter of the model a rank: the dense parameters over 4 ranks, its experts over 2; validation
+        # and samples gather every block on every rank
+        assert "--- sample at step 5 ---" in proc.stdout and "step 10: val loss" in proc.stdout
+        whole, per_rank = re.search(r"parameters: ([\d,]+) .*; per rank ([\d,]+)", proc.stdout).groups()
+        assert int(per_rank.replace(",", "")) == int(whole.replace(",", "")) // 4
     _same_as(out, one_process)
-    if stage == 1:  # its step-6 checkpoint on one process, and the one process's at EP2 x DP2 under ZeRO-1
-        resumes = [(out, 1, ()), (one_process, 4, ("parallel.expert=2", "parallel.zero_stage=1"))]
-    else:  # its sharded one on one process, and at EP4 under ZeRO-1 (4 experts a rank, their state not sharded)
-        resumes = [(out, 1, ()), (out, 4, ("parallel.expert=4", "parallel.zero_stage=1"))]
-    for k, (source, ranks, extra) in enumerate(resumes):
+    for k, (source, ranks, extra) in enumerate(EP_RESUMES[(stage, fmt)]):  # the step-6 checkpoint, continued
+        source = out if source == "run" else one_process
         resumed = tmp_path / f"resumed{k}"
         shutil.copytree(source, resumed)
         for step in (8, 10):
@@ -104,6 +119,19 @@ def test_expert_parallel_zero_equals_one_process_and_resumes_across_layouts(data
         proc = _train(data_dir, resumed, *SAVES, *extra, "resume=auto", ranks=ranks)
         assert "resumed from" in proc.stdout and "at step 6" in proc.stdout
         _same_as(resumed, source, steps=(10,))
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("layout", [["parallel.tensor=2", "parallel.sequence=true"],
+                                    ["parallel.tensor=2", "parallel.sequence=true", "parallel.expert=2"]],
+                         ids=["tp2sp-x-dp2", "tp2sp-x-ep2"])
+def test_zero3_with_tensor_parallelism_equals_one_process(data_dir, one_process, tmp_path, layout):
+    """The tensor ranks route their own slices of the sequence: the experts' gradient shards are summed over the
+    tensor group, and AdamW skips an expert only where no rank of the data and tensor groups got a gradient for it."""
+    out = tmp_path / "tp2"
+    proc = _train(data_dir, out, *layout, "parallel.zero_stage=3", *SAVES, ranks=4)
+    assert "tensor parallel 2 with sequence parallel" in proc.stdout and "memory (ZeRO stage 3" in proc.stdout
+    _same_as(out, one_process)
 
 
 # top-2 of 8: a block's experts all get tokens on one rank in some micro-batches and not on the other, so a unit that
