@@ -6,6 +6,7 @@
     python benchmarks/bench_moe.py memory                 # per-rank peak memory by phase, 6 layouts
     python benchmarks/bench_moe.py runs --arch deepseek_v3    # the tiny DeepSeek-V3 at EP1 / EP2 / EP4
     python benchmarks/bench_moe.py memory --arch deepseek_v3  # its per-rank peak memory by phase at EP1 / EP2 / EP4
+    python benchmarks/bench_moe.py memory --zero          # ZeRO-2 against ZeRO-3 at EP2 x DP2 and TP2 (sp) x DP2
 
 layer: forward + backward of one MoE layer (float32, one thread each) on (tokens, dim) inputs, median of the
 repeats: ``it.nn.MoE`` (dropless: the assignments sorted by expert, one matmul per projection per expert over its
@@ -23,7 +24,9 @@ balance: short runs of the tiny MoE with different ``model.router_aux_loss_coef`
 
 memory: a 26M-parameter Qwen3-MoE (MEMORY_MODEL) in one process and at EP2, EP4, PP2, EP2 x PP2 and TP2 x EP2: every
 rank's peak resident memory of each phase (build, first and steady steps, save, and load when resumed), from the
-runs' memory records in metrics.jsonl.
+runs' memory records in metrics.jsonl. With --zero, the same model in one process and on 4 ranks at EP2 x DP2 and
+TP2 (sp) x DP2 under ZeRO-2 and ZeRO-3 (ZERO_LAYOUTS), with the bytes of parameters, gradients and optimizer state
+each rank holds (the run's own report).
 
 --arch deepseek_v3: runs and memory of configs/deepseek_v3_tiny.yaml's model (multi-head latent attention, one dense
 layer, DeepSeek-MoE layers of 8 routed experts, top-2 in 2 groups, and a shared expert) instead, at EP1 / EP2 / EP4
@@ -45,7 +48,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from benchmarks.train_runs import step_records  # noqa: E402
+from benchmarks.train_runs import train_run  # noqa: E402
 
 CONFIG = os.path.join(REPO, "configs", "qwen3_moe_tiny.yaml")
 # the tiny MoE made small: 3 layers (2 sparse), width 64, 8 experts of width 64, top-2; global batch 8 x 64 tokens
@@ -169,10 +172,15 @@ def layer_shape(n, dim, hidden, experts, k, repeats):
 
 
 # ----------------------------------------------------------------------------------------------------------- runs
-def train(data_dir, out, ranks, *extra):
+def train(data_dir, out, ranks, *extra, printed=None):
+    """The run's step records; ``printed``: a list that gets what the run printed."""
     config, run_keys, _, _ = ARCHS[ARCH[0]]
-    return step_records(config, out, [f"data.train={data_dir}/train_*.bin", "data.val=null", "data.tokenizer=byte",
-                                      "plot=false", "device=cpu", *run_keys, *extra], ranks)
+    records, stdout = train_run(config, out, [f"data.train={data_dir}/train_*.bin", "data.val=null",
+                                              "data.tokenizer=byte", "plot=false", "device=cpu", *run_keys, *extra],
+                                ranks)
+    if printed is not None:
+        printed.append(stdout)
+    return records
 
 
 def a2a_bytes(ranks):
@@ -249,6 +257,11 @@ MEMORY_LAYOUTS = [("one process", 1, []), ("EP2", 2, ["parallel.expert=2"]), ("E
                   ("PP2", 2, ["parallel.pipeline=2"]), ("EP2 x PP2", 4, ["parallel.expert=2", "parallel.pipeline=2"]),
                   ("TP2 (sp) x EP2", 4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.expert=2"])]
 
+ZERO_LAYOUTS = [("one process", 1, []),
+                ("EP2 x DP2, ZeRO-2", 4, ["parallel.expert=2", "parallel.zero_stage=2"]),
+                ("EP2 x DP2, ZeRO-3", 4, ["parallel.expert=2", "parallel.zero_stage=3"]),
+                ("TP2 (sp) x DP2, ZeRO-2", 4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.zero_stage=2"]),
+                ("TP2 (sp) x DP2, ZeRO-3", 4, ["parallel.tensor=2", "parallel.sequence=true", "parallel.zero_stage=3"])]
 
 # --arch: (config, run keys, the memory runs' keys, the memory runs' layouts)
 ARCHS = {"qwen3_moe": (CONFIG, RUN, MEMORY_MODEL, MEMORY_LAYOUTS),
@@ -262,21 +275,30 @@ def memory_record(out):
         return [r for r in map(json.loads, f) if "memory" in r][-1]["memory"]["peak_rss_mb"]
 
 
+def held_mb(stdout):
+    """'parameters / gradients / optimizer state' MB of each rank, from the run's memory line."""
+    found = re.findall(r"rank \d+: parameters ([\d.]+) MB, gradients ([\d.]+) MB, optimizer state ([\d.]+) MB", stdout)
+    return ", ".join(f"{p} / {g} / {o}" for p, g, o in found)
+
+
 def memory(args):
     """Each layout of a 26M-parameter Qwen3-MoE (4 sparse layers of 32 experts; with --arch deepseek_v3 the tiny
-    DeepSeek-V3 at EP1 / EP2 / EP4): 2 steps and a save, then a resume for one more step; every rank's peak resident
-    memory per phase, from the runs' own records."""
+    DeepSeek-V3 at EP1 / EP2 / EP4; with --zero ZERO_LAYOUTS): 2 steps and a save, then a resume for one more step;
+    every rank's peak resident memory per phase, from the runs' own records."""
     from tests.training.tiny_run import make_data
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = make_data(os.path.join(tmp, "data"))
-        print("| layout | ranks | build | step (first / steady) | save | load (resumed) | largest rank / one process |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        held = " parameters / gradients / optimizer state MB, each rank |" if args.zero else ""
+        print(f"| layout | ranks | build | step (first / steady) | save | load (resumed) | largest rank / one process "
+              f"|{held}")
+        print("| --- " * (8 if args.zero else 7) + "|")
         one = None
         _, _, model_keys, layouts = ARCHS[ARCH[0]]
-        for name, ranks, extra in layouts:
-            out = os.path.join(tmp, name.replace(" ", ""))
-            train(data_dir, out, ranks, *model_keys, *extra, "train.num_iterations=2")
+        for name, ranks, extra in ZERO_LAYOUTS if args.zero else layouts:
+            out = os.path.join(tmp, re.sub(r"\W", "", name))
+            printed = []
+            train(data_dir, out, ranks, *model_keys, *extra, "train.num_iterations=2", printed=printed)
             first = memory_record(out)
             train(data_dir, out, ranks, *model_keys, *extra, "train.num_iterations=3", "resume=auto")
             load = memory_record(out)["load"]
@@ -287,7 +309,8 @@ def memory(args):
                 return "/".join(f"{v:.0f}" for v in values)
 
             print(f"| {name} | {ranks} | {mb(first['build'])} | {mb(first['first_step'])} / {mb(first['steady'])} | "
-                  f"{mb(first['save'])} | {mb(load)} | {largest / one:.2f} |", flush=True)
+                  f"{mb(first['save'])} | {mb(load)} | {largest / one:.2f} |"
+                  + (f" {held_mb(printed[0])} |" if args.zero else ""), flush=True)
 
 
 # -------------------------------------------------------------------------------------------------------- balance
@@ -318,6 +341,7 @@ def main():
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--coefs", type=float, nargs="+", default=[0.0, 0.01, 0.1])
     parser.add_argument("--arch", choices=sorted(ARCHS), default="qwen3_moe", help="the model of runs, memory and a2a")
+    parser.add_argument("--zero", action="store_true", help="memory: ZeRO-2 against ZeRO-3 (ZERO_LAYOUTS)")
     args = parser.parse_args()
     ARCH[0] = args.arch
     if args.what == "layer":
