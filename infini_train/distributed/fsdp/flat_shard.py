@@ -76,14 +76,16 @@ class Placeholder:
 
 
 class ShardedFlatSpace(FlatSpace):
-    """``ShardedFlatSpace(params, group, param_dtype=None, reduce_dtype=None)``: ``params`` (of one device, dtype
-    and requires_grad) keep only this rank's shard of their flat space."""
+    """``ShardedFlatSpace(params, group, param_dtype=None, reduce_dtype=None, replicate_group=None)``: ``params`` (of
+    one device, dtype and requires_grad) keep only this rank's shard of their flat space. With a ``replicate_group``
+    (HSDP) the same shards live on every rank of it: their reduced gradients are all-reduced over it too."""
 
     resident = False
 
-    def __init__(self, params, group, param_dtype=None, reduce_dtype=None):
+    def __init__(self, params, group, param_dtype=None, reduce_dtype=None, replicate_group=None):
         self.lay_out(params, group.rank, group.size)
         self.group = group
+        self.replicate_group = replicate_group if replicate_group is not None and replicate_group.size > 1 else None
         self.param_dtype = np.dtype(param_dtype or self.dtype)
         self.reduce_dtype = np.dtype(reduce_dtype or self.param_dtype)
         self.flat = self.flat_grad = None
@@ -235,11 +237,15 @@ class ShardedFlatSpace(FlatSpace):
         while self.pending:
             work, out = self.pending.pop(0)
             work.wait()
+            ranks = self.world
+            if self.replicate_group is not None:  # HSDP: the shard's sum over the replicas too
+                self.replicate_group.all_reduce(out)
+                ranks *= self.replicate_group.size
             views = [v for v in self.shard_views.values() if v.array.size]
             grad = self.sharded_grad()
             if any(v.grad is None for v in views):  # zeroed with set_to_none by an optimizer
                 grad[...] = 0
-            out /= self.world
+            out /= ranks
             grad += out if out.dtype == grad.dtype else out.astype(grad.dtype)
             for k, p in enumerate(self.params):  # (an empty piece gets an empty gradient: an optimizer then counts
                 view = self.shard_views[id(p)]      # its steps on every rank alike, as FSDP2's empty shards do)

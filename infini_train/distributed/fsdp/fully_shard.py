@@ -33,6 +33,7 @@ from ...backend import is_floating
 from ...tensor import Tensor
 from ..optim.zero_redundancy_optimizer import clip_sharded_grads_
 from .flat_shard import GATHERED
+from .hybrid_mesh import HybridShardMesh
 from .param_group import FSDPParamGroup, MixedPrecisionPolicy, in_backward
 
 
@@ -43,31 +44,35 @@ class _Active(threading.local):
 _active = _Active()
 
 
-def _resolve_group(mesh_or_group):
+def _resolve_groups(mesh_or_group):
+    """(the group to shard over, the group to replicate over or None) of fully_shard's ``mesh_or_group``."""
     from .. import default_group
 
     if mesh_or_group is None:
-        return default_group()
+        return default_group(), None
+    if isinstance(mesh_or_group, HybridShardMesh):  # HSDP: shard within a replica, replicate across them
+        return mesh_or_group.shard_group, mesh_or_group.replicate_group
     data_group = getattr(mesh_or_group, "data_group", None)  # a ProcessMesh: shard over its data-parallel group
     if data_group is not None:
-        return data_group
+        return data_group, None
     if hasattr(mesh_or_group, "all_gather_into_tensor"):
-        return mesh_or_group
-    raise TypeError(f"fully_shard: mesh_or_group must be a ProcessGroup, a ProcessMesh or None, got "
-                    f"{type(mesh_or_group).__name__}")
+        return mesh_or_group, None
+    raise TypeError(f"fully_shard: mesh_or_group must be a ProcessGroup, a HybridShardMesh, a ProcessMesh or None, "
+                    f"got {type(mesh_or_group).__name__}")
 
 
 def fully_shard(module, mesh_or_group=None, *, reshard_after_forward=True, mp_policy=None):
     """Shard ``module``'s parameters (those not already sharded by an inner ``fully_shard``) over the data-parallel
-    ``mesh_or_group`` (a ProcessGroup, a ProcessMesh's data group, or None for the world); returns ``module``."""
+    ``mesh_or_group`` (a ProcessGroup, a ProcessMesh's data group, or None for the world), or with a
+    HybridShardMesh (HSDP) over its shard group, replicated over its replicate group; returns ``module``."""
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard: {type(module).__name__} is already sharded\nHINT: call fully_shard once "
                          "per module, inner modules first")
-    group = _resolve_group(mesh_or_group)
+    group, replicate_group = _resolve_groups(mesh_or_group)
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
     params = [p for p in module.parameters() if p.placement.flat_shard is None]
-    unit = FSDPParamGroup(params, group, reshard_after_forward, mp_policy) if params else None
+    unit = FSDPParamGroup(params, group, reshard_after_forward, mp_policy, replicate_group) if params else None
     object.__setattr__(module, "_fsdp", _ModuleState(module, unit, group))
     cls = type(module)
     module.__class__ = _fsdp_class(cls)

@@ -34,8 +34,8 @@ class MixedPrecisionPolicy:
 
 
 class FSDPParamGroup:
-    def __init__(self, params, group, reshard_after_forward=True, mp_policy=None):
-        self.group = group
+    def __init__(self, params, group, reshard_after_forward=True, mp_policy=None, replicate_group=None):
+        self.group, self.replicate_group = group, replicate_group
         self.reshard_after_forward = bool(reshard_after_forward)
         self.mp_policy = mp_policy or MixedPrecisionPolicy()
         self.params = params
@@ -43,7 +43,8 @@ class FSDPParamGroup:
         for p in params:
             keys.setdefault((p.device, str(p.dtype), p.requires_grad), []).append(p)
         mp = self.mp_policy
-        self.spaces = [ShardedFlatSpace(members, group, mp.param_dtype, mp.reduce_dtype) for members in keys.values()]
+        self.spaces = [ShardedFlatSpace(members, group, mp.param_dtype, mp.reduce_dtype, replicate_group)
+                       for members in keys.values()]
         self.trainable = [p for p in params if p.requires_grad]
         # frozen parameters (LoRA's base weights) may still be needed for the input's gradient after every trainable
         # one has its gradient: such a unit also waits until backward has passed its module's inputs
