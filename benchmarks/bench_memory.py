@@ -31,6 +31,8 @@ CASES = {  # name: (ranks, overrides)
     "zero3x4": (4, ["parallel.zero_stage=3"]),
     "zero3x2-tp2": (4, ["parallel.zero_stage=3", "parallel.tensor=2"]),
     "pp2-zero3x2": (4, ["parallel.zero_stage=3", "parallel.pipeline=2"]),
+    "hsdp2x2": (4, ["parallel.zero_stage=3", "parallel.data_replicate=2"]),
+    "hsdp2x1-tp2": (4, ["parallel.zero_stage=3", "parallel.data_replicate=2", "parallel.tensor=2"]),
 }
 PHASES = ("build", "first_step", "steady", "save", "load")
 

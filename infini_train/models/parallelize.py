@@ -11,8 +11,9 @@ The order, each step doing nothing where its layout is off:
   3. pipeline stages: this stage's model chunks (PipelinedLM);
   4. expert parallelism: this rank's experts of every MoE layer (ExpertLayout);
   5. recomputation: whole blocks re-run in backward;
-  6. full sharding (ZeRO-3): fully_shard per block and per root over the data x context group (a block's local
-     experts, under expert parallelism, over their expert-data group within the block's unit);
+  6. full sharding (ZeRO-3): fully_shard per block and per root over the data x context group (HSDP: over each
+     replica's ranks, the gradient shards all-reduced over the replicas; a block's local experts, under expert
+     parallelism, over their expert-data group within the block's unit);
   -- the run gives each rank storage for its part and fills it (init replay, checkpoint, pretrained boxes);
   7. the optimizer: AdamW over the model's param groups, or ZeRO's sharded AdamW (the experts' state over their
      expert-data group);
@@ -127,7 +128,7 @@ class TrainingLayout:
         if self.experts is not None:
             options.update(expert_params=self.experts.expert_params,
                            expert_data_group=self.experts.groups.expert_data_group)
-        return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, process_group=dims.grad_group,
+        return ZeroRedundancyOptimizer(groups, optimizer_class=AdamW, process_group=dims.shard_group,
                                        flat_order=self.raw_model.parameters(),
                                        find_unused_parameters=self.routes_tokens,
                                        unused_also_over=dims.tp_group if dims.sequence_parallel else None, **options)
@@ -186,7 +187,8 @@ def _on_meta(model):
 
 
 def _shard_fully(model, dims, experts=None):
-    """fully_shard ``model`` (a causal LM or a PipelinedLM) block by block over ``dims.grad_group`` (data x context),
+    """fully_shard ``model`` (a causal LM or a PipelinedLM) block by block over ``dims.shard_mesh`` (the data x context
+    group, or HSDP's shard and replicate groups),
     then each root (the model, or each pipeline chunk) for what is left (embeddings, final norm, output layer), as
     torchtitan applies FSDP2. A pipeline's tied embedding and its last-stage copy are units of their own (the
     embedding module on the first stage, the output layer on the last): their shards cover the same elements on
@@ -200,6 +202,7 @@ def _shard_fully(model, dims, experts=None):
     tokens): the one-process gradient, as ``ExpertLayout.reduce_grads`` gives under ZeRO 1 and 2."""
     roots = list(model.chunks) if dims.pipeline_parallel else [model]
     shared = {id(p) for p in model.shared_embedding_params()} if dims.pipeline_parallel else set()
+    mesh = dims.shard_mesh  # the grad group, or with HSDP its replicas' shard and replicate groups
     by_experts = None
     if experts is not None:
         local = {id(p) for p in experts.expert_params}
@@ -209,10 +212,10 @@ def _shard_fully(model, dims, experts=None):
     for root in roots:
         for module in root.modules():
             if any(id(p) in shared for p in module._parameters.values() if p is not None):
-                fully_shard(module, dims.grad_group)
+                fully_shard(module, mesh)
         for _, block in root.numbered_blocks():
-            fully_shard(block, dims.grad_group, shard_group_fn=by_experts)
-        fully_shard(root, dims.grad_group, shard_group_fn=by_experts)
+            fully_shard(block, mesh, shard_group_fn=by_experts)
+        fully_shard(root, mesh, shard_group_fn=by_experts)
     return model
 
 

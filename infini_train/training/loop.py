@@ -26,6 +26,7 @@ from ..models.tensor_parallel_lm import without_sequence_parallel
 from ..nn.lora import save_adapter
 from ..tensor import Tensor
 from ..run_state import read_state
+from .comm_log import comm_record, counting
 from .config import ConfigError
 from .metrics import MetricsLog, plot_loss_curve
 from .peak_flops import run_peak
@@ -103,7 +104,7 @@ class Run:
         t = cfg.train
         p = cfg.parallel
         self.dims = dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule,
-                                        p.context, p.expert)
+                                        p.context, p.expert, p.data_replicate)
         self.grad_accum = cfg.grad_accum_steps(dims.dp_size)
         dims.check_schedule(self.grad_accum)
         self.device = pick_device(cfg)
@@ -208,7 +209,8 @@ class Run:
                     break
                 t0 = time.perf_counter()
                 profiler.begin(step)
-                with check.recording(step), self.memory.phase("first_step" if step == self.start_step else "steady"):
+                with check.recording(step), self.memory.phase("first_step" if step == self.start_step else "steady"), \
+                        counting(t.log_communication) as counts:
                     result = train_step(self.step_plan, self.train_loader, t, step, cfg.seed)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
@@ -221,6 +223,8 @@ class Run:
                               skipped=not result.updated, skipped_steps=self.skipped_total)
                 if result.loss_scale is not None:
                     record["loss_scale"] = result.loss_scale
+                if counts is not None:
+                    record["comm_bytes"] = comm_record(counts, self.dims)
                 if self.moe is not None:
                     record.update(self.moe.collect())
                 if self.mtp is not None:

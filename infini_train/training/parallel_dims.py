@@ -25,14 +25,40 @@ def step_seed(seed, rank, step, *more):
 
 
 class ParallelDims:
-    """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1)``: the
-    run's parallel sizes and this rank's coordinates and groups in them (``tp_group`` / ``pp_group`` / ``cp_group``
-    None without tensor / pipeline / context parallelism). Gradients are averaged over ``grad_group``: the
-    data-parallel group, times the context group under context parallelism. ``expert``: the expert-parallel size (its
-    groups are models/expert_layout.py's)."""
+    """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1,
+    replicate=1)``: the run's parallel sizes and this rank's coordinates and groups in them (``tp_group`` /
+    ``pp_group`` / ``cp_group`` None without tensor / pipeline / context parallelism). Gradients are averaged over
+    ``grad_group``: the data-parallel group, times the context group under context parallelism. ``expert``: the
+    expert-parallel size (its groups are models/expert_layout.py's). ``replicate`` > 1 (HSDP, with ZeRO-3): the
+    grad group as that many replicas, each sharding over its own ranks (``shard_mesh``: fully_shard's HybridShardMesh;
+    ``shard_group``: the ranks a shard is split over)."""
 
-    def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1):
+    def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1,
+                 replicate=1):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.replicate = int(replicate)
+        self._setup_mesh(tensor, sequence, pipeline, virtual, schedule, context, expert)
+        self.shard_mesh = self.shard_group = self.grad_group
+        if self.replicate > 1:
+            from ..distributed.fsdp import HybridShardMesh
+
+            try:
+                self.shard_mesh = HybridShardMesh.build(self.replicate, self._grad_groups())
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            self.shard_group = self.shard_mesh.shard_group
+
+    def _grad_groups(self):
+        """Every grad group of the world (lists of world ranks, data-parallel order), alike on every rank."""
+        if self.mesh is None:
+            return [list(range(self.world))]
+        from ..distributed.mesh import mesh_groups
+
+        kind = "grad" if self.cp_size > 1 else "data"
+        return [ranks for k, ranks in mesh_groups(tensor=self.tp_size, data=self.dp_size, pipeline=self.pp_size,
+                                                  context=self.cp_size) if k == kind]
+
+    def _setup_mesh(self, tensor, sequence, pipeline, virtual, schedule, context, expert):
         self.expert_size = int(expert)  # the experts split over groups of this many data-parallel ranks
         self.tp_size, self.sequence_parallel = int(tensor), bool(sequence)
         self.pp_size, self.virtual, self.schedule = int(pipeline), int(virtual), schedule
@@ -56,6 +82,15 @@ class ParallelDims:
         if self.pp_size > 1:
             self.pp_group, self.pp_rank, self.embedding_group = mesh.pipeline_group, mesh.pp_rank, mesh.embedding_group
 
+    def group_names(self):
+        """{world ranks of a group: its role} for this rank's groups (the more specific role where two coincide)."""
+        roles = [("world", dist.default_group()), ("data", self.dp_group),
+                 ("data x context", self.grad_group if self.cp_size > 1 else None), ("pipeline", self.pp_group),
+                 ("embedding", self.embedding_group), ("context", self.cp_group), ("tensor", self.tp_group)]
+        if self.replicate > 1:
+            roles += [("shard", self.shard_group), ("replicate", self.shard_mesh.replicate_group)]
+        return {tuple(group.ranks): name for name, group in roles if group is not None}
+
     @property
     def tensor_parallel(self):
         return self.tp_size > 1
@@ -78,7 +113,8 @@ class ParallelDims:
         if self.pipeline_parallel:
             chunks = f", {self.virtual} chunks per stage" if self.virtual > 1 else ""
             parts.append(f"pipeline {self.pp_size} ({self.schedule}{chunks})")
-        parts.append(f"data parallel {self.dp_size}")
+        parts.append(f"data parallel {self.dp_size}" + (f" (HSDP: {self.replicate} replicas x shards of "
+                                                         f"{self.shard_group.size})" if self.replicate > 1 else ""))
         if self.expert_size > 1:
             parts.append(f"expert parallel {self.expert_size}")
         if self.context_parallel:

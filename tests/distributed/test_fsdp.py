@@ -98,6 +98,13 @@ def test_fully_shard_on_several_ranks_matches_one_process(ranks):
     assert proc.stdout.count("fsdp ok") == ranks, output(proc)
 
 
+@needs_mpiexec
+def test_hybrid_sharding_over_two_replicas_of_two_matches_one_process_and_crosses_replicas_once():
+    proc = mpirun(4, "worker_hsdp.py", timeout=180)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.count("hsdp ok") == 4, output(proc)
+
+
 def test_a_forward_that_raises_leaves_the_next_forward_working():
     model = sharded(build())
     x, y = batches(1)[0]

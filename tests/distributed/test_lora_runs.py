@@ -91,8 +91,9 @@ def test_loss_falls_and_the_base_weights_stay_bitwise_unchanged(single, base):
 @pytest.mark.layouts
 @pytest.mark.parametrize("ranks,extra", [
     (2, ["train.batch_size=2"]), (2, ["train.batch_size=2", "parallel.zero_stage=2"]), (2, ["parallel.tensor=2"]),
-    (2, ["parallel.tensor=2", "parallel.sequence=true"]), (2, ["train.batch_size=2", "parallel.zero_stage=3"])],
-    ids=["ddp2", "ddp2-zero2", "tp2", "tp2-sp", "zero3x2"])
+    (2, ["parallel.tensor=2", "parallel.sequence=true"]), (2, ["train.batch_size=2", "parallel.zero_stage=3"]),
+    (4, ["train.batch_size=1", "parallel.zero_stage=3", "parallel.data_replicate=2"])],
+    ids=["ddp2", "ddp2-zero2", "tp2", "tp2-sp", "zero3x2", "hsdp2x2"])
 def test_lora_runs_in_parallel_give_the_one_process_losses(tune_dir, base, single, tmp_path, ranks, extra):
     out = tmp_path / "run"
     _lora(tune_dir, base, out, ranks, *extra, "train.val_loss_every=12")

@@ -5,11 +5,11 @@ Between uses a parameter holds a ``Placeholder`` (its shape and dtype, no values
 holds 1/N of the parameters, their gradients and optimizer state. ``unshard`` all-gathers the shards (in
 ``param_dtype``, as FSDP2's MixedPrecisionPolicy) into one flat buffer and points every parameter at its region;
 ``reshard`` drops the buffer. ``reduce_grads`` copies the whole gradients into one flat buffer (in
-``reduce_dtype``), drops them, and reduce-scatters it; the shard of the sum, divided by ``divide_by`` (the group's
-size: their average), is added to ``grad_shard`` when the reduction completes, so gradient accumulation sums into
-the shard as in one process. A space sharded over fewer ranks than the module's data-parallel group (an expert
-parallel layer's experts, over the ranks holding the same experts) divides by that group's size instead: each
-replica's gradient already sums the tokens of the ranks it serves.
+``reduce_dtype``), drops them, and reduce-scatters it; the shard of the sum, divided by ``divide_by`` (the ranks
+summed over, HSDP's replicas included: their average), is added to ``grad_shard`` when the reduction completes, so
+gradient accumulation sums into the shard as in one process. A space sharded over fewer ranks than the module's
+data-parallel group (an expert-parallel layer's experts, over the ranks holding the same experts) divides by the
+data-parallel size instead: each replica's gradient already sums the tokens of the ranks it serves.
 
 Outside the module, ``local_shard`` gives a parameter's shard with its placement (a ShardedTensor: what
 ``model.state_dict()`` holds) and ``load_param`` writes one, or the whole tensor, back into the shard.
@@ -79,16 +79,19 @@ class Placeholder:
 
 
 class ShardedFlatSpace(FlatSpace):
-    """``ShardedFlatSpace(params, group, param_dtype=None, reduce_dtype=None, divide_by=None)``: ``params`` (of one
-    device, dtype and requires_grad) keep only this rank's shard of their flat space over ``group``; their reduced
-    gradients are the sum over it divided by ``divide_by`` (default: its size)."""
+    """``ShardedFlatSpace(params, group, param_dtype=None, reduce_dtype=None, replicate_group=None, divide_by=None)``:
+    ``params`` (of one device, dtype and requires_grad) keep only this rank's shard of their flat space over ``group``.
+    With a ``replicate_group`` (HSDP) the same shards live on every rank of it: their reduced gradients are all-reduced
+    over it too. The reduced gradients are the sum divided by ``divide_by`` (default: the ranks it sums over)."""
 
     resident = False
 
-    def __init__(self, params, group, param_dtype=None, reduce_dtype=None, divide_by=None):
+    def __init__(self, params, group, param_dtype=None, reduce_dtype=None, replicate_group=None, divide_by=None):
         self.lay_out(params, group.rank, group.size)
         self.group = group
-        self.divide_by = divide_by or group.size
+        self.replicate_group = replicate_group if replicate_group is not None and replicate_group.size > 1 else None
+        replicas = self.replicate_group.size if self.replicate_group is not None else 1
+        self.divide_by = divide_by or group.size * replicas
         self.param_dtype = np.dtype(param_dtype or self.dtype)
         self.reduce_dtype = np.dtype(reduce_dtype or self.param_dtype)
         self.flat = self.flat_grad = None
@@ -240,6 +243,8 @@ class ShardedFlatSpace(FlatSpace):
         while self.pending:
             work, out = self.pending.pop(0)
             work.wait()
+            if self.replicate_group is not None:  # HSDP: the shard's sum over the replicas too
+                self.replicate_group.all_reduce(out)
             views = [v for v in self.shard_views.values() if v.array.size]
             grad = self.sharded_grad()
             if any(v.grad is None for v in views):  # zeroed with set_to_none by an optimizer

@@ -37,6 +37,7 @@ from ...backend import is_floating
 from ...tensor import Tensor
 from ..optim.zero_redundancy_optimizer import clip_sharded_grads_
 from .flat_shard import GATHERED
+from .hybrid_mesh import HybridShardMesh
 from .param_group import FSDPParamGroup, MixedPrecisionPolicy, in_backward
 
 
@@ -47,34 +48,39 @@ class _Active(threading.local):
 _active = _Active()
 
 
-def _resolve_group(mesh_or_group):
+def _resolve_groups(mesh_or_group):
+    """(the group to shard over, the group to replicate over or None) of fully_shard's ``mesh_or_group``."""
     from .. import default_group
 
     if mesh_or_group is None:
-        return default_group()
+        return default_group(), None
+    if isinstance(mesh_or_group, HybridShardMesh):  # HSDP: shard within a replica, replicate across them
+        return mesh_or_group.shard_group, mesh_or_group.replicate_group
     data_group = getattr(mesh_or_group, "data_group", None)  # a ProcessMesh: shard over its data-parallel group
     if data_group is not None:
-        return data_group
+        return data_group, None
     if hasattr(mesh_or_group, "all_gather_into_tensor"):
-        return mesh_or_group
-    raise TypeError(f"fully_shard: mesh_or_group must be a ProcessGroup, a ProcessMesh or None, got "
-                    f"{type(mesh_or_group).__name__}")
+        return mesh_or_group, None
+    raise TypeError(f"fully_shard: mesh_or_group must be a ProcessGroup, a HybridShardMesh, a ProcessMesh or None, "
+                    f"got {type(mesh_or_group).__name__}")
 
 
 def fully_shard(module, mesh_or_group=None, *, reshard_after_forward=True, mp_policy=None, shard_group_fn=None):
     """Shard ``module``'s parameters (those not already sharded by an inner ``fully_shard``) over the data-parallel
-    ``mesh_or_group`` (a ProcessGroup, a ProcessMesh's data group, or None for the world); returns ``module``.
+    ``mesh_or_group`` (a ProcessGroup, a ProcessMesh's data group, or None for the world), or with a
+    HybridShardMesh (HSDP) over its shard group, replicated over its replicate group; returns ``module``.
     ``shard_group_fn``: parameter -> the group to shard it over instead (None: ``mesh_or_group``'s), for parameters
-    replicated over fewer ranks, e.g. an expert-parallel layer's experts over the ranks holding the same experts;
-    their gradient sums over it are divided by the data-parallel group's size, as every gradient's is."""
+    replicated over fewer ranks, e.g. an expert-parallel layer's experts over the ranks holding the same experts (not
+    replicated further); their gradient sums over it are divided by the data-parallel size, as every gradient's is."""
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard: {type(module).__name__} is already sharded\nHINT: call fully_shard once "
                          "per module, inner modules first")
-    group = _resolve_group(mesh_or_group)
+    group, replicate_group = _resolve_groups(mesh_or_group)
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
     params = [p for p in module.parameters() if p.placement.flat_shard is None]
-    unit = FSDPParamGroup(params, group, reshard_after_forward, mp_policy, shard_group_fn) if params else None
+    unit = (FSDPParamGroup(params, group, reshard_after_forward, mp_policy, replicate_group, shard_group_fn)
+            if params else None)
     object.__setattr__(module, "_fsdp", _ModuleState(module, unit, group))
     cls = type(module)
     module.__class__ = _fsdp_class(cls)

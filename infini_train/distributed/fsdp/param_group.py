@@ -1,7 +1,8 @@
 """One fully_shard unit: the parameters a ``fully_shard(module)`` call manages (those of its subtree not managed by
 an inner unit), kept in ShardedFlatSpaces, one per (device, dtype, requires_grad, process group): a parameter is
-sharded over the unit's group, or over the group ``shard_group_fn`` names for it (an expert-parallel layer's experts
-over their expert-data group), whose gradient sums are then divided by the unit's group size all the same.
+sharded over the unit's group (under HSDP replicated over its replicate group), or over the group ``shard_group_fn``
+names for it (an expert-parallel layer's experts over their expert-data group, not replicated), whose gradient sums
+are then divided by the unit's data-parallel size all the same.
 
 The unit gathers its parameters before its module's forward and for its backward, reduce-scatters the gradients
 as soon as every trainable parameter's has accumulated (post-accumulate-grad hooks), and reshards.
@@ -36,8 +37,9 @@ class MixedPrecisionPolicy:
 
 
 class FSDPParamGroup:
-    def __init__(self, params, group, reshard_after_forward=True, mp_policy=None, shard_group_fn=None):
-        self.group = group
+    def __init__(self, params, group, reshard_after_forward=True, mp_policy=None, replicate_group=None,
+                 shard_group_fn=None):
+        self.group, self.replicate_group = group, replicate_group
         self.reshard_after_forward = bool(reshard_after_forward)
         self.mp_policy = mp_policy or MixedPrecisionPolicy()
         self.params = params
@@ -47,7 +49,9 @@ class FSDPParamGroup:
             groups[id(shard_group)] = shard_group
             keys.setdefault((p.device, str(p.dtype), p.requires_grad, id(shard_group)), []).append(p)
         mp = self.mp_policy
-        self.spaces = [ShardedFlatSpace(members, groups[key[3]], mp.param_dtype, mp.reduce_dtype, group.size)
+        data_size = group.size * (replicate_group.size if replicate_group is not None else 1)
+        self.spaces = [ShardedFlatSpace(members, groups[key[3]], mp.param_dtype, mp.reduce_dtype,
+                                        replicate_group if groups[key[3]] is group else None, data_size)
                        for key, members in keys.items()]
         self.trainable = [p for p in params if p.requires_grad]
         # frozen parameters (LoRA's base weights) may still be needed for the input's gradient after every trainable

@@ -64,6 +64,12 @@ def check_ranges(cfg, errors, bad, checker=None):
     c.need("backend", lambda v: v in BACKENDS, f"one of {BACKENDS}")
     c.need("parallel.zero_stage", lambda v: v in (0, 1, 2, 3),
            "0, 1, 2 or 3 (1: optimizer state sharded, 2: and gradients, 3: and the parameters)")
+    c.need("parallel.data_replicate", lambda v: v >= 1, "an integer >= 1 (1: no hybrid sharding)")
+    replicate, stage = cfg.parallel.data_replicate, cfg.parallel.zero_stage
+    if c.ok("parallel.data_replicate", "parallel.zero_stage") and replicate > 1 and stage != 3:
+        errors.append(f"parallel.data_replicate: expected 1 with parallel.zero_stage={stage} (replicas of sharded "
+                      f"groups are hybrid sharding, ZeRO-3's), got {replicate}; HINT: set parallel.zero_stage=3, or "
+                      "parallel.data_replicate=1")
     _check_parallel(cfg, c, errors)
     c.need("precision", lambda v: v in PRECISIONS, f"one of {PRECISIONS}{closest(cfg.precision, PRECISIONS)}")
     if c.ok("precision", "dtype") and cfg.precision != "fp32" and cfg.dtype != "float32":

@@ -79,6 +79,8 @@ class TrainConfig:
                                           "(one-process files, gathered on rank 0) | sharded (every rank writes its "
                                           "own shard, no gather; loads under any layout)")
     log_every: int = _key(1, "steps between printed lines (metrics.jsonl gets every step)")
+    log_communication: bool = _key(False, "each step's metrics.jsonl record gets comm_bytes: the bytes this rank's "
+                                          "collectives and sends handed over, by collective and group")
     overfit_single_batch: bool = _key(False, "train on the first batch over and over (a debugging aid, -f)")
     recompute: str = _key("none", "none | block: recompute each transformer block's activations in backward (less "
                                   "memory for about one more forward)")
@@ -132,6 +134,10 @@ class ParallelConfig:
     zero_stage: int = _key(0, "0: DDP (every rank keeps the whole optimizer state); 1: optimizer state sharded "
                               "across ranks (ZeroRedundancyOptimizer); 2: gradients sharded too; 3: parameters "
                               "sharded too, gathered per block while it runs (fully_shard)")
+    data_replicate: int = _key(1, "hybrid sharded data parallelism (HSDP, with zero_stage 3): the data-parallel "
+                                  "ranks as this many replicas of consecutive ranks, each sharding parameters, "
+                                  "gradients and optimizer state over its own (data parallel = data_replicate x "
+                                  "shard); only the reduced gradient shards cross replicas. 1: ZeRO-3 over all")
 
 
 @dataclass
