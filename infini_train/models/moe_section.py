@@ -53,6 +53,13 @@ class MoESection(ModelSection):
             problems.append(f"lora.rank: expected 0 with parallel.expert={e} (LoRA runs with expert parallelism are "
                             f"not supported yet), got {cfg.lora.rank}; HINT: set parallel.expert=1 for a LoRA "
                             "fine-tune")
+        replicate = cfg.parallel.data_replicate
+        if ok("parallel.data_replicate") and replicate > 1:
+            problems.append(f"parallel.data_replicate: expected 1 with parallel.expert={e} (hybrid sharding shards "
+                            "the dense parameters within each replica, while ZeRO-3 shards the experts over their "
+                            "expert-data group across the replicas: the gradient norm would have to count the two "
+                            f"differently; not supported yet), got {replicate}; HINT: set parallel.data_replicate=1 "
+                            "(ZeRO-3 over the whole data-parallel group)")
         split = [f"parallel.{key}={getattr(cfg.parallel, key)}" for key in ("pipeline", "tensor")
                  if ok(f"parallel.{key}") and getattr(cfg.parallel, key) > 1]
         if ok("train.checkpoint_format") and cfg.train.checkpoint_format == "whole" and split:

@@ -129,6 +129,9 @@ def test_expert_parallel_refusals_are_config_errors(data_dir, tmp_path):
         assert load_config(CONFIG, ["parallel.expert=2", f"parallel.zero_stage={stage}"]).parallel.zero_stage == stage
     refused = _errors("parallel.expert=2", "parallel.zero_stage=3", "parallel.context=2")
     assert [e.split(":")[0] for e in refused] == ["parallel.context"]
+    refused = _errors("parallel.expert=2", "parallel.zero_stage=3", "parallel.data_replicate=2")  # (HSDP)
+    assert refused[0].startswith("parallel.data_replicate: expected 1 with parallel.expert=2 (")
+    assert "HINT" in refused[0]
     # the data-parallel size is known when the run starts: one process is no multiple of 2
     proc = run(tiny_args(data_dir, tmp_path / "one", "train.num_iterations=1", *COMMON, "parallel.expert=2"),
                check=False, config=CONFIG)

@@ -1,13 +1,13 @@
 """Qwen3-MoE runs under ZeRO: data parallelism with ZeRO 1, 2 and 3 on 2 ranks, expert parallelism x data parallelism
-(EP2 x DP2) with ZeRO 1, 2 and 3, and ZeRO-3 with tensor and sequence parallelism (TP2 x DP2, TP2 x EP2) on 4 ranks,
-give the one process's losses, gradient norms and router statistics with the same global batch, and checkpoints
-holding its weights and AdamW state: top-1 of 16 experts leaves some experts without a token in some steps, which
-AdamW skips in one process (their .grad is None), so the experts' step counts differ and an expert no token has reached
-yet has no state, under ZeRO as in one process. Under ZeRO-3 with EP2 the experts are sharded over their expert-data
-group, the rest over the data-parallel group. The EP2 x DP2 checkpoints resume across layouts: ZeRO-1's whole one on
-one process, the one process's at EP2 x DP2 under ZeRO-1 and at ZeRO-3 x EP2, ZeRO-2's sharded one at EP4 under
-ZeRO-1, ZeRO-3's sharded one on one process and at EP2 x DP2 under ZeRO-1 (ZeRO-3's whole one holds the one process's
-state as well)."""
+(EP2 x DP2) with ZeRO 1, 2 and 3, ZeRO-3 with tensor and sequence parallelism (TP2 x DP2, TP2 x EP2) and hybrid
+sharding (2 replicas of 2) on 4 ranks, give the one process's losses, gradient norms and router statistics with the
+same global batch, and checkpoints holding its weights and AdamW state: top-1 of 16 experts leaves some experts
+without a token in some steps, which AdamW skips in one process (their .grad is None), so the experts' step counts
+differ and an expert no token has reached yet has no state, under ZeRO as in one process. Under ZeRO-3 with EP2 the
+experts are sharded over their expert-data group, the rest over the data-parallel group. The EP2 x DP2 checkpoints
+resume across layouts: ZeRO-1's whole one on one process, the one process's at EP2 x DP2 under ZeRO-1 and at ZeRO-3 x
+EP2, ZeRO-2's sharded one at EP4 under ZeRO-1, ZeRO-3's sharded one on one process and at EP2 x DP2 under ZeRO-1
+(ZeRO-3's whole one holds the one process's state as well)."""
 import os
 import re
 import shutil
@@ -131,6 +131,15 @@ def test_zero3_with_tensor_parallelism_equals_one_process(data_dir, one_process,
     out = tmp_path / "tp2"
     proc = _train(data_dir, out, *layout, "parallel.zero_stage=3", *SAVES, ranks=4)
     assert "tensor parallel 2 with sequence parallel" in proc.stdout and "memory (ZeRO stage 3" in proc.stdout
+    _same_as(out, one_process)
+
+
+@needs_mpiexec
+def test_hybrid_sharding_skips_the_experts_no_replica_reached(data_dir, one_process, tmp_path):
+    """HSDP (2 replicas of 2 ranks): the replicas read different batches, so the experts no rank got a gradient for
+    are agreed over the replicate group too (a replica that skipped an expert the other stepped drifted from it)."""
+    out = tmp_path / "hsdp"
+    _train(data_dir, out, "parallel.zero_stage=3", "parallel.data_replicate=2", *SAVES, ranks=4)
     _same_as(out, one_process)
 
 

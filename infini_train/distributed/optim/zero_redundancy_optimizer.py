@@ -266,17 +266,20 @@ class ZeroRedundancyOptimizer:
         self._used.add(id(param))
 
     def _unused_pieces(self):
-        """The owned pieces of the parameters no rank of their space's group got a gradient for since ``zero_grad``
-        (one all-reduce of flags per group; none without find_unused_parameters)."""
+        """The owned pieces of the parameters no rank of their space's group (and of its replicate group: fully_shard's
+        HSDP replicas, which read other batches) got a gradient for since ``zero_grad`` (one all-reduce of flags per
+        group; none without find_unused_parameters)."""
         if self._used is None:
             return []
         by_group = {}  # in the spaces' order, the same on every rank
         for space in self.spaces:
-            by_group.setdefault(id(space.group), (space.group, []))[1].extend(space.params)
+            replicas = getattr(space, "replicate_group", None)
+            key = (id(space.group), id(replicas))
+            by_group.setdefault(key, (space.group, replicas, []))[2].extend(space.params)
         unused = set()
-        for group, params in by_group.values():
+        for group, replicas, params in by_group.values():
             unused.update(id(params[k]) for k in globally_unused([id(p) in self._used for p in params], group,
-                                                                 self._unused_also_over))
+                                                                 replicas, self._unused_also_over))
         return [view for view, _, p, *_ in self.pieces if id(p) in unused]
 
     def owned_grads(self):
