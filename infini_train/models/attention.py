@@ -10,8 +10,7 @@ import numpy as np
 from .. import backend
 from ..nn import functional as F
 from ..creation import arange
-from ..nn.parallel.context_parallel import active_group, local_positions
-from ..nn.parallel.ring_attention import ring_attention
+from ..nn.parallel.context_parallel import active_group, context_attention, local_positions
 from ..nn.parallel.tensor_parallel import TP_RANDOM
 from .documents import active_layout
 
@@ -73,10 +72,7 @@ def cached_attention(q, k, v, kv_cache, layer, dropout_p=0.0, enable_gqa=False, 
         return F.scaled_dot_product_attention(q, k, v, attn_mask=layout.attention_mask(q.device), dropout_p=dropout_p,
                                               enable_gqa=enable_gqa, sinks=sinks, sliding_window=window)
     if group is not None and kv_cache is None:  # a sequence split over context-parallel ranks
-        if sinks is not None or window is not None:
-            raise NotImplementedError("parallel.context: ring attention with attention sinks or sliding windows is "
-                                      "not supported\nHINT: use parallel.context=1 for this model")
-        return ring_attention(q, k, v, group, dropout_p=dropout_p, enable_gqa=enable_gqa)
+        return context_attention(q, k, v, dropout_p=dropout_p, enable_gqa=enable_gqa, sinks=sinks, window=window)
     if kv_cache is not None:
         past = kv_cache.length
         k, v = kv_cache.append(layer, k, v)

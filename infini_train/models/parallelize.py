@@ -112,8 +112,14 @@ class TrainingLayout:
         self.optimizer = self._optimizer(train_cfg)
         self.model = self._wrap_data_parallel()
         self.no_sync = self.model.no_sync if self.model is not self.raw_model else None
-        self.forward_context = (lambda: context_parallel(self.dims.cp_group)) if self.dims.context_parallel else None
+        self.forward_context = self._context_parallel if self.dims.context_parallel else None
         self.state = RunState(self.raw_model, self.optimizer, self.dims, self.zero_stage, plan.lora, self.experts)
+
+    def _context_parallel(self):
+        """The context every forward runs in: its attention over the context group by the run's method (ring,
+        ulysses or hybrid)."""
+        d = self.dims
+        return context_parallel(d.cp_group, d.cp_method, d.cp_a2a_group, d.cp_ring_group)
 
     def _optimizer(self, train_cfg):
         """AdamW over the model's param groups; with ZeRO sharded across the data-parallel ranks (stage 3: over the

@@ -104,7 +104,7 @@ class Run:
         t = cfg.train
         p = cfg.parallel
         self.dims = dims = ParallelDims(p.tensor, p.sequence, p.pipeline, p.virtual_pipeline, p.pipeline_schedule,
-                                        p.context, p.expert, p.data_replicate)
+                                        p.context, p.expert, p.context_method, p.context_a2a, p.data_replicate)
         self.grad_accum = cfg.grad_accum_steps(dims.dp_size)
         dims.check_schedule(self.grad_accum)
         self.device = pick_device(cfg)

@@ -26,18 +26,21 @@ def step_seed(seed, rank, step, *more):
 
 class ParallelDims:
     """``ParallelDims(tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1,
-    replicate=1)``: the run's parallel sizes and this rank's coordinates and groups in them (``tp_group`` /
-    ``pp_group`` / ``cp_group`` None without tensor / pipeline / context parallelism). Gradients are averaged over
-    ``grad_group``: the data-parallel group, times the context group under context parallelism. ``expert``: the
-    expert-parallel size (its groups are models/expert_layout.py's). ``replicate`` > 1 (HSDP, with ZeRO-3): the
-    grad group as that many replicas, each sharding over its own ranks (``shard_mesh``: fully_shard's HybridShardMesh;
-    ``shard_group``: the ranks a shard is split over)."""
+    context_method="ring", context_a2a=1, replicate=1)``: the run's parallel sizes and this rank's coordinates and
+    groups in them (``tp_group`` / ``pp_group`` / ``cp_group`` None without tensor / pipeline / context parallelism).
+    Gradients are averaged over ``grad_group``: the data-parallel group, times the context group under context
+    parallelism. ``expert``: the expert-parallel size (its groups are models/expert_layout.py's). ``context_method``
+    (ring | ulysses | hybrid) is how attention runs over the context group: ``cp_a2a_group`` is its all-to-all group
+    (ulysses: the context group; hybrid: groups of ``context_a2a`` consecutive context ranks), ``cp_ring_group``
+    hybrid's ring across them. ``replicate`` > 1 (HSDP, with ZeRO-3): the grad group as that many replicas, each
+    sharding over its own ranks (``shard_mesh``: fully_shard's HybridShardMesh; ``shard_group``: the ranks a shard is
+    split over)."""
 
     def __init__(self, tensor=1, sequence=False, pipeline=1, virtual=1, schedule="1f1b", context=1, expert=1,
-                 replicate=1):
+                 context_method="ring", context_a2a=1, replicate=1):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.replicate = int(replicate)
-        self._setup_mesh(tensor, sequence, pipeline, virtual, schedule, context, expert)
+        self._setup_mesh(tensor, sequence, pipeline, virtual, schedule, context, expert, context_method, context_a2a)
         self.shard_mesh = self.shard_group = self.grad_group
         if self.replicate > 1:
             from ..distributed.fsdp import HybridShardMesh
@@ -58,12 +61,16 @@ class ParallelDims:
         return [ranks for k, ranks in mesh_groups(tensor=self.tp_size, data=self.dp_size, pipeline=self.pp_size,
                                                   context=self.cp_size) if k == kind]
 
-    def _setup_mesh(self, tensor, sequence, pipeline, virtual, schedule, context, expert):
+    def _setup_mesh(self, tensor, sequence, pipeline, virtual, schedule, context, expert, context_method,
+                    context_a2a):
         self.expert_size = int(expert)  # the experts split over groups of this many data-parallel ranks
         self.tp_size, self.sequence_parallel = int(tensor), bool(sequence)
         self.pp_size, self.virtual, self.schedule = int(pipeline), int(virtual), schedule
         self.cp_size = int(context)
+        self.cp_method = context_method if self.cp_size > 1 else "ring"
+        self.cp_a2a = {"ring": 1, "ulysses": self.cp_size, "hybrid": int(context_a2a)}[self.cp_method]
         self.tp_group = self.pp_group = self.embedding_group = self.cp_group = None
+        self.cp_a2a_group = self.cp_ring_group = None
         self.tp_rank = self.pp_rank = self.cp_rank = 0
         if self.tp_size == 1 and self.pp_size == 1 and self.cp_size == 1:
             self.mesh = None
@@ -72,11 +79,16 @@ class ParallelDims:
             return
         from ..distributed.mesh import ProcessMesh
 
-        self.mesh = mesh = ProcessMesh(tensor=self.tp_size, pipeline=self.pp_size, context=self.cp_size)
+        self.mesh = mesh = ProcessMesh(tensor=self.tp_size, pipeline=self.pp_size, context=self.cp_size,
+                                       context_a2a=self.cp_a2a if self.cp_method == "hybrid" else 1)
         self.dp_group, self.dp_rank, self.dp_size = mesh.data_group, mesh.dp_rank, mesh.dp_size
         self.grad_group = mesh.grad_group
         if self.cp_size > 1:
             self.cp_group, self.cp_rank = mesh.context_group, mesh.cp_rank
+            if self.cp_method == "ulysses":
+                self.cp_a2a_group = mesh.context_group
+            elif self.cp_method == "hybrid":
+                self.cp_a2a_group, self.cp_ring_group = mesh.context_a2a_group, mesh.context_ring_group
         if self.tp_size > 1:
             self.tp_group, self.tp_rank = mesh.tensor_group, mesh.tp_rank
         if self.pp_size > 1:
@@ -87,6 +99,8 @@ class ParallelDims:
         roles = [("world", dist.default_group()), ("data", self.dp_group),
                  ("data x context", self.grad_group if self.cp_size > 1 else None), ("pipeline", self.pp_group),
                  ("embedding", self.embedding_group), ("context", self.cp_group), ("tensor", self.tp_group)]
+        if self.cp_method == "hybrid":
+            roles += [("context all-to-all", self.cp_a2a_group), ("context ring", self.cp_ring_group)]
         if self.replicate > 1:
             roles += [("shard", self.shard_group), ("replicate", self.shard_mesh.replicate_group)]
         return {tuple(group.ranks): name for name, group in roles if group is not None}
@@ -104,6 +118,13 @@ class ParallelDims:
         return self.cp_size > 1
 
     @property
+    def context_layout(self):
+        """The context method in words: ``ring``, ``ulysses`` or ``hybrid: all-to-all 2 x ring 2``."""
+        if self.cp_method == "hybrid":
+            return f"hybrid: all-to-all {self.cp_a2a} x ring {self.cp_size // self.cp_a2a}"
+        return self.cp_method
+
+    @property
     def grad_size(self):
         """The ranks gradients are averaged over (data x context)."""
         return self.dp_size * self.cp_size
@@ -118,7 +139,7 @@ class ParallelDims:
         if self.expert_size > 1:
             parts.append(f"expert parallel {self.expert_size}")
         if self.context_parallel:
-            parts.append(f"context parallel {self.cp_size}")
+            parts.append(f"context parallel {self.cp_size} ({self.context_layout})")
         if self.tensor_parallel:
             parts.append(f"tensor parallel {self.tp_size}" + (" with sequence parallel" if self.sequence_parallel
                                                               else ""))

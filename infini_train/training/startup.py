@@ -63,7 +63,8 @@ def config_lines(cfg, path):
 
 def layout_summary(dims, cfg, device, transport=None):
     """``world 8 = PP2 (1f1b) x DP2 x TP2+SP, ZeRO-1, bf16-mixed, cuda (nccl, MPICH 5.0.2)``: the world of ``dims``
-    (a ParallelDims) as its axes larger than 1, slowest first as ranks are laid out; the ZeRO stage and precision of
+    (a ParallelDims) as its axes larger than 1, slowest first as ranks are laid out (context parallelism with its
+    method: ``CP4 (ulysses)``, ``CP4 (hybrid: all-to-all 2 x ring 2)``); the ZeRO stage and precision of
     ``cfg``; the kind of ``device``; ``transport``: the backend and MPI library (several ranks)."""
     axes = []
     if dims.pp_size > 1:
@@ -72,9 +73,10 @@ def layout_summary(dims, cfg, device, transport=None):
     if dims.dp_size > 1:
         axes.append(f"DP{dims.dp_size}")
     if dims.cp_size > 1:
-        axes.append(f"CP{dims.cp_size}")
+        axes.append(f"CP{dims.cp_size} ({dims.context_layout})")
     if dims.expert_size > 1:  # the experts split over groups of the data (x context) ranks
-        axes[-1] += f" (EP{dims.expert_size})"
+        ep = f"EP{dims.expert_size}"
+        axes[-1] = axes[-1][:-1] + f", {ep})" if axes[-1].endswith(")") else axes[-1] + f" ({ep})"
     if dims.tp_size > 1:
         axes.append(f"TP{dims.tp_size}" + ("+SP" if dims.sequence_parallel else ""))
     parts = [f"world {dims.world} = {' x '.join(axes)}" if axes else f"world {dims.world} (one process)"]

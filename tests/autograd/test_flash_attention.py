@@ -188,3 +188,24 @@ def test_double_backward_through_the_blocked_path(small_blocks):
         (gqk,) = it.autograd.grad((gq * gq).sum(), [tensors[1]])
         results.append(gqk.numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backends", [SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION])
+def test_dropout_of_a_head_subset_draws_those_heads_masks(backends):
+    """dropout_heads=(offset, total): an attention over heads offset.. of total (a Ulysses rank's share) drops the
+    weights one attention over every head drops for them, on both paths, forward and backward."""
+    rng = np.random.default_rng(1)
+    q, k, v, g = (rng.standard_normal((2, 4, 12, 8)) for _ in range(4))
+    with sdpa_kernel(backends):
+        whole = [it.tensor(a, requires_grad=True) for a in (q, k, v)]
+        it.manual_seed(5)
+        out = attention_module.scaled_dot_product_attention(*whole, dropout_p=0.3, is_causal=True)
+        out.backward(it.tensor(g))
+        part = [it.tensor(a[:, 2:], requires_grad=True) for a in (q, k, v)]
+        it.manual_seed(5)
+        mine = attention_module.scaled_dot_product_attention(*part, dropout_p=0.3, is_causal=True,
+                                                             dropout_heads=(2, 4))
+        mine.backward(it.tensor(g[:, 2:]))
+    np.testing.assert_allclose(mine.numpy(), out.numpy()[:, 2:], rtol=1e-12, atol=1e-12)
+    for a, b in zip(part, whole):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy()[:, 2:], rtol=1e-12, atol=1e-12)

@@ -25,3 +25,17 @@ def test_the_mesh_arithmetic_is_designs_rank_layout_without_a_process_group():
                       "pipeline": [[0, 4], [1, 5], [2, 6], [3, 7]], "embedding": [[0, 4], [1, 5], [2, 6], [3, 7]]}
     with_context = {kind for kind, _ in mesh_groups(tensor=2, data=2, pipeline=1, context=2)}
     assert with_context == {"tensor", "context", "data", "grad", "pipeline"}
+
+
+def test_hybrid_context_groups_tile_each_context_group():
+    from infini_train.distributed.mesh import mesh_groups
+
+    groups = {}
+    for kind, ranks in mesh_groups(tensor=2, data=1, pipeline=1, context=4, context_a2a=2):  # world 8 = CP4 x TP2
+        groups.setdefault(kind, []).append(ranks)
+    assert groups["context"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert groups["context_a2a"] == [[0, 2], [4, 6], [1, 3], [5, 7]]  # consecutive context ranks
+    assert groups["context_ring"] == [[0, 4], [2, 6], [1, 5], [3, 7]]  # the same place in each all-to-all group
+    assert "context_a2a" not in {kind for kind, _ in mesh_groups(tensor=1, data=1, pipeline=1, context=4)}
+    with pytest.raises(MeshError, match="parallel.context_a2a: expected a divisor of parallel.context"):
+        ProcessMesh(context=4, context_a2a=3)

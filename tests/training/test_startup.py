@@ -15,9 +15,9 @@ from tests.distributed.mpi_jobs import needs_mpiexec, output
 from tests.training.tiny_run import CONFIG, run, tiny_args
 
 
-def dims(world, pp=1, dp=1, cp=1, tp=1, ep=1, sp=False, schedule="1f1b", virtual=1):
+def dims(world, pp=1, dp=1, cp=1, tp=1, ep=1, sp=False, schedule="1f1b", virtual=1, context="ring"):
     return SimpleNamespace(world=world, pp_size=pp, dp_size=dp, cp_size=cp, tp_size=tp, expert_size=ep,
-                           sequence_parallel=sp, schedule=schedule, virtual=virtual)
+                           sequence_parallel=sp, schedule=schedule, virtual=virtual, context_layout=context)
 
 
 @pytest.mark.parametrize("layout,settings,device,transport,line", [
@@ -27,7 +27,10 @@ def dims(world, pp=1, dp=1, cp=1, tp=1, ep=1, sp=False, schedule="1f1b", virtual
     (dims(8, pp=2, dp=2, tp=2), ["parallel.zero_stage=1", "precision=bf16-mixed"], "cuda", "nccl, MPICH 5.0.2",
      "world 8 = PP2 (1f1b) x DP2 x TP2, ZeRO-1, bf16-mixed, cuda (nccl, MPICH 5.0.2)"),
     (dims(16, pp=2, dp=2, cp=2, tp=2, ep=2, sp=True, schedule="interleaved", virtual=2), ["parallel.zero_stage=3"],
-     "cpu", None, "world 16 = PP2 (interleaved, 2 virtual stages) x DP2 x CP2 (EP2) x TP2+SP, ZeRO-3, fp32, cpu"),
+     "cpu", None, "world 16 = PP2 (interleaved, 2 virtual stages) x DP2 x CP2 (ring, EP2) x TP2+SP, ZeRO-3, fp32, cpu"),
+    (dims(4, cp=4, context="hybrid: all-to-all 2 x ring 2"), [], "cpu", None,
+     "world 4 = CP4 (hybrid: all-to-all 2 x ring 2), fp32, cpu"),
+    (dims(4, dp=2, cp=2, context="ulysses"), [], "cpu", None, "world 4 = DP2 x CP2 (ulysses), fp32, cpu"),
     (dims(4, dp=4, ep=2), ["dtype=float64"], "cpu", None, "world 4 = DP4 (EP2), fp64, cpu"),
 ])
 def test_the_layout_line_names_every_axis_above_one(layout, settings, device, transport, line):

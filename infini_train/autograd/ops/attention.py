@@ -81,13 +81,14 @@ class ScaledDotProductAttention(Op):
     """Inputs: q, k, v, then the mask when ``has_mask`` and the sinks (heads,) when ``has_sinks``."""
 
     def __init__(self, is_causal=False, scale=None, dropout_p=0.0, enable_gqa=False, window=None, has_mask=False,
-                 has_sinks=False):
+                 has_sinks=False, dropout_heads=None):
         self.is_causal = is_causal
         self.scale = scale
         self.dropout_p = dropout_p
         self.enable_gqa = enable_gqa
         self.window = window
         self.has_mask, self.has_sinks = has_mask, has_sinks
+        self.dropout_heads = dropout_heads
 
     def _extras(self, rest):
         """(mask, sinks) of the inputs after q, k, v (None where absent)."""
@@ -227,7 +228,8 @@ class ScaledDotProductAttention(Op):
             sink_probs.append(block_sink)
             weights, keep = block_probs, None
             if self.dropout_p > 0.0:
-                keep = keep_block(xp, self.seed, block_probs.shape[:-2], tq, tk, q0, q1, 0, keys, self.dropout_p)
+                keep = keep_block(xp, self.seed, block_probs.shape[:-2], tq, tk, q0, q1, 0, keys, self.dropout_p,
+                                  self.dropout_heads)
                 weights = block_probs * (1.0 / (1.0 - self.dropout_p))
                 weights *= keep
             outs.append(lp.matmul(xp, weights, v[..., :keys, :]))
@@ -334,7 +336,7 @@ class ScaledDotProductAttention(Op):
             probs = where(blocked, 0.0, probs)
         if self.dropout_p > 0.0:  # the forward's mask: a function of the positions (attention_dropout.py)
             keep = keep_block(xp, self.seed, tuple(probs.shape[:-2]), self.tq, self.tk, 0, self.tq, 0, self.tk,
-                              self.dropout_p)
+                              self.dropout_p, self.dropout_heads)
             probs = probs * Tensor._make(keep * (1.0 / (1.0 - self.dropout_p)), dev)
         return probs @ v
 
@@ -383,7 +385,7 @@ def _blocked():
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, sinks=None, sliding_window=None):
+                                 enable_gqa=False, sinks=None, sliding_window=None, dropout_heads=None):
     """softmax(q @ k^T * scale + mask) @ v for q (..., Tq, E), k (..., Tk, E), v (..., Tk, Ev), as torch.
 
     ``attn_mask``: bool (True = takes part) or float (added to the scores), broadcastable to (..., Tq, Tk).
@@ -395,7 +397,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     denominator without a value: P_ij = exp(S_ij) / (exp(sinks[h]) + sum_j exp(S_ij)); it gets its gradient.
     ``sliding_window`` (an int >= 1): query i attends only to keys j > i - sliding_window (with is_causal, HF's
     sliding-window causal attention: the query and the sliding_window - 1 keys before it), top-left aligned as
-    is_causal; combines with attn_mask too.
+    is_causal; combines with attn_mask too. ``dropout_heads`` (offset, total): q's heads are heads offset ..
+    offset + heads - 1 of an attention over ``total`` heads (a rank's share under Ulysses context parallelism), and
+    dropout draws their masks in that attention (attention_dropout.py).
 
     Key lengths above ``AUTO_BLOCKED_KEYS`` take the memory-efficient path (flash_attention.py: no (Tq, Tk) matrix
     is ever held), shorter ones the materialised path, faster there; ``it.nn.attention.sdpa_kernel`` forces one."""
@@ -415,14 +419,14 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
             cls = _blocked()
     elif MATH not in allowed:
         cls = _blocked()
-    plain = attn_mask is None and sinks is None and sliding_window is None
+    plain = attn_mask is None and sinks is None and sliding_window is None and dropout_heads is None
     if plain and allowed is None and registry.use("flash_attention"):  # a candidate kernel: off unless
         from . import fused_attention  # INFINI_TRAIN_KERNELS names it (kernels/registry.py)
 
         if fused_attention.applies(q, k, v):
             cls = fused_attention.FusedAttention
     fn = cls(bool(is_causal), scale, float(dropout_p), bool(enable_gqa), sliding_window, attn_mask is not None,
-             sinks is not None)
+             sinks is not None, dropout_heads)
     extras = tuple(t for t in (attn_mask, sinks) if t is not None)
     return fn.apply(q, k, v, *extras)
 

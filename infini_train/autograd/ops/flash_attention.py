@@ -42,7 +42,7 @@ class BlockedAttention(ScaledDotProductAttention):
     def _blocks(self, mask):
         dropout = None if self.seed is None else (self.seed, self.tq, self.tk, 0, 0, self.dropout_p)
         return kernels.Blocks(self.xp, self.device, self.tq, self.tk, self.used_scale, self.is_causal, mask, dropout,
-                              self.block, self.window)
+                              self.block, self.window, self.dropout_heads)
 
     def forward(self, q, k, v, *rest):
         mask, sinks = self._extras(rest)

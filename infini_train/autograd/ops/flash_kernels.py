@@ -24,12 +24,14 @@ BLOCK = 256  # query rows and keys per block: a (..., 256, 256) float32 score bl
 
 class Blocks:
     """How one attention is cut into blocks: ``block`` rows and keys, causal (top-left aligned) or not, an optional
-    mask broadcastable to (..., Tq, Tk) and dropout."""
+    mask broadcastable to (..., Tq, Tk) and dropout (``heads``: where the batch's heads sit among all of them, for
+    the masks: attention_dropout.keep_block)."""
 
-    def __init__(self, xp, device, tq, tk, scale, causal=False, mask=None, dropout=None, block=BLOCK, window=None):
+    def __init__(self, xp, device, tq, tk, scale, causal=False, mask=None, dropout=None, block=BLOCK, window=None,
+                 heads=None):
         self.xp, self.device, self.tq, self.tk, self.scale = xp, device, tq, tk, scale
         self.causal, self.mask, self.dropout, self.block = causal, mask, dropout, block
-        self.window = window
+        self.window, self.heads = window, heads
 
     def rows(self):
         return [(a, min(a + self.block, self.tq)) for a in range(0, self.tq, self.block)]
@@ -63,7 +65,7 @@ class Blocks:
             return None
         seed, whole_q, whole_k, first_q, first_k, p = self.dropout
         keep = keep_block(self.xp, seed, batch, whole_q, whole_k, first_q + q0, first_q + q1, first_k + k0,
-                          first_k + k1, p)
+                          first_k + k1, p, self.heads)
         return keep * (1.0 / (1.0 - p))
 
 

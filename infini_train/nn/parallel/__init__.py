@@ -1,13 +1,14 @@
 """Parallel modules: DataParallel (one process, many devices), DistributedDataParallel (one per rank), tensor
 (+ sequence) parallelism: the conjugate communication mappings, column/row-parallel linears, the vocab-parallel
 embedding and cross-entropy, LoRA wrappers of the parallel linears (registered with nn.lora), clipping by the whole
-model's norm, and whole state dicts for checkpoints; context
-parallelism: ring attention over a sequence split across ranks; expert parallelism: the token exchange
-(all_to_all) and expert_parallel(moe, group)."""
+model's norm, and whole state dicts for checkpoints; context parallelism: ring, Ulysses (all-to-all) and hybrid
+attention over a sequence split across ranks; expert parallelism: the token exchange (all_to_all) and
+expert_parallel(moe, group)."""
 from .all_to_all import all_to_all
 from .context_parallel import context_parallel, local_chunks, local_positions
 from .data_parallel import DataParallel, parallel_apply, replicate
 from .ring_attention import ring_attention
+from .ulysses import ulysses_attention
 from .distributed import DistributedDataParallel, Reducer
 from .grad_norm import clip_grad_norm_model_parallel_
 from .mappings import (

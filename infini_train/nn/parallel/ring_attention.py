@@ -30,8 +30,12 @@ def chunks_of(rank, size):
 
 
 class RingAttention(Op):
-    def __init__(self, group, scale=None, dropout_p=0.0, enable_gqa=False):
+    """``dropout_heads`` (offset, total): the heads of q are heads offset.. of ``total`` (a head subset, as hybrid
+    context parallelism gives the ring), for dropout's masks; None: all of them."""
+
+    def __init__(self, group, scale=None, dropout_p=0.0, enable_gqa=False, dropout_heads=None):
         self.group, self.scale, self.dropout_p, self.enable_gqa = group, scale, dropout_p, enable_gqa
+        self.dropout_heads = dropout_heads
 
     # ------------------------------------------------------------------------------------------- pieces
     def _kv(self, k, v, heads):
@@ -59,7 +63,8 @@ class RingAttention(Op):
     def _blocks(self, causal, qc, kc):
         c, whole = self.chunk, 2 * self.chunk * self.group.size
         dropout = None if self.seed is None else (self.seed, whole, whole, qc * c, kc * c, self.dropout_p)
-        return kernels.Blocks(self.xp, self.device, c, c, self.used_scale, causal=causal, dropout=dropout)
+        return kernels.Blocks(self.xp, self.device, c, c, self.used_scale, causal=causal, dropout=dropout,
+                              heads=self.dropout_heads)
 
     def _exchange(self, arrays, tag):
         """Send ``arrays`` to the next rank and receive the previous rank's into fresh buffers; returns
@@ -139,10 +144,11 @@ class RingAttention(Op):
         return tuple(lp.narrow(xp, a, self.in_dtype) for a in (grad_q, held_grads[0], held_grads[1]))
 
 
-def ring_attention(q, k, v, group, dropout_p=0.0, enable_gqa=False, scale=None):
+def ring_attention(q, k, v, group, dropout_p=0.0, enable_gqa=False, scale=None, dropout_heads=None):
     """Causal attention of this rank's two chunks of q (B, heads, 2c, E) over the whole sequence, whose keys and
-    values (this rank's chunks: k, v (B, kv_heads, 2c, E)) are spread over the context-parallel ``group``."""
-    return RingAttention(group, scale, float(dropout_p), bool(enable_gqa)).apply(q, k, v)
+    values (this rank's chunks: k, v (B, kv_heads, 2c, E)) are spread over the context-parallel ``group``;
+    ``dropout_heads`` as RingAttention's."""
+    return RingAttention(group, scale, float(dropout_p), bool(enable_gqa), dropout_heads).apply(q, k, v)
 
 
 __all__ = ["ring_attention", "RingAttention", "chunks_of"]

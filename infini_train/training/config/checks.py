@@ -7,6 +7,7 @@ import os
 
 from ...data.hf_tokenizer import config_problem as hf_config_problem
 from ...data.tokenizer import HF_PREFIX, TOKENIZERS
+from ...nn.parallel.context_parallel import METHODS as CONTEXT_METHODS
 from ...nn.parallel.pipeline_schedules import SCHEDULES, V_SCHEDULES
 from .checker import Checker, closest, finite
 from .model_checks import check_model
@@ -99,6 +100,7 @@ def _check_parallel(cfg, c, errors):
         if p.sequence:
             errors.append("parallel.sequence: expected false with parallel.context > 1 (context parallelism already "
                           "splits the sequence; sequence parallelism would split it again over the tensor group)")
+    _check_context_method(cfg, c, errors)
     c.need("parallel.expert", lambda v: v >= 1, "an integer >= 1 (1: no expert parallelism)")
     c.need("parallel.virtual_pipeline", lambda v: v >= 1, "an integer >= 1")
     c.need("parallel.pipeline_schedule", lambda v: v in SCHEDULES,
@@ -125,6 +127,32 @@ def _check_parallel(cfg, c, errors):
         errors.append(f"train.sequence_length: expected a multiple of parallel.tensor ({p.tensor}) with "
                       f"parallel.sequence=true (each rank holds sequence_length / tensor positions), got "
                       f"{t.sequence_length}")
+
+
+def _check_context_method(cfg, c, errors):
+    """parallel.context_method and parallel.context_a2a (the heads a method needs are checked against the model:
+    model_checks.py)."""
+    p = cfg.parallel
+    c.need("parallel.context_method", lambda v: v in CONTEXT_METHODS,
+           f"one of {CONTEXT_METHODS}{closest(p.context_method, CONTEXT_METHODS)}")
+    c.need("parallel.context_a2a", lambda v: v >= 1, "an integer >= 1")
+    if not c.ok("parallel.context", "parallel.context_method", "parallel.context_a2a"):
+        return
+    if p.context_method == "hybrid":
+        sizes = [d for d in range(2, p.context) if p.context % d == 0]
+        if p.context_a2a not in sizes:
+            hint = (f"use one of {sizes}" if sizes else "hybrid needs parallel.context with a divisor between 1 and "
+                    "itself (4, 6, 8, ...); use parallel.context_method=ring or ulysses")
+            errors.append(f"parallel.context_a2a: expected a divisor of parallel.context ({p.context}) greater than 1 "
+                          f"and less than it with parallel.context_method=hybrid (all-to-all inside groups of "
+                          f"context_a2a consecutive context ranks, ring attention across the groups), got "
+                          f"{p.context_a2a}; HINT: {hint}")
+            c.bad.add("parallel.context_a2a")
+    elif p.context_a2a != 1:
+        errors.append(f"parallel.context_a2a: expected 1 with parallel.context_method={p.context_method} (the "
+                      f"all-to-all group size of hybrid context parallelism), got {p.context_a2a}; HINT: set "
+                      "parallel.context_method=hybrid, or drop parallel.context_a2a")
+        c.bad.add("parallel.context_a2a")
 
 
 def _check_lora(cfg, c, errors):

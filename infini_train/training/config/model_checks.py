@@ -95,6 +95,7 @@ def _check_model_run(cfg, c, errors, model):
     errors.extend(registry.model_spec(m.arch).validate(
         model, p.tensor if tensor_ok else 1, p.pipeline if pipeline_ok else 1, p.virtual_pipeline if pipeline_ok else 1,
         p.sequence if c.ok("parallel.sequence") else None))
+    errors.extend(_context_problems(cfg, c, model))
     if c.ok("train.sequence_length") and t.sequence_length > model.context_length:
         errors.append(f"train.sequence_length: expected <= model block_size ({model.context_length}), "
                       f"got {t.sequence_length}")
@@ -105,6 +106,29 @@ def _check_model_run(cfg, c, errors, model):
             "the tokenizer the model was made for")
         errors.append(f"model.vocab_size: expected >= {need} for data.tokenizer {cfg.data.tokenizer!r}, "
                       f"got {model.vocab_size}{hint}")
+
+
+def _context_problems(cfg, c, model):
+    """The heads an all-to-all context method splits over its group: each rank's query and key/value heads (after
+    the tensor split) divisible by the group size (parallel.context for ulysses, parallel.context_a2a for hybrid)."""
+    p = cfg.parallel
+    if not c.ok("parallel.context", "parallel.context_method", "parallel.context_a2a", "parallel.tensor") \
+            or p.context == 1 or p.context_method == "ring":
+        return []
+    key, size = ("parallel.context", p.context) if p.context_method == "ulysses" else \
+        ("parallel.context_a2a", p.context_a2a)
+    for name, count in registry.model_spec(cfg.model.arch).head_counts(model).items():
+        if count % p.tensor:
+            return []  # (the tensor split's own problem)
+        local = count // p.tensor
+        if local % size:
+            per_rank = f"{count} / parallel.tensor {p.tensor} = {local}" if p.tensor > 1 else str(count)
+            hint = ("parallel.context_method=ring" if p.context_method == "ulysses" else
+                    f"a parallel.context_a2a dividing {local}, or parallel.context_method=ring")
+            return [f"{key}: expected a divisor of model {name} ({per_rank}) with parallel.context_method="
+                    f"{p.context_method} (the all-to-all gives each of its {size} ranks {name} / {size} heads), got "
+                    f"{size}; HINT: use {hint}"]
+    return []
 
 
 def _tokenizer_vocab(name, c, errors):

@@ -118,8 +118,14 @@ class ParallelConfig:
     context x pipeline). Expert parallelism splits the data-parallel ranks into groups of ``expert``."""
 
     tensor: int = _key(1, "tensor-parallel size: attention heads, MLP and vocabulary split over this many ranks")
-    context: int = _key(1, "context-parallel size: each sequence split over this many ranks (ring attention; "
-                           "load-balanced causal chunks)")
+    context: int = _key(1, "context-parallel size: each sequence split over this many ranks (load-balanced causal "
+                           "chunks; attention by context_method)")
+    context_method: str = _key("ring", "ring | ulysses | hybrid: how attention runs over the context ranks (ring: "
+                                       "keys and values passed around the ring; ulysses: all-to-all from the sequence "
+                                       "split to a head split, heads and key/value heads divisible by context; hybrid: "
+                                       "all-to-all inside groups of context_a2a ranks, ring across the groups)")
+    context_a2a: int = _key(1, "the all-to-all group size of context_method=hybrid: consecutive context ranks, "
+                               "dividing context, > 1 and < context (1 otherwise)")
     sequence: bool = _key(False, "sequence parallelism: layer norms and dropout on slices of the sequence "
                                  "(needs tensor > 1)")
     pipeline: int = _key(1, "pipeline stages: the layers split into this many consecutive parts, one per rank")
