@@ -1,8 +1,9 @@
 """Runs with ``parallel.context_method`` ulysses (all-to-all over the heads) and hybrid (all-to-all inside pairs of
 context ranks, ring attention across them): Ulysses CP2 and CP4 on tiny GPT-2 and tiny LLaMA (grouped-query heads),
-hybrid CP 2 x 2 with attention dropout, Ulysses CP2 x DP2 x ZeRO-2 and Ulysses with recompute and dropout give the
-one-process losses and gradient norms over 10 steps (rtol 1e-4); a ring checkpoint resumes under Ulysses and a
-Ulysses one under hybrid, each continuing the uninterrupted run; heads or groups that do not split are refused."""
+hybrid CP 2 x 2 with attention dropout, Ulysses CP2 x DP2 x ZeRO-2, CP2 x TP2 (the heads split twice) and Ulysses
+with recompute and dropout give the one-process losses and gradient norms over 10 steps (rtol 1e-4); a ring
+checkpoint resumes under Ulysses and a Ulysses one under hybrid, each continuing the uninterrupted run; heads or
+groups that do not split are refused."""
 import numpy as np
 import pytest
 
@@ -49,6 +50,7 @@ LAYOUTS = {  # name: (ranks, model, the one-process run it equals, settings)
     "ulysses-cp4-llama3": (4, "llama3", "llama3", ["parallel.context=4", *ULYSSES]),
     "hybrid-2x2-dropout-llama3": (4, "llama3", "dropout", [*HYBRID, *DROPOUT]),
     "ulysses-cp2xdp2xzero2-llama3": (4, "llama3", "llama3", ["parallel.context=2", *ULYSSES, "parallel.zero_stage=2"]),
+    "ulysses-cp2xtp2-llama3": (4, "llama3", "llama3", ["parallel.context=2", *ULYSSES, "parallel.tensor=2"]),
     "ulysses-cp2-recompute-dropout-llama3": (2, "llama3", "dropout", ["parallel.context=2", *ULYSSES, *DROPOUT,
                                                                       "train.recompute=block"]),
 }
@@ -60,7 +62,8 @@ def test_ulysses_and_hybrid_give_the_one_process_losses(data_dir, single, tmp_pa
     out = tmp_path / "run"
     proc = _train(data_dir, out, ranks, *MODELS[model], *parallel)
     method = "hybrid: all-to-all 2 x ring 2" if "hybrid" in layout else "ulysses"
-    assert f"CP{ranks if 'dp2' not in layout else 2} ({method})" in proc.stdout, output(proc)
+    context = next(k for k in parallel if k.startswith("parallel.context="))
+    assert f"CP{context.split('=')[1]} ({method})" in proc.stdout, output(proc)
     _same(out, single[reference])
     np.testing.assert_allclose(grad_norms(out), grad_norms(single[reference]), rtol=1e-4)
 
