@@ -60,7 +60,7 @@ LAYOUTS.update({
     "pp2xtp2-sp-dualpipev": (4, _schedule("dualpipev") + ["parallel.tensor=2", "parallel.sequence=true"], ()),
     "pp2-zb1p-recompute": (2, _schedule("zb1p") + ["train.recompute=block"], ()),
 })
-FAST = {"pp2-zb1p", "pp2-zbv", "pp2-dualpipev", "pp2xdp2-zbv-zero2"}  # also in the layouts pass
+FAST = {"pp2-zbv", "pp2xdp2-zbv-zero2"}  # also in the layouts pass
 
 
 @pytest.mark.parametrize("layout", [pytest.param(k, marks=pytest.mark.layouts) if k in FAST else k for k in LAYOUTS])
