@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from ...autograd.grad_mode import no_grad
 from ...nn.moe import MoE
-from ...nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, VocabParallelEmbedding,
-                           mark_sequence_parallel)
-from ...nn.parallel.tensor_parallel import shard_parameter
+from ...nn.parallel import ColumnParallelLinear, RowParallelLinear, mark_sequence_parallel
+from ..llama.parallel import split_vocabulary
 from ..registry import spec_of
-from ..tensor_parallel_lm import VocabParallelHead, tensor_parallel_for
+from ..tensor_parallel_lm import tensor_parallel_for
 
 
 def parallelize_deepseek_v3(model, group, sequence_parallel=False):
@@ -30,7 +29,7 @@ def parallelize_deepseek_v3(model, group, sequence_parallel=False):
     tp = tensor_parallel_for(group, sequence_parallel, spec_of(model).head_counts(model.config))
     if tp is None:
         return model
-    cfg, sp = model.config, tp.sequence_parallel
+    sp = tp.sequence_parallel
     with no_grad():
         mtp = list(model._modules.get("mtp") or [])  # the multi-token prediction modules' blocks split alike
         for block in [*model.model.layers, *mtp]:
@@ -53,14 +52,7 @@ def parallelize_deepseek_v3(model, group, sequence_parallel=False):
                                                      "kv_a_layernorm") if n in attn._modules]
                 for module in shared + [block.input_layernorm, block.post_attention_layernorm]:
                     mark_sequence_parallel(module)
-        untied = None if cfg.tie_word_embeddings else model.lm_head.weight
-        embed = VocabParallelEmbedding.from_embedding(model.model.embed_tokens, group)
-        model.model.embed_tokens = embed
-        head_weight = embed.weight if untied is None else shard_parameter(
-            untied, ShardSpec(0, whole_size=cfg.vocab_size), group)
-        model.lm_head = VocabParallelHead(head_weight, group, sp)
-        if sp:
-            mark_sequence_parallel(model.model.norm)
+        split_vocabulary(model, group, sp)
         if mtp:
             from .mtp import parallelize_mtp
             parallelize_mtp(model, sp)

@@ -8,11 +8,11 @@ summed over the group)."""
 from __future__ import annotations
 
 from ...autograd.grad_mode import no_grad
-from ...nn.parallel import (ColumnParallelLinear, RowParallelLinear, ShardSpec, VocabParallelEmbedding,
-                           mark_sequence_parallel)
+from ...nn.parallel import ColumnParallelLinear, RowParallelLinear, ShardSpec, mark_sequence_parallel
 from ...nn.parallel.tensor_parallel import shard_parameter
+from ..llama.parallel import split_vocabulary
 from ..registry import spec_of
-from ..tensor_parallel_lm import VocabParallelHead, tensor_parallel_for
+from ..tensor_parallel_lm import tensor_parallel_for
 
 
 def parallelize_gpt_oss(model, group, sequence_parallel=False):
@@ -34,16 +34,7 @@ def parallelize_gpt_oss(model, group, sequence_parallel=False):
             if sp:
                 for module in (block.mlp, block.input_layernorm, block.post_attention_layernorm):
                     mark_sequence_parallel(module)
-        untied = None if cfg.tie_word_embeddings else model.lm_head.weight
-        embed = VocabParallelEmbedding.from_embedding(model.model.embed_tokens, group)
-        model.model.embed_tokens = embed
-        if untied is None:
-            head_weight = embed.weight
-        else:  # the output layer's own rows, split and padded like the embedding's
-            head_weight = shard_parameter(untied, ShardSpec(0, whole_size=cfg.vocab_size), group)
-        model.lm_head = VocabParallelHead(head_weight, group, sp)
-        if sp:
-            mark_sequence_parallel(model.model.norm)
+        split_vocabulary(model, group, sp)
     model.tp = tp
     return model
 

@@ -47,18 +47,23 @@ def parallelize_llama(model, group, sequence_parallel=False):
             if sp:
                 for norm in (block.input_layernorm, block.post_attention_layernorm):
                     mark_sequence_parallel(norm)
-        untied = None if cfg.tie_word_embeddings else model.lm_head.weight
-        embed = VocabParallelEmbedding.from_embedding(model.model.embed_tokens, group)
-        model.model.embed_tokens = embed
-        if untied is None:
-            head_weight = embed.weight
-        else:  # the output layer's own rows, split and padded like the embedding's
-            head_weight = shard_parameter(untied, ShardSpec(0, whole_size=cfg.vocab_size), group)
-        model.lm_head = VocabParallelHead(head_weight, group, sp)
-        if sp:
-            mark_sequence_parallel(model.model.norm)
+        split_vocabulary(model, group, sp)
     model.tp = tp
     return model
 
 
-__all__ = ["parallelize_llama"]
+def split_vocabulary(model, group, sequence_parallel):
+    """The LLaMA shell's token embedding vocab-parallel and its output layer over the same vocabulary rows (tied: the
+    embedding's Parameter; untied: its own rows, split and padded like the embedding's); with sequence parallelism the
+    final norm runs on slices of the sequence. Shared by the models built on the shell (gpt-oss, DeepSeek-V3)."""
+    untied = None if model.config.tie_word_embeddings else model.lm_head.weight
+    embed = VocabParallelEmbedding.from_embedding(model.model.embed_tokens, group)
+    model.model.embed_tokens = embed
+    head_weight = embed.weight if untied is None else shard_parameter(
+        untied, ShardSpec(0, whole_size=model.config.vocab_size), group)
+    model.lm_head = VocabParallelHead(head_weight, group, sequence_parallel)
+    if sequence_parallel:
+        mark_sequence_parallel(model.model.norm)
+
+
+__all__ = ["parallelize_llama", "split_vocabulary"]
