@@ -194,11 +194,11 @@ def _on_meta(model):
 
 def _shard_fully(model, dims, experts=None):
     """fully_shard ``model`` (a causal LM or a PipelinedLM) block by block over ``dims.shard_mesh`` (the data x context
-    group, or HSDP's shard and replicate groups),
-    then each root (the model, or each pipeline chunk) for what is left (embeddings, final norm, output layer), as
-    torchtitan applies FSDP2. A pipeline's tied embedding and its last-stage copy are units of their own (the
-    embedding module on the first stage, the output layer on the last): their shards cover the same elements on
-    both stages, so summing their gradient shards over the embedding group sums the copies'.
+    group, or HSDP's shard and replicate groups), then each root (the model, or each pipeline chunk) for what is left
+    (embeddings, final norm, output layer), as torchtitan applies FSDP2. A pipeline's tied embedding and its
+    last-stage copy are units of their own (the embedding module on the first stage, the output layer on the last):
+    their shards cover the same elements on both stages, so summing their gradient shards over the embedding group
+    sums the copies'.
 
     Expert parallelism (``experts``, the ExpertLayout): a block's local experts are replicated only over their
     expert-data group, so they are sharded over it (torchtitan shards them over its ``edp`` mesh), in the block's
