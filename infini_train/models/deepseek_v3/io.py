@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 
-import numpy as np
 
 from ...safetensors_io import read_header
 from ..gpt2.io import WeightsError
@@ -116,27 +115,7 @@ def load_hf(cls, directory, dtype=None):
     """The model of an HF directory with its weights (float32 unless ``dtype``), every tensor checked by name and
     shape."""
     config, mapped, where = hf_weights(directory, cls)
-    model = cls(config)
-    if dtype is not None:
-        model.to(dtype=dtype)
-    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
-    state = {}
-    for name, value in mapped.items():
-        if value is None:
-            continue
-        if name not in expected:
-            raise WeightsError(f"{where.get(name, directory)}: unexpected tensor {name!r} (shape {value.shape}) "
-                               f"for {config}")
-        shape, want = expected[name]
-        if tuple(value.shape) != shape:
-            raise WeightsError(f"{where.get(name, directory)}: tensor {name!r} has shape {tuple(value.shape)}, "
-                               f"expected {shape}")
-        state[name] = np.ascontiguousarray(np.asarray(value).astype(want))
-    missing = [k for k in expected if state.get(k) is None]
-    if missing:
-        raise WeightsError(f"{directory}: missing tensors {missing[:5]} ({len(missing)} in all)")
-    model.load_state_dict(state)
-    return model
+    return llama_io.load_checked(cls, config, mapped, where, directory, dtype)
 
 
 __all__ = ["hf_config_to_deepseek_v3", "deepseek_v3_to_hf_config", "hf_weights", "load_hf", "mtp_to_hf_name"]

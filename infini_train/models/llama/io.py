@@ -121,6 +121,13 @@ def hf_weights(directory, cls=None):
 
 def load_hf(cls, directory, dtype=None):
     config, mapped, where = hf_weights(directory, cls)
+    return load_checked(cls, config, mapped, where, directory, dtype)
+
+
+def load_checked(cls, config, mapped, where, directory, dtype=None):
+    """A ``cls(config)`` holding ``mapped`` ({our name: array, or None to skip}; ``where``: the file each came from),
+    float32 unless ``dtype``, every tensor checked by name and shape and none missing (a WeightsError naming it):
+    shared by the HF readers of the models on LLaMA's shell."""
     model = cls(config)
     if dtype is not None:
         model.to(dtype=dtype)
@@ -194,4 +201,5 @@ def save_hf(model, directory, max_shard_size="5GB", dtype=None):
     _atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
 
 
-__all__ = ["load_hf", "save_hf", "hf_weights", "hf_config_to_llama", "llama_config_fields", "llama_to_hf_config"]
+__all__ = ["load_hf", "load_checked", "save_hf", "hf_weights", "hf_config_to_llama", "llama_config_fields",
+           "llama_to_hf_config"]
