@@ -8,9 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec, output
-from tests.training.tiny_run import metrics, run, tiny_args
+from tests.training.tiny_run import assert_close_weights, metrics, reference_runs, run, tiny_args, values
 
 pytestmark = needs_mpiexec
 
@@ -24,20 +23,10 @@ def _train(data_dir, out, ranks, *extra, check=True):
     return run(tiny_args(data_dir, out, "train.num_iterations=10", *SHAPE, *extra), ranks=ranks, check=check)
 
 
-def _values(out, key):
-    return np.array([r[key] for r in metrics(out) if key in r])
-
-
 @pytest.fixture(scope="module")
 def single(data_dir, tmp_path_factory):
-    refs = {}
-
-    def reference(*model):
-        if model not in refs:
-            refs[model] = tmp_path_factory.mktemp("single")
-            _train(data_dir, refs[model], 1, *model)
-        return refs[model]
-    return reference
+    return reference_runs(lambda: tmp_path_factory.mktemp("single"),
+                          lambda out, *extra: _train(data_dir, out, 1, *extra))
 
 
 LAYOUTS = {
@@ -58,14 +47,10 @@ def test_hsdp_layout_equals_one_process(data_dir, single, tmp_path, layout):
     assert "(HSDP: 2 replicas x shards of" in proc.stdout, output(proc)
     one = single(*model)
     for key in ("loss", "grad_norm"):
-        got, want = _values(out, key), _values(one, key)
+        got, want = values(out, key), values(one, key)
         assert len(got) == len(want) == 10
         np.testing.assert_allclose(got, want, rtol=1e-4, err_msg=key)
-    mine, _, _ = load_checkpoint(list_checkpoints(out)[-1])
-    ref, _, _ = load_checkpoint(list_checkpoints(one)[-1])
-    assert list(mine) == list(ref)
-    for name in ref:
-        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-3, atol=2e-5, err_msg=name)
+    assert_close_weights(out, one, rtol=1e-3, atol=2e-5)
 
 
 def _comm(out):
@@ -103,7 +88,7 @@ def test_resume_across_hsdp(data_dir, single, tmp_path, case):
     shutil.rmtree(out / "checkpoints" / "step_000010")
     proc = _train(data_dir, out, second[0], *second[1], "resume=auto")
     assert "at step 5" in proc.stdout, output(proc)
-    np.testing.assert_allclose(_values(out, "loss"), _values(single(), "loss"), rtol=1e-4)
+    np.testing.assert_allclose(values(out, "loss"), values(single(), "loss"), rtol=1e-4)
 
 
 @pytest.mark.parametrize("ranks,extra,message", [

@@ -8,9 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from infini_train.run_state import list_checkpoints, load_checkpoint
 from tests.distributed.mpi_jobs import needs_mpiexec, output
-from tests.training.tiny_run import metrics, run, tiny_args
+from tests.training.tiny_run import assert_close_weights, reference_runs, run, tiny_args, values
 
 pytestmark = needs_mpiexec
 
@@ -24,10 +23,6 @@ def _train(data_dir, out, ranks, *extra, steps=10):
     return run(tiny_args(data_dir, out, f"train.num_iterations={steps}", *SHAPE, *extra), ranks=ranks)
 
 
-def _values(out, key):
-    return np.array([r[key] for r in metrics(out) if key in r])
-
-
 def _schedule(name, stages=2):
     return [f"parallel.pipeline={stages}", f"parallel.pipeline_schedule={name}",
             f"parallel.virtual_pipeline={2 if name in ('zbv', 'dualpipev', 'interleaved') else 1}"]
@@ -35,14 +30,8 @@ def _schedule(name, stages=2):
 
 @pytest.fixture(scope="module")
 def single(data_dir, tmp_path_factory):
-    refs = {}
-
-    def reference(*shape):
-        if shape not in refs:
-            refs[shape] = tmp_path_factory.mktemp("single")
-            _train(data_dir, refs[shape], 1, *shape)
-        return refs[shape]
-    return reference
+    return reference_runs(lambda: tmp_path_factory.mktemp("single"),
+                          lambda out, *extra: _train(data_dir, out, 1, *extra))
 
 
 LAYOUTS = {f"pp2-{s}": (2, _schedule(s), ()) for s in ("zb1p", "zbv", "dualpipev")}
@@ -72,14 +61,10 @@ def test_zero_bubble_layout_equals_one_process(data_dir, single, tmp_path, layou
     assert f"PP{extra[0].split('=')[1]} ({extra[1].split('=')[1]}" in world, world
     one = single(*shape)
     for key in ("loss", "grad_norm") + (() if "dp2" in layout else ("val_loss",)):
-        got, want = _values(out, key), _values(one, key)
+        got, want = values(out, key), values(one, key)
         assert len(got) == len(want) > 1
         np.testing.assert_allclose(got, want, rtol=1e-4, err_msg=key)
-    mine, _, _ = load_checkpoint(list_checkpoints(out)[-1])
-    ref, _, _ = load_checkpoint(list_checkpoints(one)[-1])
-    assert list(mine) == list(ref)
-    for name in ref:
-        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=1e-3, atol=2e-5, err_msg=name)
+    assert_close_weights(out, one, rtol=1e-3, atol=2e-5)
 
 
 def test_bf16_mixed_zbv_equals_1f1b(data_dir, tmp_path):
@@ -88,7 +73,7 @@ def test_bf16_mixed_zbv_equals_1f1b(data_dir, tmp_path):
         runs[name] = tmp_path / name
         _train(data_dir, runs[name], 2, *_schedule(name), "precision=bf16-mixed")
     for key in ("loss", "grad_norm", "val_loss"):
-        np.testing.assert_allclose(_values(runs["zbv"], key), _values(runs["1f1b"], key), rtol=1e-4, err_msg=key)
+        np.testing.assert_allclose(values(runs["zbv"], key), values(runs["1f1b"], key), rtol=1e-4, err_msg=key)
 
 
 RESUMES = {"zbv->one-process": ((2, _schedule("zbv")), (1, [])),
@@ -104,4 +89,4 @@ def test_resume_under_another_schedule(data_dir, single, tmp_path, case):
     shutil.rmtree(out / "checkpoints" / "step_000010")
     proc = _train(data_dir, out, second[0], *second[1], "resume=auto")
     assert "at step 5" in proc.stdout, output(proc)
-    np.testing.assert_allclose(_values(out, "loss"), _values(single(), "loss"), rtol=1e-4)
+    np.testing.assert_allclose(values(out, "loss"), values(single(), "loss"), rtol=1e-4)

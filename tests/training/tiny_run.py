@@ -62,6 +62,33 @@ def grad_norms(out_dir):
     return [r["grad_norm"] for r in metrics(out_dir) if "grad_norm" in r]
 
 
+def values(out_dir, key):
+    """The values of ``key`` in a run's metrics.jsonl records that have it, in order (a numpy array)."""
+    return np.array([r[key] for r in metrics(out_dir) if key in r])
+
+
+def assert_close_weights(out_dir, ref_dir, rtol, atol):
+    """The final checkpoints of two runs hold the same names, in order, with weights within the tolerances."""
+    mine, _, _ = load_checkpoint(list_checkpoints(out_dir)[-1])
+    ref, _, _ = load_checkpoint(list_checkpoints(ref_dir)[-1])
+    assert list(mine) == list(ref)
+    for name in ref:
+        np.testing.assert_allclose(np.asarray(mine[name]), np.asarray(ref[name]), rtol=rtol, atol=atol, err_msg=name)
+
+
+def reference_runs(make_dir, train):
+    """``reference(*extra)``: the output directory of the one-process run ``train(out, *extra)``, run once per
+    ``extra`` (``make_dir()``: a fresh directory, e.g. a module fixture's tmp_path_factory.mktemp)."""
+    runs = {}
+
+    def reference(*extra):
+        if extra not in runs:
+            runs[extra] = make_dir()
+            train(runs[extra], *extra)
+        return runs[extra]
+    return reference
+
+
 def metrics(out_dir):
     """The step and validation records of metrics.jsonl (not the run's closing memory record)."""
     return [r for r in all_records(out_dir) if "memory" not in r]

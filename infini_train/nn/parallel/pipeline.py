@@ -232,7 +232,7 @@ class _Step:
         self.forward_context, self.batch_contexts = forward_context, batch_contexts
         self.M = len(inputs)
         self.kept_in, self.kept_out, self.received, self.sends, self.losses = {}, {}, {}, [], {}
-        self.weight_halves = {}  # (chunk, mb) -> the WeightGradients its I left for its W
+        self.weight_halves = {}  # (chunk, mb) -> (the WeightGradients its I left for its W, the bytes they hold)
         self.weight_passes_left = {}  # per chunk, with data-parallel wrappers: its last B or W averages
         self.busy, self.live, self.peak = 0.0, 0, 0
         self.held_weight_bytes = self.peak_weight_bytes = 0
@@ -293,8 +293,9 @@ class _Step:
                 else:
                     autograd_backward([t for t, _ in roots], [g for _, g in roots])
             if split:
-                self.weight_halves[(c, m)] = halves
-                self.held_weight_bytes += sum(h.held_bytes for h in halves)
+                held = sum(h.held_bytes for h in halves)
+                self.weight_halves[(c, m)] = halves, held
+                self.held_weight_bytes += held
                 self.peak_weight_bytes = max(self.peak_weight_bytes, self.held_weight_bytes)
             else:
                 self._release(c, m)
@@ -305,8 +306,8 @@ class _Step:
 
     def _weight_half(self, c, m):
         with self._computing():
-            halves = self.weight_halves.pop((c, m))
-            self.held_weight_bytes -= sum(h.held_bytes for h in halves)
+            halves, held = self.weight_halves.pop((c, m))
+            self.held_weight_bytes -= held
             self._before_weight_pass(c)
             for half in halves:
                 half.backward_weight()
