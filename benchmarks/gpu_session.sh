@@ -9,12 +9,12 @@
 #      array path), then benchmarks/check_kernels.py's results table (kernel, dtype, shape, max error vs the array
 #      path, bitwise, time vs the array path) into the summary
 #   5. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager, with
-#      the candidate kernels off, then on (INFINI_TRAIN_KERNELS=candidate)
+#      the candidate kernels on (INFINI_TRAIN_KERNELS=candidate), then off
 # Phases 1 and 2 run side by side (neither is timed); the profile, the kernels and the benchmark run alone after them.
 #
 #   bash benchmarks/gpu_session.sh [LOG_DIR]          (default /tmp/gpu_session)
 #   PHASES="tests ops runs profile kernels bench" (default all)   RUNS="tiny-fp32 ..." (default all the runs below)
-#   OPS_PATHS=... (the op-check files; default tests/autograd tests/nn and the tensor method tests)
+#   OPS_PATHS=... (default: every test file that uses the op checks)
 #   PYTHON=... (default: a venv over python3 with the wheels in .whl/ (mpi4py, mpich) installed, when python3 has
 #   no mpiexec beside it)   DEVICE=cuda:0   LIMIT=seconds per phase
 # Logs (at most 8 files): env.log tests.log (+ the kernels' checks and table) ops.log runs.log profile.txt bench.log
@@ -23,7 +23,7 @@ set -u
 cd "$(dirname "$0")/.."
 LOG=${1:-/tmp/gpu_session}
 PHASES=${PHASES:-tests ops runs profile kernels bench}
-OPS_PATHS=${OPS_PATHS:-tests/autograd tests/nn tests/test_tensor_methods.py tests/test_promotion.py}
+OPS_PATHS=${OPS_PATHS:-$(grep -rl "op_check\|op_device" tests --include="test_*.py" | sort | tr '\n' ' ')}
 DEVICE=${DEVICE:-cuda:0}
 LIMIT=${LIMIT:-240}
 WORK=${WORK:-/tmp/gpu_session_work}
@@ -69,12 +69,12 @@ on() { [[ " $PHASES " == *" $1 "* ]]; }
 
 # ---- 1. the cuda-marked tests (pytest -m cuda), and the op checks on the GPU
 if on tests; then
-    (t=$(date +%s); timeout -k 10 "$LIMIT" "$PYTHON" -m pytest -m cuda -n 4 -q -rfEs --timeout=300 -p no:cacheprovider \
+    (t=$(date +%s); timeout -s INT -k 10 "$LIMIT" "$PYTHON" -m pytest -m cuda -n 4 -q -rfEs --timeout=300 -p no:cacheprovider \
         > "$LOG/tests.log" 2>&1; echo "tests rc=$? $(( $(date +%s) - t ))s: $(tail -1 "$LOG/tests.log")" \
         >> "$LOG/summary.txt") &
 fi
 if on ops; then
-    (t=$(date +%s); timeout -k 10 "$LIMIT" "$PYTHON" -m pytest --op-device "$DEVICE" -n 8 -q -rfE --timeout=120 \
+    (t=$(date +%s); timeout -s INT -k 10 "$LIMIT" "$PYTHON" -m pytest --op-device "$DEVICE" -n 8 -q -rfE --timeout=120 \
         -p no:cacheprovider $OPS_PATHS \
         > "$LOG/ops.log" 2>&1; echo "ops rc=$? $(( $(date +%s) - t ))s: $(tail -1 "$LOG/ops.log")" \
         >> "$LOG/summary.txt") &
@@ -114,6 +114,16 @@ train.val_loss_every=0 train.sample_every=0 train.save_every=0 train.log_every=1
     step mpi-pp2 "$MPIEXEC -n 2 $D device=$DEVICE backend=mpi parallel.pipeline=2 train.total_batch_size=2048 \
         out_dir=$WORK/pp2 $short"
     step mpi-dp2-zero3 "$MPIEXEC -n 2 $D device=$DEVICE backend=mpi parallel.zero_stage=3 out_dir=$WORK/dpz3 $short"
+    local M="$PYTHON examples/gpt2/train.py --config configs/qwen3_moe_tiny.yaml plot=false train.log_every=5"
+    step mpi-ep2-moe "$MPIEXEC -n 2 $M device=$DEVICE backend=mpi parallel.expert=2 train.total_batch_size=2048 \
+        out_dir=$WORK/ep2 $short"
+    step mpi-ep2-zero3-moe "$MPIEXEC -n 2 $M device=$DEVICE backend=mpi parallel.expert=2 parallel.zero_stage=3 \
+        train.total_batch_size=2048 out_dir=$WORK/ep2z3 $short"
+    step nccl-zero3-moe "$MPIEXEC -n 1 $M device=$DEVICE backend=nccl parallel.zero_stage=3 out_dir=$WORK/moez3 $short"
+    step mpi-cp2-ring "$MPIEXEC -n 2 $D device=$DEVICE backend=mpi parallel.context=2 train.total_batch_size=1024 \
+        out_dir=$WORK/cp2 $short"
+    step mpi-cp2-ring-bf16 "$MPIEXEC -n 2 $D device=$DEVICE backend=mpi parallel.context=2 precision=bf16-mixed \
+        train.total_batch_size=1024 out_dir=$WORK/cp2bf16 $short"
 }
 if on runs; then
     runs &
@@ -135,13 +145,16 @@ if on profile; then
     done
 fi
 
-# ---- 4. the candidate kernels against the array path, alone on the GPU (their checks, then the results table)
+# ---- 4. the candidate kernels against the array path, alone on the GPU (their checks, unless the tests phase ran
+# them among the cuda tests, then the results table)
 if on kernels; then
-    t=$(date +%s)
-    { echo "===== kernels: INFINI_TRAIN_KERNELS=candidate pytest tests/kernels/test_*_cuda.py"
-      INFINI_TRAIN_KERNELS=candidate timeout -k 10 "$LIMIT" "$PYTHON" -m pytest -m cuda -q -rfEs --timeout=300 \
-        -p no:cacheprovider tests/kernels/test_*_cuda.py; } >> "$LOG/tests.log" 2>&1
-    echo "kernels tests rc=$? $(( $(date +%s) - t ))s: $(tail -1 "$LOG/tests.log")" >> "$LOG/summary.txt"
+    if ! on tests; then
+        t=$(date +%s)
+        { echo "===== kernels: INFINI_TRAIN_KERNELS=candidate pytest tests/kernels/test_*_cuda.py"
+          INFINI_TRAIN_KERNELS=candidate timeout -s INT -k 10 "$LIMIT" "$PYTHON" -m pytest -m cuda -q -rfEs \
+            --timeout=300 -p no:cacheprovider tests/kernels/test_*_cuda.py; } >> "$LOG/tests.log" 2>&1
+        echo "kernels tests rc=$? $(( $(date +%s) - t ))s: $(tail -1 "$LOG/tests.log")" >> "$LOG/summary.txt"
+    fi
     t=$(date +%s)
     { echo "===== kernels: benchmarks/check_kernels.py (the results table)"
       INFINI_TRAIN_KERNELS=candidate timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/check_kernels.py --device "$DEVICE" \
@@ -150,20 +163,21 @@ if on kernels; then
     cat "$WORK/kernels.md" >> "$LOG/summary.txt" 2>/dev/null
 fi
 
-# ---- 5. the benchmark, alone on the GPU: the candidate kernels off, then on
+# ---- 5. the benchmark, alone on the GPU: the candidate kernels on, then off
 if on bench; then
-    t=$(date +%s)
-    env -u INFINI_TRAIN_KERNELS timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
-        --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2 --json "$LOG/bench.json" \
-        > "$LOG/bench.log" 2>&1
-    echo "bench rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
-    tail -4 "$LOG/bench.log"
     t=$(date +%s)
     { echo "===== INFINI_TRAIN_KERNELS=candidate"
       INFINI_TRAIN_KERNELS=candidate timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
         --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2 \
-        --json "$WORK/bench_candidates.json"; } >> "$LOG/bench.log" 2>&1
+        --json "$WORK/bench_candidates.json"; } > "$LOG/bench.log" 2>&1
     echo "bench candidates rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
+    tail -4 "$LOG/bench.log"
+    t=$(date +%s)
+    { echo "===== the verified kernels only"
+      env -u INFINI_TRAIN_KERNELS timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
+        --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2 --json "$LOG/bench.json"; } \
+        >> "$LOG/bench.log" 2>&1
+    echo "bench rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
     tail -4 "$LOG/bench.log"
 fi
 

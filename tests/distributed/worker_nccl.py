@@ -1,7 +1,8 @@
 """Run under ``mpiexec -n 1`` or ``-n 2`` on a GPU machine (one GPU per rank): the NCCL backend's collectives on
 cupy arrays against numpy references (the flat all_gather_into_tensor / reduce_scatter_tensor in place and not),
 async Work, host tensors on an NCCL group (through MPI), stream-only waits, an MPI group staging cupy arrays
-through the host, and the all-reduce hook on GPU gradients.
+through the host, the all-reduce hook on GPU gradients, the experts' all-to-all (uneven splits, its gradient) and
+ring attention (forward and gradients against causal attention of the whole sequence) on the NCCL group.
 Prints "rank R NCCL OK <checks>"."""
 import os
 
@@ -190,6 +191,46 @@ w.register_post_accumulate_grad_hook(it.autograd.AllReducePostAccumulateHook("av
 (w * (rank + 1)).sum().backward()
 np.testing.assert_allclose(host(w.grad), np.full(2, (world + 1) / 2))
 check.count += 1
+
+# the experts' token exchange: all_to_all_single with uneven splits (rank r sends j + 1 + r rows to rank j), as an
+# autograd Op whose gradient returns each row where it came from
+from infini_train.nn.parallel.all_to_all import all_to_all  # noqa: E402
+from infini_train.nn.parallel.ring_attention import chunks_of, ring_attention  # noqa: E402
+
+rows_to = [j + 1 + rank for j in range(world)]
+rows_from = [rank + 1 + r for r in range(world)]
+sent = np.concatenate([np.full((n, 3), rank * 100 + j * 10, np.float32) + np.arange(n, dtype=np.float32)[:, None]
+                       for j, n in enumerate(rows_to)])
+want = np.concatenate([np.full((n, 3), r * 100 + rank * 10, np.float32) + np.arange(n, dtype=np.float32)[:, None]
+                       for r, n in enumerate(rows_from)])
+x = gpu(sent)
+x.requires_grad = True
+y = all_to_all(x, rows_from, rows_to, group=world_group)
+check(np.array_equal(host(y), want), "all_to_all forward (uneven splits)")
+(y * y.detach()).sum().backward()
+check(np.array_equal(host(x.grad), sent), "all_to_all backward")
+
+# ring attention over the NCCL group: this rank's chunks of a causal sequence against the whole sequence's attention
+rng = np.random.default_rng(5)
+B, H, E, c = 2, 4, 16, 8
+full = [rng.standard_normal((B, H, 2 * world * c, E)).astype(np.float32) for _ in range(3)]
+idx = np.concatenate([np.arange(i * c, (i + 1) * c) for i in chunks_of(rank, world)])
+whole = [gpu(a) for a in full]
+for t in whole:
+    t.requires_grad = True
+ref = it.nn.functional.scaled_dot_product_attention(*whole, is_causal=True)
+ref_grad = np.asarray(rng.standard_normal(ref.shape), np.float32)
+ref.backward(gpu(ref_grad))
+mine = [gpu(a[:, :, idx]) for a in full]
+for t in mine:
+    t.requires_grad = True
+out = ring_attention(*mine, group=world_group)
+out.backward(gpu(ref_grad[:, :, idx]))
+np.testing.assert_allclose(host(out), host(ref)[:, :, idx], rtol=1e-4, atol=1e-5, err_msg="ring attention forward")
+for name, t, w in zip("qkv", mine, whole):
+    np.testing.assert_allclose(host(t.grad), host(w.grad)[:, :, idx], rtol=1e-4, atol=1e-5,
+                               err_msg=f"ring attention grad {name}")
+check.count += 4
 
 dist.barrier()
 dist.destroy_process_group()

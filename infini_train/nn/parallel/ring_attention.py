@@ -135,7 +135,8 @@ class RingAttention(Op):
                                  grad_k[..., keys, :], grad_v[..., keys, :])
             held_grads[0] += self._fold_heads(grad_k, kv_heads)
             held_grads[1] += self._fold_heads(grad_v, kv_heads)
-            works, incoming = self._exchange(held_grads, _GRAD_TAG)  # (the keys went on during the compute)
+            # (the keys went on during the compute; a ring of one rank has its gradients home already)
+            works, incoming = self._exchange(held_grads, _GRAD_TAG) if group.size > 1 else ([], held_grads)
             for work in kv_works + works:
                 work.wait()
             held, held_grads = incoming_kv, incoming
