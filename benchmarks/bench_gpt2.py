@@ -174,7 +174,7 @@ def build_torch(spec, state):
     decay = [p for p in hf.parameters() if p.dim() >= 2]
     no_decay = [p for p in hf.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8)  # torch's default: foreach on GPUs
     rng = np.random.default_rng(0)
     dev = "cuda" if DEVICE != "cpu" else "cpu"
     x = torch.tensor(rng.integers(0, spec["vocab_size"], size=(spec["B"], spec["T"])), device=dev)

@@ -1,5 +1,5 @@
-"""Every candidate kernel (infini_train/kernels/registry.py) against the array path on a GPU, through its Op: forward
-and backward with the candidate on and off, the largest difference of any output or gradient (relative to that
+"""Every kernel of the registry (infini_train/kernels/registry.py) against the array path on a GPU, through its Op:
+forward and backward with the kernel on and off, the largest difference of any output or gradient (relative to that
 result's largest magnitude), whether every result is bit for bit the array path's, and the time of each (median of
 --repeats after --warmup). Writes the results table (markdown) to stdout and --out; a kernel that did not take a
 case (say a GPU before sm_80) shows why.
@@ -129,11 +129,11 @@ def check(case, device, warmup, repeats):
     grad = None
     if grad_shape is not None:
         grad = it.tensor(_normal(grad_shape, dtype, 9), device=device)
-    with registry.candidates(name):
+    with registry.selected(name):
         reason = why_not(dev_arrays)
         got = [r.numpy().astype(np.float64) for r in run(device, dev_arrays, grad)]
         kernel_ms = _time(lambda: run(device, dev_arrays, grad), sync, warmup, repeats)
-    with registry.candidates(""):
+    with registry.selected("none"):
         want = [r.numpy().astype(np.float64) for r in run(device, dev_arrays, grad)]
         array_ms = _time(lambda: run(device, dev_arrays, grad), sync, warmup, repeats)
     errors = [np.abs(a - b).max() / max(np.abs(b).max(), 1e-30) for a, b in zip(got, want)]
@@ -154,10 +154,10 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="shapes a few hundred times smaller (a smoke test)")
     args = parser.parse_args(argv)
-    only = set(args.only.split(",")) if args.only else set(registry.CANDIDATE)
-    unknown = only - set(registry.CANDIDATE)
+    only = set(args.only.split(",")) if args.only else set(registry.KERNELS)
+    unknown = only - set(registry.KERNELS)
     if unknown:
-        parser.error(f"--only: unknown kernels {sorted(unknown)}; candidates are {sorted(registry.CANDIDATE)}")
+        parser.error(f"--only: unknown kernels {sorted(unknown)}; the registry's are {sorted(registry.KERNELS)}")
     lines = ["| kernel | dtype | shape | kernel ran | max error vs array path (of max) | bitwise | array ms | "
              "kernel ms | time vs array |", "| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)

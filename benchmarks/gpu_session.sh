@@ -3,14 +3,16 @@
 #   1. the cuda-marked tests, and the op-check suite on the GPU against torch CUDA (pytest --op-device cuda:0)
 #   2. train.py on the GPU (tiny and GPT-2 124M shapes, fp32 and bf16-mixed), mpirun -n 1 with NCCL (DDP, ZeRO),
 #      two ranks sharing the GPU (NCCL, and MPI for tensor / pipeline parallelism), generate and evaluate
-#   3. one profiled step of GPT-2 124M (B8 T1024) in fp32 and bf16-mixed: the ops table by GPU time
-#   4. the candidate kernels (infini_train/kernels/registry.py), alone on the GPU: their cuda checks with
-#      INFINI_TRAIN_KERNELS=candidate (tests/kernels/test_*_cuda.py: each kernel against its NumPy reference and the
+#   3. the registry's kernels (infini_train/kernels/registry.py), alone on the GPU: their cuda checks (among the
+#      cuda tests when phase 1 runs; tests/kernels/test_*_cuda.py: each kernel against its NumPy reference and the
 #      array path), then benchmarks/check_kernels.py's results table (kernel, dtype, shape, max error vs the array
 #      path, bitwise, time vs the array path) into the summary
-#   5. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager, with
-#      the candidate kernels on (INFINI_TRAIN_KERNELS=candidate), then off
-# Phases 1 and 2 run side by side (neither is timed); the profile, the kernels and the benchmark run alone after them.
+#   4. benchmarks/bench_gpt2.py --device cuda:0 (GPT-2 124M, B8 T1024, fp32 and bf16-mixed) against torch eager with
+#      the kernels a plain run uses (INFINI_TRAIN_KERNELS=candidate for every one; BASELINE=1 adds the array path),
+#      then benchmarks/bench_hf_models.py (LLaMA-3 and Qwen3-MoE against transformers' models)
+#   5. one profiled step of GPT-2 124M (B8 T1024) in each of PROFILE_PRECISIONS (default fp32 bf16-mixed)
+# Phases 1 and 2 run side by side (neither is timed); the kernels' table, the benchmarks and the profile run alone
+# after them.
 #
 #   bash benchmarks/gpu_session.sh [LOG_DIR]          (default /tmp/gpu_session)
 #   PHASES="tests ops runs profile kernels bench" (default all)   RUNS="tiny-fp32 ..." (default all the runs below)
@@ -18,7 +20,7 @@
 #   PYTHON=... (default: a venv over python3 with the wheels in .whl/ (mpi4py, mpich) installed, when python3 has
 #   no mpiexec beside it)   DEVICE=cuda:0   LIMIT=seconds per phase
 # Logs (at most 8 files): env.log tests.log (+ the kernels' checks and table) ops.log runs.log profile.txt bench.log
-# (both benchmark runs) bench.json (candidates off; on: $WORK/bench_candidates.json) summary.txt (+ the table).
+# (every benchmark run) bench.json (GPT-2's) summary.txt (+ the table).
 set -u
 cd "$(dirname "$0")/.."
 LOG=${1:-/tmp/gpu_session}
@@ -130,22 +132,7 @@ if on runs; then
 fi
 wait
 
-# ---- 3. where the time of a GPT-2 124M step goes
-if on profile; then
-    for precision in fp32 bf16-mixed; do
-        t=$(date +%s)
-        timeout -k 10 "$LIMIT" "$PYTHON" examples/gpt2/train.py --config configs/gpt2_tiny.yaml plot=false device="$DEVICE" \
-            out_dir="$WORK/profile_$precision" precision=$precision \
-            'model={n_layer: 12, n_head: 12, n_embd: 768, vocab_size: 50304, block_size: 1024}' train.batch_size=8 \
-            train.sequence_length=1024 train.total_batch_size=8192 train.num_iterations=4 train.val_loss_every=0 \
-            train.sample_every=0 train.save_every=0 profile.start_step=2 profile.num_steps=1 > "$WORK/profile.log" 2>&1
-        echo "profile $precision rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
-        { echo "===== $precision"; grep "^step\|GPU memory" -A2 "$WORK/profile.log" | head -20
-          head -60 "$WORK/profile_$precision/profile/ops.txt"; tail -5 "$WORK/profile.log"; } >> "$LOG/profile.txt" 2>&1
-    done
-fi
-
-# ---- 4. the candidate kernels against the array path, alone on the GPU (their checks, unless the tests phase ran
+# ---- 3. the registry's kernels against the array path, alone on the GPU (their checks, unless the tests phase ran
 # them among the cuda tests, then the results table)
 if on kernels; then
     if ! on tests; then
@@ -163,22 +150,42 @@ if on kernels; then
     cat "$WORK/kernels.md" >> "$LOG/summary.txt" 2>/dev/null
 fi
 
-# ---- 5. the benchmark, alone on the GPU: the candidate kernels on, then off
+# ---- 4. the benchmarks, alone on the GPU: GPT-2 124M with the kernels a plain run uses (the verified ones), then
+# LLaMA-3 and Qwen3-MoE against Hugging Face's models; BASELINE=1 adds GPT-2 on the array path (INFINI_TRAIN_KERNELS=none)
 if on bench; then
     t=$(date +%s)
-    { echo "===== INFINI_TRAIN_KERNELS=candidate"
-      INFINI_TRAIN_KERNELS=candidate timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
-        --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2 \
-        --json "$WORK/bench_candidates.json"; } > "$LOG/bench.log" 2>&1
-    echo "bench candidates rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
-    tail -4 "$LOG/bench.log"
+    { echo "===== GPT-2 124M, the verified kernels (${INFINI_TRAIN_KERNELS:-default})"
+      timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" --configs d12-B8-T1024 \
+        --precision fp32 bf16-mixed --steps 6 --warmup 2 --json "$LOG/bench.json"; } > "$LOG/bench.log" 2>&1
+    echo "bench gpt2 rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
     t=$(date +%s)
-    { echo "===== the verified kernels only"
-      env -u INFINI_TRAIN_KERNELS timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
-        --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2 --json "$LOG/bench.json"; } \
-        >> "$LOG/bench.log" 2>&1
-    echo "bench rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
-    tail -4 "$LOG/bench.log"
+    { echo "===== LLaMA-3 and Qwen3-MoE against transformers"
+      timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_hf_models.py --device "$DEVICE" --precision fp32 bf16-mixed \
+        --steps 5 --warmup 2; } >> "$LOG/bench.log" 2>&1
+    echo "bench hf models rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
+    if [ "${BASELINE:-0}" = 1 ]; then
+        t=$(date +%s)
+        { echo "===== GPT-2 124M, INFINI_TRAIN_KERNELS=none"
+          INFINI_TRAIN_KERNELS=none timeout -k 10 "$LIMIT" "$PYTHON" benchmarks/bench_gpt2.py --device "$DEVICE" \
+            --configs d12-B8-T1024 --precision fp32 bf16-mixed --steps 6 --warmup 2; } >> "$LOG/bench.log" 2>&1
+        echo "bench gpt2 array path rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
+    fi
+    grep -v "^Writing\|^step" "$LOG/bench.log" | tail -20
+fi
+
+# ---- 5. where the time of a GPT-2 124M step goes (PROFILE_PRECISIONS, default fp32 bf16-mixed)
+if on profile; then
+    for precision in ${PROFILE_PRECISIONS:-fp32 bf16-mixed}; do
+        t=$(date +%s)
+        timeout -k 10 "$LIMIT" "$PYTHON" examples/gpt2/train.py --config configs/gpt2_tiny.yaml plot=false device="$DEVICE" \
+            out_dir="$WORK/profile_$precision" precision=$precision \
+            'model={n_layer: 12, n_head: 12, n_embd: 768, vocab_size: 50304, block_size: 1024}' train.batch_size=8 \
+            train.sequence_length=1024 train.total_batch_size=8192 train.num_iterations=4 train.val_loss_every=0 \
+            train.sample_every=0 train.save_every=0 profile.start_step=2 profile.num_steps=1 > "$WORK/profile.log" 2>&1
+        echo "profile $precision rc=$? $(( $(date +%s) - t ))s" >> "$LOG/summary.txt"
+        { echo "===== $precision"; grep "^step\|GPU memory" -A2 "$WORK/profile.log" | head -20
+          head -60 "$WORK/profile_$precision/profile/ops.txt"; tail -5 "$WORK/profile.log"; } >> "$LOG/profile.txt" 2>&1
+    done
 fi
 
 echo "----- summary ($(( $(date +%s) - start ))s)"

@@ -104,6 +104,11 @@ def _check_op(specs, it_fn, torch_fn, rtol, atol, grad, fd, fd_tol, seed, low, h
 
 
 def check_finite_differences(fn, arrays, grad_mask, tol=1e-6, eps=1e-6, seed=0):
+    with on_device():
+        _check_finite_differences(fn, arrays, grad_mask, tol, eps, seed)
+
+
+def _check_finite_differences(fn, arrays, grad_mask, tol, eps, seed):
     arrays64 = [a.astype(np.float64) if _is_float(a) else a for a in arrays]
     ins, outs = _run_it(fn, arrays64, np.float64, grad_mask)
     diff_out = [i for i, o in enumerate(outs) if o.requires_grad]

@@ -157,6 +157,9 @@ def _roots(tensors, grad_tensors, create_graph, op):
                 g = Tensor._make(t.device.array_module().asarray(g), t.device)
             if g.shape != t.shape:
                 raise ValueError(f"{op}: gradient has shape {tuple(g.shape)}, expected {t.shape}")
+            if g.device.type != t.device.type or (g.device.type == "cuda" and g.device.index != t.device.index):
+                raise ValueError(f"{op}: gradient is on {g.device}, expected the output's device {t.device}\n"
+                                 f"HINT: create it with device=output.device, or move it with .to('{t.device}')")
             external.add(id(g.array))
         node, idx = _graph_node(t)
         roots.append((node, g if create_graph else g.array, idx))

@@ -7,6 +7,7 @@ from infini_train import backend
 from infini_train.autograd.ops import attention as attention_module
 from tests.autograd.test_low_precision import (LOW, assert_all_ulps, cotangent_for, float32_reference, normal,
                                                outputs_and_grads)
+from tests import op_check
 from tests.op_check import check_finite_differences, check_op, make_inputs
 
 F = torch.nn.functional
@@ -73,7 +74,7 @@ def test_sdpa_dropout_uses_the_seeded_generator():
 
     p, shapes = 0.4, [(2, 3, 4), (2, 5, 4), (2, 5, 3)]
     backend.manual_seed(7)
-    keep = keep_block(np, draw_seed(backend.CPU), (2,), 3, 5, 0, 3, 0, 5, p)
+    keep = keep_block(np, draw_seed(backend.Device.parse(op_check.DEVICE)), (2,), 3, 5, 0, 3, 0, 5, p)
     assert 0 < keep.sum() < keep.size
 
     def it_fn(q, k, v):

@@ -65,6 +65,8 @@ def test_grad_errors_are_clear():
         it.autograd.grad((x * 2).sum(), it.ones(2))
     with pytest.raises(RuntimeError, match="grad: grad can be implicitly created only for scalar outputs"):
         it.autograd.grad(x * 2, x)
+    with pytest.raises(ValueError, match="gradient is on meta, expected the output's device cpu"):
+        (x * 2).backward(it.ones(x.shape, device="meta"))
 
 
 def test_backward_with_inputs_accumulates_only_there():

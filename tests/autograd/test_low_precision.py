@@ -16,8 +16,8 @@ from infini_train.autograd.ops import low_precision as lp
 
 TF = torch.nn.functional
 LOW = ["bfloat16", "float16"]
-_MANTISSA_BITS = {"bfloat16": 7, "float16": 10}
-_MIN_NORMAL = {"bfloat16": 2.0 ** -126, "float16": 2.0 ** -14}
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
+_MIN_NORMAL = {"bfloat16": 2.0 ** -126, "float16": 2.0 ** -14, "float32": 2.0 ** -126}
 
 
 # ------------------------------------------------------------------------------------------------ tools

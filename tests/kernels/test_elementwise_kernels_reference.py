@@ -102,9 +102,9 @@ def test_the_ops_take_the_kernels_only_with_the_switch(reference_kernels, dtype)
              ("gelu_forward", lambda t: F.gelu(t, approximate="tanh"), [x], lambda: gelu_ref.forward(x, "tanh")),
              ("gelu_forward", lambda t: F.gelu(t), [x], lambda: gelu_ref.forward(x, "none"))]
     for name, fn, arrays, reference in cases:
-        with registry.candidates(""):
+        with registry.selected("none"):
             want = _run(fn, arrays, g)
-        with registry.candidates(name):
+        with registry.selected(name):
             got = _run(fn, arrays, g)
         np.testing.assert_array_equal(got[0], reference())  # the kernel's output
         for a, e in zip(got[1:], want[1:]):  # the backward from the kernel's statistics / from x alone
@@ -116,8 +116,8 @@ def test_on_the_host_the_switch_changes_nothing():
     x = _x("bfloat16", (4, 33, 256))
     g = _x("bfloat16", (4, 33, 256), seed=4)
     results = []
-    for spec in ("", "candidate"):
-        with registry.candidates(spec):
+    for spec in ("none", "candidate"):
+        with registry.selected(spec):
             results.append(_run(lambda t: F.gelu(F.layer_norm(t, (256,)), approximate="tanh"), [x], g))
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)

@@ -1,7 +1,12 @@
-"""The tensor-core attention kernels on a GPU (a candidate: kernels/registry.py): against their NumPy reference
-(kernels/reference/flash_attention.py, the same tiles and order; within a few ulps of the dtype, for the additions
-inside a tensor-core instruction and expf/logf, which the reference cannot pin down), and through the Op against the
-array path. Marked cuda: skipped without cupy and a GPU."""
+"""The tensor-core attention kernels on a GPU (kernels/registry.py): against their NumPy reference
+(kernels/reference/flash_attention.py, the same tiles and order), and through the Op against the array path. Marked
+cuda: skipped without cupy and a GPU.
+
+The reference cannot pin down the additions inside a tensor-core instruction or expf / logf, and a float32 sum that
+differs in its last bit can round the probabilities (or dS) to the neighbouring bf16 / fp16 value before the next
+product: a few elements of a sum that cancels then differ by a tenth of an ulp of the tensor's largest values (seen
+on an H200: 1 to 20 elements of a million). Hence 4 ulps at a tenth of the largest magnitude, element by element;
+the log-sum-exp, where a wrong mask or index would show, is held to float32 rounding."""
 import numpy as np
 import pytest
 
@@ -31,7 +36,7 @@ def run_kernel(q, k, v, g, causal, window, seed, dropout_p):
 
     qc, kc, vc, gc = (cp.asarray(a) for a in (q, k, v, g))
     scale = 1.0 / np.sqrt(q.shape[-1])
-    with registry.candidates("flash_attention"):
+    with registry.selected("flash_attention"):
         assert flash.why_not(qc, kc, vc, dropout_p, window, causal) is None
         out, lse = flash.forward(cp, qc, kc, vc, scale, causal, window, seed, dropout_p)
         grads = flash.backward(cp, qc, kc, vc, out, lse, gc, scale, causal, window, seed, dropout_p)
@@ -50,7 +55,7 @@ def test_the_kernels_give_their_reference(case, dtype):
     want = [out, *ref.backward(q, k, v, out, lse, g, scale, causal, window, seed, p)]
     for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
         w64 = w.astype(np.float64)
-        assert_ulps(a, w64, dtype, ulps=4, floor=1e-2 * np.abs(w64).max(), what=f"{case} {name}")
+        assert_ulps(a, w64, dtype, ulps=4, floor=0.1 * np.abs(w64).max(), what=f"{case} {name}")
     assert (np.isposinf(got_lse) == np.isposinf(lse)).all()
     finite = np.isfinite(lse)
     np.testing.assert_allclose(got_lse[finite], lse[finite], rtol=1e-5, atol=1e-5)
@@ -61,7 +66,7 @@ def test_strided_rows_give_the_contiguous_results():
 
     q, k, v, g = attention_inputs(it.bfloat16, 2, 4, 4, 96, 96, 64)
     scale = 0.125
-    with registry.candidates("flash_attention"):
+    with registry.selected("flash_attention"):
         flat = flash.forward(cp, *(cp.asarray(a) for a in (q, k, v)), scale, True)
         # (B, T, H, D) memory seen as (B, H, T, D), as the models' q.view(B, T, H, D).transpose(1, 2)
         strided = [cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for a in (q, k, v)]
@@ -78,12 +83,12 @@ def test_the_op_with_the_kernels_against_the_array_path(dtype, dropout_p):
 
     q, k, v, g = attention_inputs(getattr(it, dtype), 2, 6, 2, 257, 257, 64)
     results = []
-    for spec in ("flash_attention", ""):
-        with registry.candidates(spec):
+    for spec in ("flash_attention", "none"):
+        with registry.selected(spec):
             tensors = [it.tensor(a, device="cuda:0", requires_grad=True) for a in (q, k, v)]
             it.manual_seed(7)
             out = F.scaled_dot_product_attention(*tensors, is_causal=True, dropout_p=dropout_p, enable_gqa=True)
-            assert (type(out.grad_fn) is FusedAttention and out.grad_fn.fused) == bool(spec)
+            assert (type(out.grad_fn) is FusedAttention and out.grad_fn.fused) == (spec != "none")
             out.backward(it.tensor(g, device="cuda:0"))
             results.append([out.numpy()] + [t.grad.numpy() for t in tensors])
     tol = 1.2e-2 if dtype == "bfloat16" else 2e-3

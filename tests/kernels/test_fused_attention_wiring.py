@@ -45,8 +45,8 @@ def reference_kernel(monkeypatch):
 def test_off_by_default_and_on_the_host_nothing_changes():
     q, k, v, g = _inputs()
     results = []
-    for spec in ("", "candidate"):
-        with registry.candidates(spec):
+    for spec in ("none", "candidate"):
+        with registry.selected(spec):
             out, tensors = _run(q, k, v, g)
             assert type(out.grad_fn) is ScaledDotProductAttention  # the host never takes the kernels
             results.append([out.numpy()] + [t.grad.numpy() for t in tensors])
@@ -57,7 +57,7 @@ def test_off_by_default_and_on_the_host_nothing_changes():
 @pytest.mark.parametrize("dropout_p", [0.0, 0.25])
 def test_the_candidate_switch_routes_to_the_kernel_with_its_results(reference_kernel, dropout_p):
     q, k, v, g = _inputs()
-    with registry.candidates("flash_attention"):
+    with registry.selected("flash_attention"):
         out, tensors = _run(q, k, v, g, dropout_p=dropout_p)
     assert type(out.grad_fn) is fused_attention.FusedAttention and out.grad_fn.fused
     it.manual_seed(11)
@@ -66,7 +66,7 @@ def test_the_candidate_switch_routes_to_the_kernel_with_its_results(reference_ke
     want = [want_out, *ref.backward(q, k, v, want_out, lse, g, 0.125, True, 0, seed, dropout_p)]
     for a, b in zip([out.numpy()] + [t.grad.numpy() for t in tensors], want):
         np.testing.assert_array_equal(a, b)
-    with registry.candidates(""):  # and close to the array path, which the switch leaves alone
+    with registry.selected("none"):  # and close to the array path, which the switch leaves alone
         array_out, array_tensors = _run(q, k, v, g, dropout_p=dropout_p)
     assert type(array_out.grad_fn) is ScaledDotProductAttention
     for a, b in zip([out] + [t.grad for t in tensors], [array_out] + [t.grad for t in array_tensors]):
@@ -77,10 +77,10 @@ def test_the_candidate_switch_routes_to_the_kernel_with_its_results(reference_ke
 def test_arrays_the_kernel_does_not_take_run_the_array_path(reference_kernel, monkeypatch):
     monkeypatch.setattr(flash, "why_not", lambda *a, **kw: "head dim 32")
     q, k, v, g = _inputs(dim=32)
-    with registry.candidates():
+    with registry.selected():
         out, tensors = _run(q, k, v, g)
     assert type(out.grad_fn) is fused_attention.FusedAttention and not out.grad_fn.fused
-    with registry.candidates(""):
+    with registry.selected("none"):
         want_out, want_tensors = _run(q, k, v, g)
     for a, b in zip([out] + [t.grad for t in tensors], [want_out] + [t.grad for t in want_tensors]):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -89,7 +89,7 @@ def test_arrays_the_kernel_does_not_take_run_the_array_path(reference_kernel, mo
 def test_a_mask_or_a_forced_backend_keeps_the_array_path(reference_kernel):
     q, k, v, _ = _inputs()
     tensors = [it.tensor(a) for a in (q, k, v)]
-    with registry.candidates():
+    with registry.selected():
         masked = F.scaled_dot_product_attention(*tensors, attn_mask=it.tensor(np.ones((80, 80), bool)),
                                                 enable_gqa=True)
         assert type(masked.grad_fn) is not fused_attention.FusedAttention
@@ -103,8 +103,8 @@ def test_a_mask_or_a_forced_backend_keeps_the_array_path(reference_kernel):
 def test_double_backward_through_the_fused_op(reference_kernel):
     q, k, v, g = _inputs(kv_heads=4, tq=40, tk=40)
     grads = []
-    for spec in ("flash_attention", ""):
-        with registry.candidates(spec):
+    for spec in ("flash_attention", "none"):
+        with registry.selected(spec):
             tensors = [it.tensor(a.astype(np.float32), requires_grad=True) for a in (q, k, v)]
             out = F.scaled_dot_product_attention(*[t.to(it.bfloat16) for t in tensors], is_causal=True)
             (grad_q,) = it.autograd.grad(out, tensors[0], it.tensor(g), create_graph=True)

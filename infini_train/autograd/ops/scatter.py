@@ -130,8 +130,8 @@ def _at(xp, name, target, index, values):
     if name in ("maximum", "minimum"):
         getattr(cupyx, "scatter_max" if name == "maximum" else "scatter_min")(target, index, values)
         return target
-    host = backend.to_numpy(target)  # cupy has no multiply.at: combine the products on the host
-    np.multiply.at(host, tuple(backend.to_numpy(i) for i in index), backend.to_numpy(values))
+    host = xp.asnumpy(target)  # cupy has no multiply.at: combine the products on the host
+    np.multiply.at(host, tuple(xp.asnumpy(i) for i in index), xp.asnumpy(values))
     target[...] = xp.asarray(host)
     return target
 
