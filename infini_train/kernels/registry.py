@@ -1,8 +1,9 @@
-"""The registry of GPU kernels that came after the first fused ones: each compiles (tests/kernels/test_kernel_sources.py)
-and has a NumPy reference of its exact arithmetic checked on the CPU (infini_train/kernels/reference/). A kernel is a
-candidate until a GPU run has checked it against the array path (``benchmarks/gpu_session.sh``, phase ``kernels``:
-its cuda tests and ``benchmarks/check_kernels.py``'s results table); then it moves to VERIFIED with the line that
-verified it, and runs by default like the fused kernels before it (off with INFINI_TRAIN_FUSED_KERNELS=0).
+"""The registry of GPU kernels that came after the first fused ones: each compiles
+(tests/kernels/test_kernel_sources.py) and has a NumPy reference of its exact arithmetic checked on the CPU
+(infini_train/kernels/reference/). A kernel is a candidate until a GPU run has checked it against the array path
+(``benchmarks/gpu_session.sh``, phase ``kernels``: its cuda tests and ``benchmarks/check_kernels.py``'s results
+table); then it moves to VERIFIED with the lines that verified it, and runs by default like the fused kernels
+before it (off with INFINI_TRAIN_FUSED_KERNELS=0).
 
 INFINI_TRAIN_KERNELS selects the kernels that run where they apply: unset or empty, the verified ones; ``candidate``
 (or ``all``), every one; ``none``, none of them (the array path); ``name,name``, those named. Names it does not know

@@ -1,6 +1,6 @@
-"""The layer norm forward (and residual add + layer norm) and GELU forward kernels on a GPU (candidates:
-kernels/registry.py): against their NumPy references (layer norm bit for bit; GELU within a few float32 ulps of
-0.5 |x|, for tanhf and erfcf) and through the Ops against the array path. Marked cuda: skipped without cupy and a GPU."""
+"""The layer norm forward (and residual add + layer norm) and GELU forward kernels on a GPU (kernels/registry.py):
+against their NumPy references (layer norm bit for bit; GELU within a few float32 ulps of 0.5 |x|, for tanhf and
+erfcf) and through the Ops against the array path. Marked cuda: skipped without cupy and a GPU."""
 import numpy as np
 import pytest
 
@@ -9,7 +9,7 @@ import infini_train.nn.functional as F
 from infini_train.kernels import gelu_forward, norm_forward, registry
 from infini_train.kernels.reference import gelu_forward as gelu_ref
 from infini_train.kernels.reference import norm_forward as norm_ref
-from tests.autograd.test_low_precision import assert_ulps, ulp
+from tests.autograd.test_low_precision import ulp
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not it.backend.cuda_available(), reason="needs cupy and an NVIDIA GPU")]

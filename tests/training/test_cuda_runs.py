@@ -54,7 +54,8 @@ def test_llama_and_qwen3_moe_on_the_gpu_give_the_cpu_losses(data_dir, tmp_path, 
     assert on_gpu[7] < on_gpu[0]
 
 
-@pytest.mark.parametrize("arch,layout", [("qwen3_moe_tiny", "parallel.expert=2"), ("qwen3_moe_tiny", "parallel.zero_stage=3"),
+@pytest.mark.parametrize("arch,layout", [("qwen3_moe_tiny", "parallel.expert=2"),
+                                         ("qwen3_moe_tiny", "parallel.zero_stage=3"),
                                          ("gpt2_tiny", "parallel.context=2")], ids=["ep2", "zero3-moe", "cp2-ring"])
 def test_two_ranks_sharing_the_gpu_give_the_one_process_cpu_losses(data_dir, tmp_path, arch, layout):
     """The experts' all-to-all, ZeRO-3's gathers and ring attention's exchanges on GPU arrays (two ranks over MPI:
