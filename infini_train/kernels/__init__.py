@@ -8,8 +8,8 @@ The sources are self-contained CUDA C (no headers: bfloat16 and float16 are conv
 ``nvcc`` compiles each one where there is no GPU (tests/kernels/test_kernel_sources.py). Set
 INFINI_TRAIN_FUSED_KERNELS=0 to run the array code on GPUs too.
 
-Kernels no GPU has checked yet are candidates (registry.py): off unless INFINI_TRAIN_KERNELS=candidate, each with a
-NumPy reference of its arithmetic (reference/).
+The kernels added after those are in the registry (registry.py), each with a NumPy reference of its arithmetic
+(reference/): candidates until a GPU run has checked them, then verified and on by default.
 """
 from . import registry
 from .cuda_source import SOURCES, enabled, set_enabled

@@ -3,7 +3,7 @@ autograd's two passes): the forward reads each row of logits once, keeping a run
 exponentials per thread (online softmax), merges the threads' pairs, and writes the row's max m, sum s and loss
 (m - x[target]) + log s (the difference first: exact for logits close together, however large); the backward reads
 the row once more and writes exp(x - m) * (scale / s) - onehot(target) * scale, the gradient of the reduced loss, in
-the logits' dtype (the array code's arithmetic: exponentials times a per-row factor). A candidate kernel
+the logits' dtype (the array code's arithmetic: exponentials times a per-row factor). A registry kernel
 (registry.py); reference/classifier.py is the same arithmetic in NumPy.
 
 One block of 256 threads per row; thread t visits columns t, t + 256, ... in order. A thread's pair (m, s) takes

@@ -1,7 +1,7 @@
 """GELU's forward in one pass with 128-bit loads (8 bfloat16/float16 or 4 float32 values per load): the tanh form
 in the array code's order of float32 operations (t = ((x x) a + b) x, tanh t, (x t + x) 0.5, with a = sqrt(2/pi)
 0.044715 and b = sqrt(2/pi) rounded to float32 as numpy rounds them), the exact form as x * 0.5 erfc(-x / sqrt(2)).
-A candidate kernel (registry.py); reference/gelu_forward.py is the same arithmetic in NumPy but for tanhf / erfcf
+A registry kernel (registry.py); reference/gelu_forward.py is the same arithmetic in NumPy but for tanhf / erfcf
 (CUDA's within 2 ulps of the exact values). The backward stays kernels/gelu.py's, which recomputes from x."""
 from __future__ import annotations
 

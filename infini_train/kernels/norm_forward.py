@@ -2,7 +2,7 @@
 per row reads it with 128-bit loads (8 bfloat16/float16 or 4 float32 values per thread and load), sums it, sums the
 squared deviations from the mean, then writes (x - mean) * rstd * weight + bias and the float32 mean and 1/std the
 backward kernel (layer_norm.py) reads. With a residual r, x + r is rounded to x's dtype, written out, and normalised
-(as the array code's x + r then layer_norm). A candidate kernel (registry.py); reference/norm_forward.py is the same
+(as the array code's x + r then layer_norm). A registry kernel (registry.py); reference/norm_forward.py is the same
 arithmetic in NumPy, bit for bit (no transcendental functions: sqrtf and the division are IEEE).
 
 Lane l of a row's warp visits the row's 16-byte vectors l, l + 32, ..., each vector's values in order; the lanes'

@@ -1,6 +1,7 @@
-"""The fused classifier kernels on a GPU (a candidate: kernels/registry.py): against their NumPy reference
-(kernels/reference/classifier.py: the same order; expf / logf within a few float32 ulps) and through cross_entropy
-against the array path. Marked cuda: skipped without cupy and a GPU."""
+"""The fused classifier kernels on a GPU (kernels/registry.py): against their NumPy reference
+(kernels/reference/classifier.py: the same order; the device's expf / logf within 2 ulps, so a float32 gradient
+within 4, as seen on an H200: 3) and through cross_entropy against the array path. Marked cuda: skipped without
+cupy and a GPU."""
 import numpy as np
 import pytest
 
@@ -40,7 +41,7 @@ def test_the_kernels_give_their_reference(dtype, rows, classes, offset):
     for name, a, b in (("losses", got[0].get(), want[0]), ("row_sum", got[2].get(), want[2])):
         np.testing.assert_allclose(a, b, rtol=4e-6, atol=1e-6 * max(1.0, abs(offset)), err_msg=name)
     want_grad = ref.backward(x, safe_t, want[1], want[2], scale)
-    assert_ulps(got_grad, want_grad.astype(np.float64), dtype, ulps=2 if dtype == "float32" else 1,
+    assert_ulps(got_grad, want_grad.astype(np.float64), dtype, ulps=4 if dtype == "float32" else 1,
                 floor=1e-3 * np.abs(want_grad.astype(np.float64)).max(), what="gradient")
 
 

@@ -169,7 +169,7 @@ class GELU(Op):
 
     def forward(self, x):
         xp = self.xp
-        if gelu_forward.why_not(x) is None:  # a candidate kernel, off unless INFINI_TRAIN_KERNELS names it
+        if gelu_forward.why_not(x) is None:  # a registry kernel (kernels/registry.py)
             out = gelu_forward.forward(xp, x, self.approximate)
             if out is not None:
                 self.stash(None)  # the backward recomputes from x

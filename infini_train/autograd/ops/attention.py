@@ -420,8 +420,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     elif MATH not in allowed:
         cls = _blocked()
     plain = attn_mask is None and sinks is None and sliding_window is None and dropout_heads is None
-    if plain and allowed is None and registry.use("flash_attention"):  # a candidate kernel: off unless
-        from . import fused_attention  # INFINI_TRAIN_KERNELS names it (kernels/registry.py)
+    if plain and allowed is None and registry.use("flash_attention"):  # a registry kernel, unless
+        from . import fused_attention  # INFINI_TRAIN_KERNELS leaves it out (kernels/registry.py)
 
         if fused_attention.applies(q, k, v):
             cls = fused_attention.FusedAttention

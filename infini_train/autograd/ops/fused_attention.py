@@ -1,8 +1,9 @@
 """scaled_dot_product_attention through the tensor-core kernels (kernels/flash_attention.py): one kernel forward,
-three backward, q, k, v in bfloat16 or float16 on a GPU, no mask. A candidate kernel (kernels/registry.py): chosen
-only with INFINI_TRAIN_KERNELS naming it; everywhere else, and for arrays the kernels do not take, the materialised
-Op (attention.py) runs as before. The results are the kernels' (flash_attention's NumPy reference is their
-arithmetic): the output and each row's log-sum-exp are kept, and backward recomputes the probabilities from them.
+three backward, q, k, v in bfloat16 or float16 on a GPU, no mask. A registry kernel (kernels/registry.py): chosen
+when INFINI_TRAIN_KERNELS selects it (by default: verified); everywhere else, and for arrays the kernels do not take,
+the materialised Op (attention.py) runs as before. The results are the kernels' (flash_attention's NumPy reference
+is their arithmetic): the output and each row's log-sum-exp are kept, and backward recomputes the probabilities from
+them.
 Dropout draws the same seed and mask as the array path (attention_dropout.py), and a double backward differentiates
 the same composite."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """cross_entropy through the fused classifier kernels (kernels/classifier.py): class-index targets without class
-weights or label smoothing, on a GPU. A candidate kernel (kernels/registry.py): chosen only with
-INFINI_TRAIN_KERNELS naming it; for anything the kernels do not take, CrossEntropy's array code runs as before.
+weights or label smoothing, on a GPU. A registry kernel (kernels/registry.py): chosen when INFINI_TRAIN_KERNELS
+selects it (by default: verified); for anything the kernels do not take, CrossEntropy's array code runs as before.
 
 The forward keeps each row's max and sum of exponentials (float32) and the logits themselves (no exponentials: the
 graph holds the logits anyway), the backward writes the logits' gradient in one pass. The per-row losses are float32

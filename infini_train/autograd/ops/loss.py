@@ -556,7 +556,7 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mea
         return SoftCrossEntropy(reduction, eps).apply(logits, target, weight)
     _check_class_weight("cross_entropy", weight)
     cls = CrossEntropy
-    if weight is None and not eps and registry.use("fused_classifier"):  # a candidate kernel (kernels/registry.py)
+    if weight is None and not eps and registry.use("fused_classifier"):  # a registry kernel (kernels/registry.py)
         from . import fused_classifier
 
         if fused_classifier.applies(logits):

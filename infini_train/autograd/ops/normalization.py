@@ -40,7 +40,7 @@ class LayerNorm(Op):
         if x.size == 0:
             self.stash(None, None)
             return x.copy()
-        if norm_forward.why_not(x, weight, bias, size) is None:  # a candidate kernel (kernels/registry.py)
+        if norm_forward.why_not(x, weight, bias, size) is None:  # a registry kernel (kernels/registry.py)
             fused = norm_forward.layer_norm(xp, x, weight, bias, size, self.eps)
             if fused is not None:
                 self.stash(*fused[1:])

@@ -1,4 +1,4 @@
-"""NumPy references of the candidate kernels' exact arithmetic (their tiles, accumulation order and dtypes), run on
+"""NumPy references of the registry kernels' exact arithmetic (their tiles, accumulation order and dtypes), run on
 the CPU against the array path (tests/kernels) and, on a GPU, against the kernels themselves. Each module's
 docstring says what it cannot pin down."""
 from . import classifier, flash_attention, gelu_forward, norm_forward
