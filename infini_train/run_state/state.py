@@ -1,11 +1,13 @@
 """RunState: everything a run saves and resumes, for every layout, through one object (see the package docstring)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import distributed as dist
 from ..tensor import Tensor
-from . import whole_files
+from . import async_save, whole_files
 from .directory import read_state
 from .entries import RunEntries, WholeNames
 from .gather import gather_whole
@@ -42,22 +44,27 @@ class RunState:
                                   whole_names(model, dims, experts))
 
     # ----------------------------------------------------------------------------------------- checkpoints
-    def save(self, out_dir, step, fmt, record, keep_last=None, run_id=None):
+    def save(self, out_dir, step, fmt, record, keep_last=None, run_id=None, saver=None):
         """Write checkpoint ``step`` of ``out_dir`` in ``fmt`` ("sharded": every rank writes the pieces it holds;
         "whole": gathered on rank 0, which writes the one-process files); ``record``: the run's JSON-serialisable
-        state for state.json (rank 0's). Collective; returns the step directory on rank 0, None elsewhere."""
+        state for state.json (rank 0's). With ``saver`` (an AsyncSaver) the state is staged and written in the
+        background (async_save.py). Collective; returns the step directory on rank 0, None elsewhere."""
         if fmt not in FORMATS:
             raise ValueError(f"RunState.save: expected a format in {FORMATS}, got {fmt!r}")
         entries = self.entries
         if fmt == SHARDED:
             groups = entries.param_groups()
             saved = {"optimizer": {"param_groups": groups}, "model_keys": entries.model_keys(), **record}
-            return write_sharded(out_dir, step, entries.entries(), saved, dist.default_group(), keep_last, run_id)
+            write = write_sharded if saver is None else functools.partial(async_save.start_sharded, saver)
+            return write(out_dir, step, entries.entries(), saved, dist.default_group(), keep_last, run_id)
         arrays = self._gather()
         if arrays is None:
             return None
         files, skeleton = self._whole_layout(arrays)
         saved = {"optimizer": skeleton, "model_keys": entries.model_keys(), **record}
+        if saver is not None:
+            return async_save.start_whole(saver, out_dir, step, files, whole_files.infos_of(arrays), arrays, saved,
+                                          keep_last, run_id)
         return write_whole(out_dir, step, files, whole_files.infos_of(arrays), arrays.__getitem__, saved, keep_last,
                            run_id)
 

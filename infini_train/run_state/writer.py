@@ -20,12 +20,9 @@ from .tree import flatten_state, to_numpy
 from .verify import SHARDED
 
 
-def write_checkpoint(out_dir, step, fill, record, keep_last=None, run_id=None, group=None, fmt=None):
-    """Write checkpoint ``step`` of ``out_dir``; returns its directory on rank 0 of ``group``, None elsewhere.
-    ``fill(directory)`` writes the tensor files into the temporary directory and returns state.json's ``files``
-    (on rank 0): it is called on every rank of ``group`` (a collective), or with ``group`` None on this rank alone.
-    ``record``: the rest of state.json (rank 0's; JSON-serialisable), after ``step``, ``run_id``, ``format`` (``fmt``:
-    "sharded", or None for the whole format, which records none) and ``files``."""
+def make_temporary(out_dir, step, group=None):
+    """The temporary directory checkpoint ``step`` is written into: made by rank 0 of ``group`` beside the
+    checkpoints (after removing those of killed saves), its path shared with the other ranks (a collective)."""
     rank = group.rank if group is not None else 0
     tmp = None
     if rank == 0:
@@ -38,25 +35,51 @@ def write_checkpoint(out_dir, step, fill, record, keep_last=None, run_id=None, g
         paths = [None] * group.size
         dist.all_gather_object(paths, tmp, group)
         tmp = paths[0]
+    return tmp
+
+
+def commit(out_dir, step, tmp, files, record, keep_last=None, run_id=None, fmt=None):
+    """Rank 0 completes checkpoint ``step``: fsyncs ``tmp``, writes state.json (step, run id, format, ``files``, then
+    ``record``), renames it into place and prunes the run's oldest checkpoints. Returns the step directory."""
+    fsync_dir(tmp)
+    head = {"step": step, "run_id": run_id, **({"format": fmt} if fmt is not None else {})}
+    write_state_file(tmp, {**head, "files": files, **record})
+    fsync_dir(tmp)
+    final = step_dir(out_dir, step)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(os.path.dirname(final))
+    prune(out_dir, keep_last, run_id)
+    return final
+
+
+def write_checkpoint(out_dir, step, fill, record, keep_last=None, run_id=None, group=None, fmt=None):
+    """Write checkpoint ``step`` of ``out_dir``; returns its directory on rank 0 of ``group``, None elsewhere.
+    ``fill(directory)`` writes the tensor files into the temporary directory and returns state.json's ``files``
+    (on rank 0): it is called on every rank of ``group`` (a collective), or with ``group`` None on this rank alone.
+    ``record``: the rest of state.json (rank 0's; JSON-serialisable), after ``step``, ``run_id``, ``format`` (``fmt``:
+    "sharded", or None for the whole format, which records none) and ``files``."""
+    rank = group.rank if group is not None else 0
+    tmp = make_temporary(out_dir, step, group)
     try:
         files = fill(tmp)
         if rank != 0:
             return None
-        fsync_dir(tmp)
-        head = {"step": step, "run_id": run_id, **({"format": fmt} if fmt is not None else {})}
-        write_state_file(tmp, {**head, "files": files, **record})
-        fsync_dir(tmp)
-        final = step_dir(out_dir, step)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(os.path.dirname(final))
+        return commit(out_dir, step, tmp, files, record, keep_last, run_id, fmt)
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune(out_dir, keep_last, run_id)
-    return final
+
+
+def sharded_files(directory, metadata):
+    """state.json's ``files`` of a sharded checkpoint (rank 0, once every shard and metadata.json are written)."""
+    files = {name: {"sha256": info["sha256"], "bytes": info["bytes"]} for name, info in metadata["files"].items()}
+    files[dcp.METADATA] = describe_file(os.path.join(directory, dcp.METADATA))
+    for name in files:
+        os.chmod(os.path.join(directory, name), dir_mode() & 0o666)
+    return files
 
 
 def write_sharded(out_dir, step, entries, record, group, keep_last=None, run_id=None):
@@ -65,13 +88,7 @@ def write_sharded(out_dir, step, entries, record, group, keep_last=None, run_id=
 
     def fill(directory):
         metadata = dcp.save(entries, directory, group)
-        if group.rank != 0:
-            return None
-        files = {name: {"sha256": info["sha256"], "bytes": info["bytes"]} for name, info in metadata["files"].items()}
-        files[dcp.METADATA] = describe_file(os.path.join(directory, dcp.METADATA))
-        for name in files:
-            os.chmod(os.path.join(directory, name), dir_mode() & 0o666)
-        return files
+        return sharded_files(directory, metadata) if group.rank == 0 else None
 
     return write_checkpoint(out_dir, step, fill, record, keep_last, run_id, group, fmt=SHARDED)
 
@@ -125,4 +142,5 @@ def save_checkpoint(out_dir, step, model_state, optimizer_state, extra, keep_las
                        run_id)
 
 
-__all__ = ["write_checkpoint", "write_sharded", "write_whole", "write_whole_directory", "save_checkpoint"]
+__all__ = ["make_temporary", "commit", "write_checkpoint", "sharded_files", "write_sharded", "write_whole",
+           "write_whole_directory", "save_checkpoint"]

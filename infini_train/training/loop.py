@@ -25,7 +25,8 @@ from ..models.parallelize import gathered
 from ..models.tensor_parallel_lm import without_sequence_parallel
 from ..nn.lora import save_adapter
 from ..tensor import Tensor
-from ..run_state import read_state
+from ..run_state import read_state, step_dir
+from ..run_state.async_save import AsyncSaver
 from .comm_log import comm_record, counting
 from .config import ConfigError
 from .metrics import MetricsLog, plot_loss_curve
@@ -137,6 +138,7 @@ class Run:
         self.checkpoint_format = cfg.train.checkpoint_format
         if self.checkpoint_format == "auto":
             self.checkpoint_format = "sharded" if self.world > 1 else "whole"
+        self.saver = AsyncSaver() if cfg.train.checkpoint_async else None  # train.checkpoint_async's writer
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -160,7 +162,9 @@ class Run:
         return state
 
     # ------------------------------------------------------------------------------------------ checkpoints
-    def save(self, step):
+    def save(self, step, final=True):
+        """Checkpoint ``step``; with train.checkpoint_async a save that is not ``final`` (the run's last, or a stop's)
+        is staged and written in the background, a final one waits for the writer and writes in the foreground."""
         cfg = self.cfg
         data_states = self.state.data_positions(self.train_loader)
         run_state = {
@@ -169,14 +173,32 @@ class Run:
             "skipped_steps": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
             "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "lora": checkpoint_reference(cfg.lora, cfg.seed, self.lora_base) if cfg.lora.rank else None}
+        background = self.saver is not None and not final
+        if self.saver is not None:
+            self._finish_background_save(block=True)  # one save in flight: the next (and the last) waits for it
+        started = time.perf_counter()
         self.memory.start("save")
         # sharded: every rank writes its own shard, nothing is gathered; whole: gathered on rank 0, which writes
         path = self.state.save(cfg.out_dir, step, self.checkpoint_format, run_state, keep_last=cfg.train.keep_last,
-                               run_id=self.run_id)
+                               run_id=self.run_id, saver=self.saver if background else None)
         self.memory.stop()
+        if background:
+            print0(f"checkpoint {path}: staged {self.saver.staged / 2 ** 20:.1f} MB on rank 0 in "
+                   f"{time.perf_counter() - started:.2f} s, writing in the background")
+            return path
         print0(f"saved checkpoint {path}")
         wait_for_rank0()
         return path
+
+    def _finish_background_save(self, block=False):
+        """At each step boundary (and, blocking, before a save): a background writer's error ends the run here; a
+        finished save is announced."""
+        if self.saver.thread is None or (not block and self.saver.busy()):
+            self.saver.check()
+            return
+        step = self.saver.step
+        self.saver.wait()
+        print0(f"saved checkpoint {step_dir(self.cfg.out_dir, step)} (in the background)")
 
     # --------------------------------------------------------------------------------------------- the loop
     def train(self, stops=None):
@@ -197,6 +219,8 @@ class Run:
         recording = contextlib.nullcontext(stops) if stops is not None else StopSignals()
         with recording as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):
+                if self.saver is not None:
+                    self._finish_background_save()
                 stop = stops.agreed()
                 if stop:
                     return self._stop(step, stop, bar)
@@ -234,7 +258,7 @@ class Run:
                                (self.moe.describe(record) if self.moe is not None else "")
                                + (self.mtp.describe(record) if self.mtp is not None else ""))
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.num_iterations:
-                    self.save(step + 1)
+                    self.save(step + 1, final=False)
         if bar is not None:
             bar.close()
         if t.num_iterations > self.start_step:

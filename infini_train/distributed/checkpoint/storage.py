@@ -82,6 +82,39 @@ def save(state, directory=None, group=None, extra=None, *, checkpoint_id=None, p
 
     directory = _directory(directory, checkpoint_id, "save")
     group = group or process_group or default_group()
+    plan = plan_save(state, group)
+    described = write_shard(directory, group.rank, plan.mine)
+    files = [None] * group.size
+    all_gather_object(files, described, group)
+    metadata = plan.metadata(files, extra)
+    if group.rank == 0:
+        write_text_atomically(os.path.join(directory, METADATA), json.dumps(metadata, indent=1))
+    group.barrier()
+    return metadata
+
+
+class SavePlan:
+    """What one rank writes of a sharded checkpoint, agreed by every rank (``plan_save``): ``mine``, {entry key:
+    array} (views of the live state: copy them to write later), and the global table of every tensor's chunks."""
+
+    def __init__(self, tensors, values, mine):
+        self.tensors, self.values, self.mine = tensors, values, mine
+
+    def metadata(self, files, extra=None):
+        """metadata.json's content, from every rank's ``write_shard`` result (None: a rank that wrote nothing)."""
+        metadata = {"format": FORMAT, "tensors": self.tensors,
+                    "files": {f[0]: {"bytes": f[1], "sha256": f[2]} for f in files if f is not None},
+                    "extra": extra}
+        if self.values:
+            metadata["objects"] = self.values
+        return metadata
+
+
+def plan_save(state, group):
+    """Agree over ``group`` (collective) which rank writes each box of ``state`` (as ``save`` takes it); returns this
+    rank's SavePlan."""
+    from .. import all_gather_object
+
     tensors, objects = nested.walk(state)
     local = {name: _as_pieces(name, value) for name, value in tensors.items()}
     plan = {name: (pieces.global_shape, _code(np.dtype(pieces.dtype)), pieces.boxes())
@@ -97,24 +130,19 @@ def save(state, directory=None, group=None, extra=None, *, checkpoint_id=None, p
     for name, pieces in local.items():
         for offsets, view in pieces.pieces:
             if writer[(name, tuple(offsets), tuple(view.shape))] == group.rank:
-                mine[_entry_key(name, offsets)] = backend.to_device_array(view, backend.CPU)
+                mine[_entry_key(name, offsets)] = view
+    return SavePlan(tensors, values, mine)
+
+
+def write_shard(directory, rank, mine):
+    """Write ``mine`` ({entry key: array}) as rank ``rank``'s shard file in ``directory``; returns (file name, bytes,
+    SHA-256), or None when there is nothing to write."""
     os.makedirs(directory, exist_ok=True)
-    described = None
-    if mine:
-        path = os.path.join(directory, shard_file(group.rank))
-        write_safetensors(path, mine)
-        described = (shard_file(group.rank), os.path.getsize(path), file_digest(path))
-    files = [None] * group.size
-    all_gather_object(files, described, group)
-    metadata = {"format": FORMAT, "tensors": tensors,
-                "files": {f[0]: {"bytes": f[1], "sha256": f[2]} for f in files if f is not None},
-                "extra": extra}
-    if values:
-        metadata["objects"] = values
-    if group.rank == 0:
-        write_text_atomically(os.path.join(directory, METADATA), json.dumps(metadata, indent=1))
-    group.barrier()
-    return metadata
+    if not mine:
+        return None
+    path = os.path.join(directory, shard_file(rank))
+    write_safetensors(path, {key: backend.to_device_array(view, backend.CPU) for key, view in mine.items()})
+    return shard_file(rank), os.path.getsize(path), file_digest(path)
 
 
 def _merge_plans(plans):

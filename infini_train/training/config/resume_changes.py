@@ -31,6 +31,7 @@ UNCHANGED_VALUES = {
     "data.val": "validation", "train.val_loss_every": "validation", "train.val_max_steps": "validation",
     "train.sample_every": "samples", "train.sample_length": "samples",
     "train.save_every": "checkpoints", "train.keep_last": "checkpoints", "train.checkpoint_format": "checkpoints",
+    "train.checkpoint_async": "checkpoints",
     "train.num_iterations": "the run's length; the learning-rate schedule follows the new length from here",
     "train.skip_nonfinite": "how many non-finite steps are skipped before the run stops",
     "train.initial_loss_scale": "the checkpoint's loss scale wins on resume",

@@ -78,6 +78,9 @@ class TrainConfig:
     checkpoint_format: str = _key("auto", "auto (sharded with several ranks, whole in one process) | whole "
                                           "(one-process files, gathered on rank 0) | sharded (every rank writes its "
                                           "own shard, no gather; loads under any layout)")
+    checkpoint_async: bool = _key(False, "write checkpoints in the background: each rank stages its state in host "
+                                         "memory at the step boundary and training goes on while a writer thread "
+                                         "writes it (one save in flight; the last save waits)")
     log_every: int = _key(1, "steps between printed lines (metrics.jsonl gets every step)")
     log_communication: bool = _key(False, "each step's metrics.jsonl record gets comm_bytes: the bytes this rank's "
                                           "collectives and sends handed over, by collective and group")
