@@ -88,8 +88,9 @@ def read_safetensors(path, names=None):
     return {name: tensor[...] for name, tensor in mapped_safetensors(path, names).items()}
 
 
-def write_safetensors(path, tensors, metadata=None):
-    """Write {name: array} (numpy or anything with ``.numpy()``) to ``path`` atomically."""
+def write_safetensors(path, tensors, metadata=None, digest=None):
+    """Write {name: array} (numpy or anything with ``.numpy()``) to ``path`` atomically; ``digest`` (a hashlib
+    object) is updated with every byte written, so the file's hash needs no second read."""
     arrays = {name: np.require(value.numpy() if hasattr(value, "numpy") else value, requirements="C")
               for name, value in tensors.items()}  # (np.ascontiguousarray would make a 0-d array 1-d)
     header, offset = {}, 0
@@ -105,10 +106,11 @@ def write_safetensors(path, tensors, metadata=None):
 
     def write(tmp):
         with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for array in arrays.values():
-                f.write(array.reshape(-1).view(np.uint8).data)  # no copy
+            for block in (struct.pack("<Q", len(text)), text,
+                          *(array.reshape(-1).view(np.uint8).data for array in arrays.values())):  # no copy
+                f.write(block)
+                if digest is not None:
+                    digest.update(block)
 
     write_atomically(path, write)
 

@@ -52,19 +52,24 @@ def hook_delay(step):
     return seconds if at is None or at == step else 0.0
 
 
-def staged_copy(array):
-    """A host copy of ``array`` that training can no longer change: pinned host memory for a GPU array whose dtype
-    cupy knows (else a plain host copy), a fresh C-ordered copy of a host array."""
+def staged_copy(array, buffer=None):
+    """A host copy of ``array`` that training can no longer change, in ``buffer`` when that is a host array of its
+    shape and dtype (the previous save's: reused, so a save after the first neither allocates nor faults in new
+    pages), else in new memory: pinned host memory for a GPU array whose dtype cupy knows, C-ordered for a host
+    array."""
+    reuse = buffer is not None and buffer.shape == array.shape and buffer.dtype == array.dtype
     if backend.is_cupy_array(array):
         cp = backend.cupy_module()
         try:
-            dtype = np.dtype(array.dtype)
-            memory = cp.cuda.alloc_pinned_memory(max(array.nbytes, 1))
-            host = np.frombuffer(memory, dtype, array.size).reshape(array.shape)
+            host = buffer if reuse else np.frombuffer(cp.cuda.alloc_pinned_memory(max(array.nbytes, 1)),
+                                                      np.dtype(array.dtype), array.size).reshape(array.shape)
             cp.asnumpy(cp.ascontiguousarray(array), out=host)
             return host
         except (TypeError, ValueError):  # a dtype cupy keeps as raw words (bfloat16): the backend's own copy
             return backend.to_device_array(array, backend.CPU).copy()
+    if reuse:
+        np.copyto(buffer, array)
+        return buffer
     return np.array(array, copy=True, order="C")
 
 
@@ -116,6 +121,15 @@ def collect_markers(directory, world, timeout=None, poll=0.01):
     return results
 
 
+def _lower_priority():
+    """Give this (writer) thread a lower scheduling priority than training's: on Linux the nice value is per
+    thread, so the writer takes what the training threads leave of the cores."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
+    except (AttributeError, OSError):  # not Linux, or not permitted: the writer runs at the process's priority
+        pass
+
+
 class AsyncSaver:
     """One background writer per rank: ``start(step, job, staged)`` runs ``job()`` on a thread (after waiting for the
     previous one), ``wait()`` joins it and raises its error, ``check()`` raises a finished writer's error without
@@ -125,7 +139,8 @@ class AsyncSaver:
         self.thread = None
         self.error = None
         self.step = None
-        self.staged = 0  # bytes held by the save in flight
+        self.staged = 0  # bytes staged by the last save
+        self.buffers = {}  # its staging buffers, {entry key: host array}, reused by the next save
 
     def start(self, step, job, staged):
         self.wait()
@@ -134,6 +149,7 @@ class AsyncSaver:
 
         def run():
             try:
+                _lower_priority()
                 time.sleep(delay)
                 job()
             except BaseException as exc:  # kept for the main thread: check() / wait() raise it there
@@ -154,7 +170,6 @@ class AsyncSaver:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
-            self.staged = 0
         self.check()
 
     def _raise(self):
@@ -169,7 +184,8 @@ def start_sharded(saver, out_dir, step, entries, record, group, keep_last=None, 
     elsewhere."""
     tmp = make_temporary(out_dir, step, group)
     plan = dcp.plan_save(entries, group)
-    staged = {key: staged_copy(view) for key, view in plan.mine.items()}
+    staged = {key: staged_copy(view, saver.buffers.get(key)) for key, view in plan.mine.items()}
+    saver.buffers = staged  # kept for the next save (one in flight: it waits for this one first)
     rank, world = group.rank, group.size
 
     def job():
@@ -178,7 +194,6 @@ def start_sharded(saver, out_dir, step, entries, record, group, keep_last=None, 
         except BaseException as exc:
             write_marker(tmp, rank, error=f"{type(exc).__name__}: {exc}")
             raise
-        staged.clear()  # the staging memory goes as soon as the shard is on disk
         write_marker(tmp, rank, described)
         if rank != 0:
             return
@@ -195,11 +210,12 @@ def start_sharded(saver, out_dir, step, entries, record, group, keep_last=None, 
 
 
 def start_whole(saver, out_dir, step, files, infos, arrays, record, keep_last=None, run_id=None):
-    """Stage rank 0's gathered whole-format ``arrays`` and start writing them (writer.write_whole's files). Returns the
-    step directory it will have."""
-    staged = {key: staged_copy(array) for key, array in arrays.items()}
-    saver.start(step, lambda: write_whole(out_dir, step, files, infos, staged.__getitem__, record, keep_last, run_id),
-                staged_bytes(staged.values()))
+    """Start writing rank 0's gathered whole-format ``arrays`` (writer.write_whole's files): the gather assembled them
+    in host memory of their own (the saver's buffers, reused), which is their staging. Returns the step directory it
+    will have."""
+    saver.buffers = arrays
+    saver.start(step, lambda: write_whole(out_dir, step, files, infos, arrays.__getitem__, record, keep_last, run_id),
+                staged_bytes(arrays.values()))
     return step_dir(out_dir, step)
 
 

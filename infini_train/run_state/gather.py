@@ -13,10 +13,10 @@ from ..safetensors_io import dtype_code
 from .entries import entry_dtype
 
 
-def gather_whole(entries, group, device, to=0):
+def gather_whole(entries, group, device, to=0, into=None):
     """{entry: whole numpy array} on group rank ``to``, None on the others (collective over ``group``).
     ``entries``: this rank's {entry: LocalPieces}; ``device``: where the ranks' arrays live (transfers land
-    there)."""
+    there); ``into``: arrays of an earlier gather to fill again where an entry's shape and dtype match."""
     plan = {name: (pieces.global_shape, dtype_code(np.dtype(pieces.dtype)), pieces.boxes())
             for name, pieces in entries.items()}
     plans = [None] * group.size
@@ -37,7 +37,12 @@ def gather_whole(entries, group, device, to=0):
     for held in plans:  # every entry, in the order the ranks hold them
         for name, (shape, code, _) in held.items():
             if name not in whole:
-                whole[name] = np.zeros(shape, entry_dtype(code))
+                dtype, reuse = entry_dtype(code), (into or {}).get(name)
+                if reuse is not None and reuse.shape == tuple(shape) and reuse.dtype == dtype:
+                    reuse[...] = 0
+                    whole[name] = reuse
+                else:
+                    whole[name] = np.zeros(shape, dtype)
     for rank in reversed(range(group.size)):  # the lowest rank's values where boxes of several ranks overlap
         if not sent[rank]:
             continue

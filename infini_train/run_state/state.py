@@ -57,7 +57,7 @@ class RunState:
             saved = {"optimizer": {"param_groups": groups}, "model_keys": entries.model_keys(), **record}
             write = write_sharded if saver is None else functools.partial(async_save.start_sharded, saver)
             return write(out_dir, step, entries.entries(), saved, dist.default_group(), keep_last, run_id)
-        arrays = self._gather()
+        arrays = self._gather(saver.buffers if saver is not None else None)
         if arrays is None:
             return None
         files, skeleton = self._whole_layout(arrays)
@@ -91,9 +91,9 @@ class RunState:
         optimizer = unflatten_state(skeleton, {k: arrays[e] for k, e in files[whole_files.OPTIMIZER_FILE].items()})
         return model, optimizer
 
-    def _gather(self):
+    def _gather(self, into=None):
         device = next(iter(self.model.parameters())).device
-        return gather_whole(self.entries.entries(), dist.default_group(), device)
+        return gather_whole(self.entries.entries(), dist.default_group(), device, into=into)
 
     def _whole_layout(self, arrays):
         tensors = {e: {"shape": list(a.shape)} for e, a in arrays.items()}
