@@ -10,6 +10,8 @@ import time
 import numpy as np
 import pytest
 
+import infini_train as it
+
 from infini_train.run_state import list_checkpoints
 from infini_train.run_state import async_save
 from infini_train.training import Run
@@ -127,6 +129,29 @@ def test_staged_copies_do_not_follow_the_live_arrays():
     live += 100
     np.testing.assert_array_equal(staged, [[1, 2], [4, 5]])
     assert staged.flags.c_contiguous and async_save.staged_bytes([staged]) == 16
+
+
+def test_a_later_save_stages_into_the_last_ones_buffers():
+    live = np.arange(4, dtype=np.float32)
+    first = async_save.staged_copy(live)
+    live *= 3
+    again = async_save.staged_copy(live, first)
+    assert again is first
+    np.testing.assert_array_equal(again, [0, 3, 6, 9])
+    assert async_save.staged_copy(live.astype(np.float64), first) is not first  # another dtype: new memory
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not it.backend.cuda_available(), reason="needs cupy and an NVIDIA GPU")
+def test_gpu_arrays_stage_into_pinned_host_memory():
+    import cupy as cp
+
+    live = cp.arange(6, dtype=cp.float32).reshape(2, 3)[:, 1:]
+    staged = async_save.staged_copy(live)
+    live += 100
+    np.testing.assert_array_equal(staged, [[1, 2], [4, 5]])
+    assert isinstance(staged, np.ndarray) and async_save.staged_copy(live, staged) is staged
+    np.testing.assert_array_equal(staged, [[101, 102], [104, 105]])
 
 
 def test_the_delay_hook_is_checked(monkeypatch):
