@@ -16,6 +16,7 @@ they cover. Nested dicts are walked (nested.py): their other values (steps, opti
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ import numpy as np
 
 from ... import backend
 from ...atomic_file import write_text_atomically
-from ...safetensors_io import SafetensorsError, _code, _numpy_dtype, mapped_safetensors, write_safetensors
+from ...safetensors_io import Deferred, SafetensorsError, _code, _numpy_dtype, mapped_safetensors, write_safetensors
 from ...tensor import array_of
 from ..sharded_tensor import ShardedTensor
 from . import nested
@@ -97,7 +98,11 @@ def save(state, directory=None, group=None, extra=None, *, checkpoint_id=None, p
     for name, pieces in local.items():
         for offsets, view in pieces.pieces:
             if writer[(name, tuple(offsets), tuple(view.shape))] == group.rank:
-                mine[_entry_key(name, offsets)] = backend.to_device_array(view, backend.CPU)
+                # read when the file gets to it: one piece at a time on the host (a device array's copy, an
+                # offloaded optimizer state's read)
+                mine[_entry_key(name, offsets)] = Deferred(view.shape, view.dtype,
+                                                           functools.partial(backend.to_device_array, view,
+                                                                             backend.CPU))
     os.makedirs(directory, exist_ok=True)
     described = None
     if mine:
