@@ -202,7 +202,7 @@ class DiskStore(HostStore):
         free = stat.f_bavail * stat.f_frsize
         if need > free:
             raise OffloadError(f"train.optimizer_offload: expected room for this rank's optimizer state "
-                               f"({need / 2 ** 20:.1f} MB) in {self.directory}, got {free / 2 ** 20:.1f} MB free\n"
+                               f"({need / 2 ** 20:.2f} MB) in {self.directory}, got {free / 2 ** 20:.2f} MB free\n"
                                "HINT: free space there, point out_dir at a larger disk, or train.optimizer_offload="
                                "none (or host on GPUs)")
 
