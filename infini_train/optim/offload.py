@@ -300,6 +300,16 @@ class _FileChunks:
         return pieces
 
     def put_back(self, begin, end, pieces):
+        if self.store.prefetch is None:
+            self._write(begin, pieces)
+            return
+        # queued after the read ahead, so before the next read into these buffers; the last chunk's waited for (and
+        # with it every earlier one), so the file holds the whole update when the step goes on
+        written = self.store.prefetch.submit(self._write, begin, pieces)
+        if end == self.size:
+            written.result()
+
+    def _write(self, begin, pieces):
         for s, piece in zip(self.states, pieces):
             self.store.write(s.offset + begin * s.dtype.itemsize, piece)
 
