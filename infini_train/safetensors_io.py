@@ -88,16 +88,32 @@ def read_safetensors(path, names=None):
     return {name: tensor[...] for name, tensor in mapped_safetensors(path, names).items()}
 
 
+class Deferred:
+    """A tensor ``write_safetensors`` reads only when its turn comes (``read()``: the host array of ``shape`` and
+    ``dtype``), so a file of many tensors never holds more than one of them in memory (a checkpoint shard of device
+    arrays, or of an optimizer state kept in a file)."""
+
+    def __init__(self, shape, dtype, read):
+        self.shape, self.dtype, self.read = tuple(int(n) for n in shape), np.dtype(dtype), read
+
+
+def _deferred(value):
+    if isinstance(value, Deferred):
+        return value
+    array = np.require(value.numpy() if hasattr(value, "numpy") else value, requirements="C")
+    return Deferred(array.shape, array.dtype, lambda: array)  # (np.ascontiguousarray would make a 0-d array 1-d)
+
+
 def write_safetensors(path, tensors, metadata=None, digest=None):
-    """Write {name: array} (numpy or anything with ``.numpy()``) to ``path`` atomically; ``digest`` (a hashlib
-    object) is updated with every byte written, so the file's hash needs no second read."""
-    arrays = {name: np.require(value.numpy() if hasattr(value, "numpy") else value, requirements="C")
-              for name, value in tensors.items()}  # (np.ascontiguousarray would make a 0-d array 1-d)
+    """Write {name: array} (numpy, anything with ``.numpy()``, or a Deferred) to ``path`` atomically; ``digest`` (a
+    hashlib object) is updated with every byte written, so the file's hash needs no second read."""
+    arrays = {name: _deferred(value) for name, value in tensors.items()}
     header, offset = {}, 0
     for name, array in arrays.items():
+        nbytes = int(np.prod(array.shape, dtype=np.int64)) * array.dtype.itemsize
         header[name] = {"dtype": _code(array.dtype), "shape": list(array.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
-        offset += array.nbytes
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -106,14 +122,22 @@ def write_safetensors(path, tensors, metadata=None, digest=None):
 
     def write(tmp):
         with open(tmp, "wb") as f:
-            for block in (struct.pack("<Q", len(text)), text,
-                          *(array.reshape(-1).view(np.uint8).data for array in arrays.values())):  # no copy
+            def put(block):
                 f.write(block)
                 if digest is not None:
                     digest.update(block)
 
+            put(struct.pack("<Q", len(text)))
+            put(text)
+            for name, deferred in arrays.items():
+                array = np.require(deferred.read(), deferred.dtype, "C")
+                if array.shape != deferred.shape:
+                    raise ValueError(f"write_safetensors: {name!r} read as shape {array.shape}, announced "
+                                     f"{deferred.shape}")
+                put(array.reshape(-1).view(np.uint8).data)  # no copy
+
     write_atomically(path, write)
 
 
-__all__ = ["read_safetensors", "mapped_safetensors", "write_safetensors", "read_header", "SafetensorsError",
-           "numpy_dtype", "dtype_code"]
+__all__ = ["read_safetensors", "mapped_safetensors", "write_safetensors", "Deferred", "read_header",
+           "SafetensorsError", "numpy_dtype", "dtype_code"]

@@ -16,7 +16,7 @@ The order, each step doing nothing where its layout is off:
      parallelism, over their expert-data group within the block's unit);
   -- the run gives each rank storage for its part and fills it (init replay, checkpoint, pretrained boxes);
   7. the optimizer: AdamW over the model's param groups, or ZeRO's sharded AdamW (the experts' state over their
-     expert-data group);
+     expert-data group), its state where ``train.optimizer_offload`` keeps it (optim/offload.py);
   8. data-parallel wrapping: DDP around the model or each pipeline chunk (ZeRO's reducer under ZeRO 1 and 2; none
      under ZeRO-3, nor for pipelines under ZeRO-2, whose gradients the finaliser reduce-scatters).
 Context parallelism changes no module: every forward runs its attention over the context group (``forward_context``).
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 
 from .. import backend
+from .. import distributed as dist
 from ..distributed.fsdp import FSDPModule, fully_shard
 from ..distributed.optim import ZeroRedundancyOptimizer
 from ..nn import MoE
@@ -33,6 +34,7 @@ from ..nn import lora as lora_lib
 from ..nn.parallel import DistributedDataParallel
 from ..nn.parallel.context_parallel import context_parallel
 from ..optim import AdamW
+from ..optim.offload import make_store
 from ..run_state import RunState
 from .expert_layout import ExpertLayout
 from .finalize_grads import clip_grad_norm, finalize_model_grads
@@ -84,6 +86,11 @@ class ParallelPlan:
                     f"groups of consecutive data-parallel ranks), got {expert}\nHINT: run on a multiple of {expert} "
                     f"ranks, or set parallel.expert to a divisor of {dims.grad_size}")
             self.experts = ExpertLayout(dims, expert)
+        if cfg.train.optimizer_offload == "host" and cfg.device == "auto" and not backend.cuda_available():
+            raise LayoutError("train.optimizer_offload: expected 'none' or 'disk' on a run without GPUs (device auto "
+                              "found none; host moves the optimizer state from GPU memory to the host's, where a CPU "
+                              "run's already is), got 'host'\nHINT: set train.optimizer_offload=disk to keep the state "
+                              "in files, or none")
 
     @property
     def tensor_rank(self):
@@ -91,9 +98,10 @@ class ParallelPlan:
         dims = self.dims
         return (dims.tp_rank, dims.tp_size) if dims.tensor_parallel else (0, 1)
 
-    def train(self, train_cfg):
-        """Steps 7 and 8 (the module docstring) for the model as filled: the TrainingLayout the run's steps use."""
-        return TrainingLayout(self, train_cfg)
+    def train(self, train_cfg, offload_dir=None):
+        """Steps 7 and 8 (the module docstring) for the model as filled: the TrainingLayout the run's steps use;
+        ``offload_dir``: where ``train.optimizer_offload: disk`` keeps each rank's optimizer state (out_dir/offload)."""
+        return TrainingLayout(self, train_cfg, offload_dir)
 
 
 class TrainingLayout:
@@ -103,13 +111,13 @@ class TrainingLayout:
     attention over the context group; None without), ``no_sync`` (DDP's, deferring the reduction to a step's last
     micro-batch, or None), ``state`` (the RunState its checkpoints are written and read through)."""
 
-    def __init__(self, plan, train_cfg):
+    def __init__(self, plan, train_cfg, offload_dir=None):
         self.dims, self.zero_stage, self.experts = plan.dims, plan.zero_stage, plan.experts
         self.raw_model = plan.model
         self.params = list(self.raw_model.parameters())
         self.moe = any(isinstance(m, MoE) for m in self.raw_model.modules())  # some parameters may get no gradient
         self.routes_tokens = bool(moe_chunks(self.raw_model))  # a mixture-of-experts model (or stage of one)
-        self.optimizer = self._optimizer(train_cfg)
+        self.optimizer = self._optimizer(train_cfg, offload_dir)
         self.model = self._wrap_data_parallel()
         self.no_sync = self.model.no_sync if self.model is not self.raw_model else None
         self.forward_context = self._context_parallel if self.dims.context_parallel else None
@@ -121,14 +129,17 @@ class TrainingLayout:
         d = self.dims
         return context_parallel(d.cp_group, d.cp_method, d.cp_a2a_group, d.cp_ring_group)
 
-    def _optimizer(self, train_cfg):
+    def _optimizer(self, train_cfg, offload_dir=None):
         """AdamW over the model's param groups; with ZeRO sharded across the data-parallel ranks (stage 3: over the
         shards fully_shard keeps; the local experts over their expert-data group). With a mixture of experts some
         parameters may get no gradient in a step, which ZeRO then skips as AdamW skips a .grad of None (agreed over
         the tensor group too: under sequence parallelism its ranks route different tokens)."""
         dims = self.dims
         groups = self.raw_model.optimizer_groups(train_cfg.weight_decay)
-        options = dict(lr=train_cfg.learning_rate, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
+        offload = train_cfg.optimizer_offload
+        store = make_store(offload, offload_dir or "offload", dist.get_rank()) if offload != "none" else None
+        options = dict(lr=train_cfg.learning_rate, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps,
+                       offload=store)
         if not self.zero_stage:
             return AdamW(groups, **options)
         if self.experts is not None:

@@ -7,12 +7,13 @@
 Each step runs in the state arrays and the optimizer's workspace (one scratch row, a second for Adam's L2
 weight decay or ``maximize``, which must not touch ``.grad``), piecewise on CPU and shared among the host
 threads (see optimizer.py): no allocation in the hot loop.
+
+``offload``: the state store (offload.py) keeping the state arrays in host memory or in a file per rank; the update then
+runs on the host over the chunks the store reads and writes back, the same arithmetic, so the same bits.
 """
 from __future__ import annotations
 
 import functools
-
-import numpy as np
 
 from ..autograd.grad_mode import no_grad
 from ..kernels import adam as adam_kernel
@@ -21,7 +22,7 @@ from .optimizer import Optimizer
 
 class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                 maximize=False, decoupled_weight_decay=False):
+                 maximize=False, decoupled_weight_decay=False, offload=None):
         name = type(self).__name__
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"{name}: expected lr, eps, weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
@@ -29,7 +30,8 @@ class Adam(Optimizer):
             raise ValueError(f"{name}: expected two betas in [0, 1), got {betas}")
         super().__init__(params, dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps,
                                       weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                                      decoupled_weight_decay=decoupled_weight_decay))
+                                      decoupled_weight_decay=decoupled_weight_decay), offload)
+        self.state_store.reserve([p for g in self.param_groups for p in g["params"]], 3 if amsgrad else 2)
 
     @no_grad()
     def step(self, closure=None):
@@ -40,36 +42,36 @@ class Adam(Optimizer):
             b1, b2 = float(group["betas"][0]), float(group["betas"][1])
             decoupled, amsgrad, maximize = group["decoupled_weight_decay"], group["amsgrad"], group["maximize"]
             l2 = bool(wd) and not decoupled
+            keys = _KEYS + (("max_exp_avg_sq",) if amsgrad else ())
+            store = self.state_store
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                xp = p.device.array_module()
                 state = self.state.setdefault(p, {})
                 if not state:
-                    with p.device.context():
-                        state["step"] = 0
-                        state["exp_avg"] = xp.zeros_like(p.array)
-                        state["exp_avg_sq"] = xp.zeros_like(p.array)
-                        if amsgrad:
-                            state["max_exp_avg_sq"] = xp.zeros_like(p.array)
+                    state["step"] = 0
+                    for key in keys:
+                        state[key] = store.zeros(p, key)
                 state["step"] += 1
                 step = state["step"]
-                arrays = [p.array, p.grad.array, state["exp_avg"], state["exp_avg_sq"]]
-                if amsgrad:
-                    arrays.append(state["max_exp_avg_sq"])
-                if xp is not np and not (amsgrad or maximize) and adam_kernel.step(
-                        *arrays, lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=decoupled,
-                        step_number=step):  # one fused pass on GPUs, the same bits (kernels/adam.py)
+                states = [state[key] for key in keys]
+                if store.kind == "none" and p.device.type != "cpu" and not (amsgrad or maximize) and adam_kernel.step(
+                        p.array, p.grad.array, *states, lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd,
+                        decoupled=decoupled, step_number=step):  # one fused pass on GPUs, the same bits (kernels/)
                     p._version[0] += 1
                     continue
                 rows = 2 if l2 or maximize else 1
-                update = functools.partial(
-                    _adam_update, xp, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, l2=l2, decoupled=decoupled,
-                    amsgrad=amsgrad, maximize=maximize, step_size=lr / (1.0 - b1 ** step),
-                    bias_correction2_sqrt=(1.0 - b2 ** step) ** 0.5)
-                self._update_pieces(p, arrays, rows, update)
+                options = dict(lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, l2=l2, decoupled=decoupled, amsgrad=amsgrad,
+                               maximize=maximize, step_size=lr / (1.0 - b1 ** step),
+                               bias_correction2_sqrt=(1.0 - b2 ** step) ** 0.5)
+                for device, arrays in store.chunks(p, states):  # the whole arrays, or offloaded: chunk by chunk
+                    update = functools.partial(_adam_update, device.array_module(), **options)
+                    self._update_pieces(device, arrays, rows, update)
                 p._version[0] += 1
         return loss
+
+
+_KEYS = ("exp_avg", "exp_avg_sq")
 
 
 def _adam_update(xp, pieces, lr, b1, b2, eps, wd, l2, decoupled, amsgrad, maximize, step_size,
@@ -120,7 +122,7 @@ class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter): param *= 1 - lr * weight_decay each step."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
-                 maximize=False):
+                 maximize=False, offload=None):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                         maximize=maximize, decoupled_weight_decay=True)
+                         maximize=maximize, decoupled_weight_decay=True, offload=offload)
 

@@ -9,6 +9,11 @@ each parameter, so a piece of every array stays in cache across the update's pas
 than whole-array passes for Adam) and the workspace stays small, and a large parameter's pieces are shared
 among the host threads (``it.set_num_threads``; the same bits, each element's update is unchanged); on GPUs
 a parameter is one piece.
+
+Where the state arrays live is the optimizer's ``state_store`` (offload.py; ``train.optimizer_offload``): in memory
+beside the parameters, in host memory or in a file per rank. An optimizer asks its store for new and restored state
+arrays and for the chunks its update runs on; state dicts read the arrays through it, so they hold the same values
+wherever the state lives.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from ..autograd.grad_mode import enable_grad, no_grad
 from ..distributed.sharded_tensor import ShardedTensor, ShardView
 from ..nn.utils import zero_grad
 from ..tensor import Tensor, array_of
+from .offload import InMemory
 from .param_groups import group_sizes, numbering, packed_groups, paired
 
 # set by schedulers (OneCycleLR keeps its bounds in the groups, as torch does) / users for bookkeeping
@@ -54,13 +60,14 @@ class Optimizer:
         if "step" in cls.__dict__:  # every optimizer's own step is seen by the profiler
             cls.step = _observed_step(cls.step)
 
-    def __init__(self, params, defaults):
+    def __init__(self, params, defaults, state_store=None):
         name = type(self).__name__
         if isinstance(params, Tensor):
             raise TypeError(f"{name}: params must be an iterable of Tensors or of param-group dicts, got a Tensor"
                             "\nHINT: pass [tensor] or model.parameters()")
         self.defaults = dict(defaults)
         self.state = {}  # param -> dict (Tensor hashes by identity)
+        self.state_store = state_store or InMemory()  # where the state arrays live (offload.py)
         self._workspaces = {}  # (device, dtype, host thread) -> 2-D scratch array, grown on demand
         self.param_groups = []
         params = list(params)
@@ -76,8 +83,17 @@ class Optimizer:
         return self.param_groups
 
     def state_bytes(self):
-        """Bytes of the per-parameter state arrays this optimizer holds (AdamW's moments)."""
-        return sum(v.nbytes for st in self.state.values() for v in st.values() if backend.is_array_like(v))
+        """Bytes of the per-parameter state arrays this optimizer holds beside the parameters (AdamW's moments; none
+        when they are offloaded: ``offloaded_bytes``)."""
+        return sum(v.nbytes for v in self._state_arrays() if not self.state_store.offloaded(v))
+
+    def offloaded_bytes(self):
+        """Bytes of the per-parameter state arrays kept away from the parameters' memory (``state_store.kind``: in a
+        file, or in host memory), 0 without offload."""
+        return sum(v.nbytes for v in self._state_arrays() if self.state_store.offloaded(v))
+
+    def _state_arrays(self):
+        return [v for st in self.state.values() for v in st.values() if backend.is_array_like(v)]
 
     def grad_bytes(self):
         """Bytes of the gradients of the parameters this optimizer updates."""
@@ -128,39 +144,39 @@ class Optimizer:
         with enable_grad():
             return closure()
 
-    def _workspace(self, param, rows, length, worker=0):
-        """A (rows, length) scratch array on the parameter's device and dtype, kept across steps (one per host
-        thread working on a parameter's pieces)."""
-        key = (param.device, param.array.dtype, worker)
+    def _workspace(self, device, dtype, rows, length, worker=0):
+        """A (rows, length) scratch array on ``device`` (where the update runs) in ``dtype``, kept across steps (one
+        per host thread working on a parameter's pieces)."""
+        key = (device, dtype, worker)
         ws = self._workspaces.get(key)
         if ws is None or ws.shape[0] < rows or ws.shape[1] < length:
             old_rows, old_length = ws.shape if ws is not None else (0, 0)
-            with param.device.context():
-                ws = param.device.array_module().empty((max(rows, old_rows), max(length, old_length)), key[1])
+            with device.context():
+                ws = device.array_module().empty((max(rows, old_rows), max(length, old_length)), key[1])
             self._workspaces[key] = ws
         return ws
 
-    def _update_pieces(self, param, arrays, scratch_rows, update):
-        """Call ``update(pieces)`` on matching pieces of ``arrays`` (each shaped like ``param``) followed by
-        ``scratch_rows`` scratch pieces, covering the parameter; see the module docstring. On CPU devices a
-        large parameter's pieces are shared among the host threads (host_threads.py), each in its own span of
-        the arrays with its own scratch rows."""
-        size = param.array.size
+    def _update_pieces(self, device, arrays, scratch_rows, update):
+        """Call ``update(pieces)`` on matching pieces of ``arrays`` (one shape, on ``device``: the parameter's, its
+        gradient's and its state's, or a chunk of each) followed by ``scratch_rows`` scratch pieces, covering them;
+        see the module docstring. On CPU devices a large parameter's pieces are shared among the host threads
+        (host_threads.py), each in its own span of the arrays with its own scratch rows."""
+        size, shape, dtype = arrays[0].size, arrays[0].shape, arrays[0].dtype
         if not size:
             return
         if not all(a.flags.c_contiguous for a in arrays):  # a broadcast gradient, a transposed parameter
-            ws = self._workspace(param, scratch_rows, size)
-            update(list(arrays) + [ws[i, :size].reshape(param.array.shape) for i in range(scratch_rows)])
+            ws = self._workspace(device, dtype, scratch_rows, size)
+            update(list(arrays) + [ws[i, :size].reshape(shape) for i in range(scratch_rows)])
             return
         flat = [a.reshape(-1) for a in arrays]
-        if param.device.type == "cpu":
+        if device.type == "cpu":
             spans = host_threads.spans(size, THREADED_CPU_CHUNK, THREADED_CPU_CHUNK)
             chunk = min(size, CPU_CHUNK if len(spans) == 1 else THREADED_CPU_CHUNK)
         else:  # on GPUs a parameter is one piece
             spans, chunk = [(0, size)], size
 
         def run_span(worker, start, stop):
-            ws = self._workspace(param, scratch_rows, chunk, worker)
+            ws = self._workspace(device, dtype, scratch_rows, chunk, worker)
             for begin in range(start, stop, chunk):
                 end = min(begin + chunk, stop)
                 update([a[begin:end] for a in flat] + [ws[i, :end - begin] for i in range(scratch_rows)])
@@ -181,7 +197,8 @@ class Optimizer:
             for p in g["params"]:
                 st = self.state.get(p)
                 if st:
-                    state[index[id(p)]] = {k: (_state_copy(p, v) if backend.is_array_like(v) else v)
+                    state[index[id(p)]] = {k: (_placed(p, self.state_store.copy_out(p, v))
+                                               if backend.is_array_like(v) else v)
                                            for k, v in st.items() if not k.startswith("_")}
         return {"state": state, "param_groups": groups}
 
@@ -203,12 +220,23 @@ class Optimizer:
             p = by_index.get(int(i))
             if p is None:
                 raise ValueError(f"{name}.load_state_dict: state for parameter index {i}, which no group lists")
-            new_state[p] = {k: _restore(v, p, k, name) for k, v in st.items()}
+            new_state[p] = {k: self.keep_state(p, k, v) for k, v in st.items()}
         for saved, group in zip(groups, self.param_groups):
             for k, v in saved.items():
                 if k != "params":
                     group[k] = tuple(v) if isinstance(v, list) and isinstance(group.get(k), tuple) else copy.deepcopy(v)
         self.state = new_state
+
+    def keep_state(self, p, key, value):
+        """The state entry ``key`` of ``p`` to keep from a loaded ``value`` (an array or Tensor on any device, a whole
+        state for a sharded parameter, or a step), restored as ``load_state_dict`` restores it and handed to the state
+        store (an array the store already keeps is kept as it is)."""
+        if self.state_store.holds(value):
+            return value
+        value = _restore(value, p, key, type(self).__name__)
+        if backend.is_array_like(value) and value.ndim:
+            return self.state_store.keep(p, key, value)
+        return value
 
     def __repr__(self):
         lines = [f"{type(self).__name__} ("]
@@ -218,8 +246,9 @@ class Optimizer:
         return "\n".join(lines) + "\n)"
 
 
-def _state_copy(p, array):
-    copied = Tensor._make(array.copy(), p.device)
+def _placed(p, array):
+    """A state dict's Tensor of ``array`` (a copy on ``p``'s device): a shard's with its placement."""
+    copied = Tensor._make(array, p.device)
     return p.placed(copied) if isinstance(p, ShardView) else copied
 
 

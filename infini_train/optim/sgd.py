@@ -48,7 +48,7 @@ class SGD(Optimizer):
                         first = True
                     arrays.append(state["momentum_buffer"])
                 rows = 2 if options["nesterov"] and (options["wd"] or options["maximize"]) else 1
-                self._update_pieces(p, arrays, rows, functools.partial(_sgd_update, xp, first=first, **options))
+                self._update_pieces(p.device, arrays, rows, functools.partial(_sgd_update, xp, first=first, **options))
                 p._version[0] += 1
         return loss
 

@@ -171,39 +171,38 @@ class RunEntries:
         return {f"{MODEL}{name}": self.model_pieces(t) for name, t in self.model_tensors().items()}
 
     def optimizer_targets(self, saved):
-        """(batches of {entry: LocalPieces} to fill, {(id of the tensor holding the state, key): array filled}) for
-        the optimizer entries ``saved`` ({entry: info with shape and dtype}) of the parameters this rank updates. A
-        batch names each entry once (a tied weight's copy asks for an entry a second time)."""
+        """For each tensor this rank's optimizer keeps state for (a parameter it updates, or its ZeRO piece) that
+        ``saved`` ({entry: info with shape and dtype}) holds state of: ({entry: LocalPieces} to fill, that tensor,
+        {state key: the array they fill}), one tensor at a time, so that its state can be handed to the optimizer (and
+        its state store) before the next one is read."""
         names = self.param_names()
         saved_keys = {}  # parameter name -> [(state key, entry, entry info)]
         for entry, name, key, info in optimizer_entries(saved):
             saved_keys.setdefault(name, []).append((key, entry, info))
-        filled = {}
-        batches = [{}]
         for holder, p, start, length in self.state_holders():
+            batch, arrays = {}, {}
             for key, entry, info in saved_keys.get(names[id(p)], ()):
                 if info["shape"]:
                     array = np.zeros(length if length is not None else tuple(p.shape), entry_dtype(info["dtype"]))
-                    pieces = self.state_pieces(array, p, start, length)
+                    batch[entry] = self.state_pieces(array, p, start, length)
                 else:
                     array = np.zeros((), entry_dtype(info["dtype"]))
-                    pieces = dcp.LocalPieces.whole(array)
-                batch = next((b for b in batches if entry not in b), None)
-                if batch is None:
-                    batch = {}
-                    batches.append(batch)
-                batch[entry] = pieces
-                filled[(id(holder), key)] = array
-        return batches, filled
+                    batch[entry] = dcp.LocalPieces.whole(array)
+                arrays[key] = array
+            if batch:
+                yield batch, holder, arrays
 
-    def load_optimizer(self, filled, group_options):
-        """Load the arrays ``optimizer_targets`` filled into the optimizer, with the saved param groups' options
-        (``group_options``: one dict per group)."""
+    def keep_state(self, holder, arrays):
+        """{state key: value} the optimizer keeps of ``holder``'s filled ``arrays`` (its state store takes them now:
+        an offloaded state is written out before the next tensor's is read)."""
+        return {key: self.inner.keep_state(holder, key, array) for key, array in arrays.items()}
+
+    def load_optimizer(self, kept, group_options):
+        """Load the state ``keep_state`` kept ({id of the tensor holding it: {key: value}}) into the optimizer, with
+        the saved param groups' options (``group_options``: one dict per group)."""
         index = numbering(self.inner.param_groups)
         groups = packed_groups(self.inner.param_groups, index, options=group_options)
-        state = {}
-        for (holder_id, key), array in filled.items():
-            state.setdefault(index[holder_id], {})[key] = int(array) if array.ndim == 0 else array
+        state = {index[holder_id]: values for holder_id, values in kept.items()}
         self.inner.load_state_dict({"state": state, "param_groups": groups})
 
 

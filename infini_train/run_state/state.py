@@ -74,10 +74,11 @@ class RunState:
         state = read_state(path)
         saved = SavedEntries(path, state, self.entries.group_names())
         saved.load(self.entries.model_targets())
-        batches, filled = self.entries.optimizer_targets(saved.tensors)
-        for batch in batches:
+        kept = {}  # tensor by tensor: an offloaded optimizer state goes to its file before the next one is read
+        for batch, holder, arrays in self.entries.optimizer_targets(saved.tensors):
             saved.load(batch)
-        self.entries.load_optimizer(filled, saved.group_options)
+            kept[id(holder)] = self.entries.keep_state(holder, arrays)
+        self.entries.load_optimizer(kept, saved.group_options)
         return state
 
     def gather(self):

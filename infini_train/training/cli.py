@@ -15,6 +15,7 @@ from ..distributed.launch_utils import import_mpi, launcher_world_size
 from ..data.shards import ShardError
 from ..distributed.mesh import MeshError
 from ..models.tensor_parallel_lm import TensorParallelError
+from ..optim.offload import OffloadError
 from ..run_state import CheckpointError
 from .config import ConfigError, parse_args
 from .config.checks import backend_problem
@@ -36,7 +37,8 @@ def main(argv=None):
         dist.init_process_group(None if cfg.backend == "auto" else cfg.backend)
         try:
             status = Run(cfg).train(stops)
-        except (ConfigError, CheckpointError, ShardError, MeshError, TensorParallelError, TrainingDiverged) as exc:
+        except (ConfigError, CheckpointError, ShardError, MeshError, TensorParallelError, TrainingDiverged,
+                OffloadError) as exc:
             _report_once(exc)
             if dist.get_world_size() > 1:
                 from ..distributed.launch_utils import abort_job

@@ -126,7 +126,7 @@ class Run:
         self.zero_stage = cfg.parallel.zero_stage
         self.moe = moe_metrics_for(self.plan.model, dims, p.expert)  # router statistics of a MoE, else None
         self.mtp = mtp_metrics_for(self.plan.model, dims)  # DeepSeek-V3's multi-token prediction loss, else None
-        self.layout = self.plan.train(t)
+        self.layout = self.plan.train(t, offload_dir=os.path.join(cfg.out_dir, "offload"))
         self.raw_model, self.model, self.optimizer = self.layout.raw_model, self.layout.model, self.layout.optimizer
         self.tokenizer = get_tokenizer(self.tok_name)
         self.train_loader = make_loader(cfg, "train", self.tokenizer, dims)
@@ -305,12 +305,15 @@ class Run:
         """Once, after the first step: each rank's parameter, gradient and optimizer-state bytes (from the
         tensors it holds) and its peak resident memory."""
         mine = Tensor(np.array([self.layout.parameter_bytes(), self.optimizer.grad_bytes(),
-                                self.optimizer.state_bytes(), peak_rss_bytes()], np.int64))
-        parts = [Tensor(np.zeros(4, np.int64)) for _ in range(self.world)]
+                                self.optimizer.state_bytes(), peak_rss_bytes(), self.optimizer.offloaded_bytes()],
+                               np.int64))
+        parts = [Tensor(np.zeros(5, np.int64)) for _ in range(self.world)]
         dist.all_gather(parts, mine)
         mb = [[int(v) / 2 ** 20 for v in p.numpy()] for p in parts]
+        offloaded = f" + {{:.2f}} MB offloaded ({self.cfg.train.optimizer_offload})"
         rows = ", ".join(f"rank {r}: parameters {m[0]:.2f} MB, gradients {m[1]:.2f} MB, optimizer state "
-                         f"{m[2]:.2f} MB, peak RSS {m[3]:.0f} MB" for r, m in enumerate(mb))
+                         f"{m[2]:.2f} MB{offloaded.format(m[4]) if m[4] else ''}, peak RSS {m[3]:.0f} MB"
+                         for r, m in enumerate(mb))
         print0(f"memory (ZeRO stage {self.zero_stage}, {self.dims.describe()}): {rows}")
 
     def _report_phases(self, log):

@@ -16,6 +16,7 @@ they cover. Nested dicts are walked (nested.py): their other values (steps, opti
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ import numpy as np
 
 from ... import backend
 from ...atomic_file import write_text_atomically
-from ...safetensors_io import SafetensorsError, _code, _numpy_dtype, mapped_safetensors, write_safetensors
+from ...safetensors_io import Deferred, SafetensorsError, _code, _numpy_dtype, mapped_safetensors, write_safetensors
 from ...tensor import array_of
 from ..sharded_tensor import ShardedTensor
 from . import nested
@@ -136,14 +137,16 @@ def plan_save(state, group):
 
 def write_shard(directory, rank, mine):
     """Write ``mine`` ({entry key: array}) as rank ``rank``'s shard file in ``directory``; returns (file name, bytes,
-    SHA-256), or None when there is nothing to write."""
+    SHA-256), or None when there is nothing to write. Each array is read when the file gets to it: one piece at a
+    time on the host (a device array's copy, an offloaded optimizer state's read)."""
     os.makedirs(directory, exist_ok=True)
     if not mine:
         return None
     path = os.path.join(directory, shard_file(rank))
     digest = hashlib.sha256()
-    write_safetensors(path, {key: backend.to_device_array(view, backend.CPU) for key, view in mine.items()},
-                      digest=digest)
+    write_safetensors(path, {key: Deferred(view.shape, view.dtype, functools.partial(backend.to_device_array, view,
+                                                                                     backend.CPU))
+                             for key, view in mine.items()}, digest=digest)
     return shard_file(rank), os.path.getsize(path), digest.hexdigest()
 
 

@@ -13,6 +13,8 @@ buffer of the same layout, so the inner optimizer reads its shard of them withou
 elements, which accumulate their shard in ``grad_shard``; the whole gradients are dropped as soon as they are
 reduced.
 
+``offload`` (a state store, it.optim.offload) keeps the inner optimizer's state in host memory or in a file per rank.
+
 ``state_dict`` / ``load_state_dict`` use the whole layout of ``optimizer_class`` over the same parameters
 (``consolidate_state_dict`` gathers it to one rank first): a checkpoint written under ZeRO loads without it,
 at another number of ranks, and the reverse.
@@ -43,6 +45,7 @@ import numpy as np
 
 from ... import backend
 from ...autograd.grad_mode import no_grad
+from ...optim.offload import materialized
 from ...tensor import Tensor
 from ..grad_hooks import globally_unused
 
@@ -357,8 +360,16 @@ class ZeroRedundancyOptimizer:
 
     # ---------------------------------------------------------------------------------------- state dicts
     def state_bytes(self):
-        """Bytes of optimizer state this rank holds (the inner optimizer's arrays)."""
+        """Bytes of optimizer state this rank holds beside its parameters (the inner optimizer's arrays)."""
         return self.optim.state_bytes()
+
+    def offloaded_bytes(self):
+        """Bytes of this rank's optimizer state offloaded (``offload=``: to a file, or to host memory)."""
+        return self.optim.offloaded_bytes()
+
+    @property
+    def state_store(self):
+        return self.optim.state_store
 
     def grad_bytes(self):
         """Bytes of gradient storage: the flat gradient buffers and this rank's gradient shards."""
@@ -423,7 +434,7 @@ class ZeroRedundancyOptimizer:
                     st = self.optim.state.get(view)
                     if sp is space and st and key in st:
                         local = flat_start - space.rank * space.shard_size
-                        mine[local:local + (b - a)] = st[key]
+                        mine[local:local + (b - a)] = backend.to_device_array(materialized(st[key]), space.device)
                 dist.all_gather_into_tensor(Tensor._make(flat, space.device), Tensor._make(mine, space.device),
                                             group=space.group)
                 full[key] = flat

@@ -19,6 +19,7 @@ SOURCES = ("stdlib",)
 DATA_FORMATS = ("tokens", "text", "chat", "instruction")
 SFT_SUFFIXES = (".jsonl", ".sft")  # SFT data: JSONL files, or the shards of prepare_data.py --format chat ...
 RECOMPUTE = ("none", "block")
+OFFLOAD = ("none", "disk", "host")
 
 
 def check_ranges(cfg, errors, bad, checker=None):
@@ -49,6 +50,13 @@ def check_ranges(cfg, errors, bad, checker=None):
         c.need(f"train.{name}", lambda v: 0 <= v < 1, "a number in [0, 1)")
     c.need("train.learning_rate_decay_frac", lambda v: 0 <= v <= 1, "a number in [0, 1]")
     c.need("train.recompute", lambda v: v in RECOMPUTE, f"one of {RECOMPUTE}{closest(cfg.train.recompute, RECOMPUTE)}")
+    c.need("train.optimizer_offload", lambda v: v in OFFLOAD,
+           f"one of {OFFLOAD}{closest(cfg.train.optimizer_offload, OFFLOAD)}")
+    if c.ok("train.optimizer_offload", "device") and cfg.train.optimizer_offload == "host" \
+            and cfg.device.startswith("cpu"):
+        errors.append(f"train.optimizer_offload: expected 'none' or 'disk' with device {cfg.device!r} (host moves the "
+                      "optimizer state from GPU memory to the host's, where a CPU run's already is), got 'host'; HINT: "
+                      "set train.optimizer_offload=disk to keep the state in files, or none")
     t = cfg.train
     if c.ok("train.val_loss_every", "train.val_max_steps") and t.val_loss_every and not t.val_max_steps:
         errors.append("train.val_max_steps: expected >= 1 when train.val_loss_every is set, got 0")

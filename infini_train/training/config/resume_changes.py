@@ -38,6 +38,7 @@ UNCHANGED_VALUES = {
     "data.source": "only whether a missing corpus is built",
     "parallel.": "the layout: the checkpoint is resharded", "device": "the layout", "backend": "the layout",
     "train.recompute": "the layout: activations recomputed instead of kept",
+    "train.optimizer_offload": "where the optimizer state lives: the same values in memory, on the host or on disk",
     "model.": "resolves to the checkpoint's model", "lora.": "resolves to the checkpoint's LoRA settings",
 }
 

@@ -85,6 +85,10 @@ class TrainConfig:
     log_communication: bool = _key(False, "each step's metrics.jsonl record gets comm_bytes: the bytes this rank's "
                                           "collectives and sends handed over, by collective and group")
     overfit_single_batch: bool = _key(False, "train on the first batch over and over (a debugging aid, -f)")
+    optimizer_offload: str = _key("none", "none | disk (each rank's optimizer state in a file under out_dir/offload, "
+                                          "updated chunk by chunk: ZeRO-Infinity's NVMe offload) | host (GPU runs: "
+                                          "the state in pinned host memory, updated there: ZeRO-Offload); the same "
+                                          "values as none, bit for bit")
     recompute: str = _key("none", "none | block: recompute each transformer block's activations in backward (less "
                                   "memory for about one more forward)")
 
