@@ -46,6 +46,7 @@ GRACE_ENV = "INFINI_TRAIN_HANG_GRACE"
 DEFAULT_GRACE = 5.0
 POLL_SECONDS = 0.2  # the watchdog's directory listing interval
 REQUEST_PREFIX = "request."
+_STACKS = "Python stacks (faulthandler: every thread, most recent call first):"
 
 _groups = weakref.WeakSet()  # every live ProcessGroup of this process, for the reports' counts
 _ordinals = {}  # world ranks -> groups of those ranks made so far (a group's key)
@@ -154,6 +155,8 @@ class _Watch:
         self.answered = []  # the requests this rank's reports answer
         self.seen = set(self._requests())  # requests already there (an earlier job's): never answered
         self.requests = 0
+        self.timed_out_wait = None  # (Work, start) of this rank's wait that timed out: later reports still show it
+        self.frozen_stacks = None  # and the stacks at that moment (later, the rank is on its way out)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="infini_train hang watchdog", daemon=True)
 
@@ -194,7 +197,10 @@ class _Watch:
         with _lock:
             self.seen.add(name)
             self.answered.append(name)
+            self.timed_out_wait = work_module.waiting
             self.write()
+            with open(self.path) as f:
+                self.frozen_stacks = f.read().split(_STACKS + "\n", 1)[-1]
         states = {self.rank: read_state(self.path)}
         silent = set(range(self.world_size)) - {self.rank}
         deadline = time.monotonic() + self.grace
@@ -224,11 +230,12 @@ class _Watch:
         if missing:
             stacks = ", ".join(self._rank_path(r) for r in missing if r in states) or "none written"
             text += f"; ranks never arrived: {missing} (their stacks: {stacks})"
-        unanswered = sorted(r for r in silent if r in members)
+        unanswered = sorted(silent)
         if unanswered:
             text += (f"; ranks that did not answer within {self.grace:g} s (no stack: stuck outside Python, or gone): "
                      f"{unanswered}")
-        if not missing and not unanswered and launch is not None and launch.sequence is not None:
+        if (not missing and not any(r in members for r in unanswered) and launch is not None
+                and launch.sequence is not None):
             text += "; every rank of the group entered it (collectives called in a different order on some rank?)"
         return text + f"; every rank's stacks and pending collective: {self.directory}{os.sep}rank<R>.txt"
 
@@ -238,7 +245,7 @@ class _Watch:
     def write(self):
         """This rank's report (atomically: a reader never sees half of one), for the requests it answered."""
         os.makedirs(self.directory, exist_ok=True)
-        waiting = work_module.waiting
+        waiting = work_module.waiting or self.timed_out_wait
         pending = None
         if waiting is not None:
             work, since = waiting
@@ -270,12 +277,15 @@ class _Watch:
                             if transfer else ""))
         lines.append("state: " + json.dumps(state))
         lines.append("")
-        lines.append("Python stacks (faulthandler: every thread, most recent call first):")
+        lines.append(_STACKS if self.frozen_stacks is None else _STACKS[:-1] + ", when this rank's wait timed out):")
         tmp = f"{self.path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             f.write("\n".join(lines) + "\n")
-            f.flush()
-            faulthandler.dump_traceback(file=f, all_threads=True)
+            if self.frozen_stacks is not None:
+                f.write(self.frozen_stacks)
+            else:
+                f.flush()
+                faulthandler.dump_traceback(file=f, all_threads=True)
         os.replace(tmp, self.path)
 
 

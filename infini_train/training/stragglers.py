@@ -19,7 +19,7 @@ Every window writes ``{"straggler": {...}}`` into that step's metrics.jsonl reco
      "comm_wait_s": 0.01, "wall_s": 1.85, "others_comm_wait_s": 0.72, "steps": [10, 19], "flagged": true}
 
 (``steps``: the window's first and last step as metrics.jsonl numbers them). The line is printed only when the slowest
-rank is ``flagged``: its step at least THRESHOLD (1.2) times the median and MIN_GAP_S (5 ms) above it::
+rank is ``flagged``: its step at least THRESHOLD (1.2) times the median and MIN_GAP_S (10 ms) above it::
 
     straggler: rank 3 step 1.84 s vs median 1.12 s (compute 1.71 s, data wait 0.13 s: compute dominates; the others
     wait 0.72 s for it in communication), mean of steps 11-20
@@ -57,7 +57,7 @@ from ..tensor import Tensor
 from .config import ConfigError
 
 THRESHOLD = 1.2  # the slowest rank's step against the median that prints the line
-MIN_GAP_S = 0.005  # ... and by at least this much (tiny steps jitter by more than 20%)
+MIN_GAP_S = 0.01  # ... and by at least this much (tiny steps jitter by more than 20%)
 SLOW_ENV = "INFINI_TRAIN_SLOW_RANK"
 HANG_ENV = "INFINI_TRAIN_HANG_RANK"
 HANG_SECONDS = 3600.0
