@@ -192,11 +192,11 @@ class _Watch:
         self.requests += 1
         name = f"{REQUEST_PREFIX}rank{self.rank}.{os.getpid()}.{time.time_ns()}.{self.requests}"
         describe = getattr(work, "describe", str(work))
-        with open(os.path.join(self.directory, name), "w") as f:
-            json.dump({"rank": self.rank, "waiting": describe, "pending": _pending(launch)}, f)
         with _lock:
-            self.seen.add(name)
+            self.seen.add(name)  # (before the file exists: the watchdog must not answer it too)
             self.answered.append(name)
+            with open(os.path.join(self.directory, name), "w") as f:
+                json.dump({"rank": self.rank, "waiting": describe, "pending": _pending(launch)}, f)
             self.timed_out_wait = work_module.waiting
             self.write()
             with open(self.path) as f:

@@ -134,20 +134,25 @@ def _observed(name, sent=None, kind=None, size=None):
     ``kind`` "collective" numbers the call on its group (``group.sequence``: every rank of a group calls its
     collectives in the same order, so the numbers agree across ranks) and "transfer" (a send or receive; the peer is
     the argument after the tensor) does not; either way the Works started inside carry the call's Launch (work.py),
-    which a timeout reports (hang.py), with the bytes of argument ``sent`` (or ``size``: a receive's buffer). None: a
-    wrapper of other calls that do this themselves."""
+    which a timeout reports (hang.py), with the bytes of argument ``sent`` (or ``size``: a receive's buffer). A group
+    of one (it completes at once, it cannot hang) skips that. None: a wrapper of calls that do this themselves."""
     def wrap(method):
+        @functools.wraps(method)
+        def observed(self, *args, **kwargs):
+            if not observers.ACTIVE:
+                return method(self, *args, **kwargs)
+            with observers.record(f"{self.backend}:{name}", "collective"):
+                return method(self, *args, **kwargs)
+
         if kind is None:
-            @functools.wraps(method)
-            def run(self, *args, **kwargs):
-                if not observers.ACTIVE:
-                    return method(self, *args, **kwargs)
-                with observers.record(f"{self.backend}:{name}", "collective"):
-                    return method(self, *args, **kwargs)
-            return run
+            return observed
 
         @functools.wraps(method)
         def run(self, *args, **kwargs):
+            if self.size == 1:  # a group of one completes at once: nothing can hang, no Launch
+                if comm_counters.ACTIVE and sent is not None:
+                    comm_counters.record(name, self.ranks, args[sent] if len(args) > sent else None)
+                return observed(self, *args, **kwargs)
             at = sent if sent is not None else size
             nbytes = comm_counters.nbytes(args[at]) if at is not None and len(args) > at else 0
             if comm_counters.ACTIVE and sent is not None:
@@ -159,10 +164,7 @@ def _observed(name, sent=None, kind=None, size=None):
                 launch = self.last_transfer = Launch(name, self, None, nbytes, self._world_peer(args, kwargs))
             work_module._launch = launch
             try:
-                if not observers.ACTIVE:
-                    return method(self, *args, **kwargs)
-                with observers.record(f"{self.backend}:{name}", "collective"):
-                    return method(self, *args, **kwargs)
+                return observed(self, *args, **kwargs)
             finally:
                 work_module._launch = None
         return run

@@ -12,6 +12,7 @@ import infini_train as it
 from infini_train import distributed as dist
 from infini_train.distributed import hang
 from tests.distributed.mpi_jobs import job_env, mpirun, needs_mpiexec, output
+from tests.distributed.pending_group import PendingGroup
 
 
 @pytest.fixture
@@ -52,9 +53,8 @@ def test_the_watchdog_answers_new_requests_only(hang_dir):
 def test_a_timeout_writes_this_ranks_report_and_names_the_ranks_that_did_not_answer(hang_dir, monkeypatch):
     monkeypatch.setenv(hang.GRACE_ENV, "0.3")
     dist.set_hang_dir(hang_dir, rank=0, world_size=2)  # rank 1 does not exist: it never answers
-    group = dist.SingleProcessGroup()
+    group = PendingGroup()
     work = group.all_reduce(it.tensor(np.ones(256, np.float32)), async_op=True)
-    work._done, work._test = False, lambda: False  # pending for ever
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as info:
         work.wait(timeout=0.2)
@@ -63,7 +63,7 @@ def test_a_timeout_writes_this_ranks_report_and_names_the_ranks_that_did_not_ans
     assert re.search(rf"did not complete within 0.2 s \(sequence {group.sequence} on this group, 1.0 KB\); ranks "
                      r"that did not answer within 0.3 s \(no stack: stuck outside Python, or gone\): \[1\]", msg), msg
     text = (hang_dir / "rank0.txt").read_text()
-    assert "pending collective: all_reduce on group ranks [0]" in text
+    assert "pending collective: all_reduce on group ranks [0, 1]" in text
     assert f"sequence {group.sequence} on that group, 1.0 KB, waiting for 0.2" in text
     state = hang.read_state(hang_dir / "rank0.txt")
     assert state["waiting"]["sequence"] == group.sequence and state["entered"][group.key] == group.sequence
@@ -73,9 +73,8 @@ def test_a_timeout_writes_this_ranks_report_and_names_the_ranks_that_did_not_ans
 
 def test_without_a_hang_directory_the_error_gives_the_sequence_and_bytes_only(monkeypatch):
     hang.stop()
-    group = dist.SingleProcessGroup()
+    group = PendingGroup()
     work = group.broadcast(it.tensor(np.ones(3)), async_op=True)
-    work._done, work._test = False, lambda: False
     with pytest.raises(RuntimeError, match=rf"did not complete within 0.1 s \(sequence {group.sequence} on this "
                                            r"group, 24 B\)\nHINT"):
         work.wait(timeout=0.1)

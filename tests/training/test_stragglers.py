@@ -14,6 +14,7 @@ from infini_train import distributed as dist
 from infini_train.distributed.work import Work
 from infini_train.training import stragglers
 from infini_train.training.config import ConfigError
+from tests.distributed.pending_group import PendingGroup
 from infini_train.training.stragglers import OFF, StepWatch, describe, hang_rank, slow_rank, step_watch, summarize
 
 
@@ -131,11 +132,15 @@ def test_the_straggler_record_is_left_out_when_the_report_is_off(tmp_path):
 
 
 def test_a_collective_carries_its_sequence_number_and_bytes():
-    group = dist.SingleProcessGroup()
-    before = group.sequence
-    group.all_reduce(it.tensor(np.ones(1024, np.float32)))
+    group = PendingGroup()
+    group.all_reduce(it.tensor(np.ones(1024, np.float32)), async_op=True)
     work = group.all_reduce(it.tensor(np.ones(4, np.float32)), async_op=True)
-    assert group.sequence == before + 2 and work.launch.sequence == before + 2 and work.launch.nbytes == 16
-    assert group.last_collective is work.launch
-    assert work.launch.describe() == f"sequence {before + 2} on this group, 16 B"
-    assert group.key.startswith("0#")
+    assert group.sequence == 2 and work.launch.sequence == 2 and work.launch.nbytes == 16
+    assert group.last_collective is work.launch and work.launch.describe() == "sequence 2 on this group, 16 B"
+    assert group.key.startswith("0,1#")
+    recv = group.irecv(it.tensor(np.zeros(8)), 1)
+    assert group.sequence == 2 and recv.launch.peer == 1 and recv.launch.nbytes == 64  # transfers are not numbered
+    assert recv.launch.describe() == "64 B" and group.last_transfer is recv.launch
+    one = dist.SingleProcessGroup()
+    one.all_reduce(it.ones(4))
+    assert one.sequence == 0  # a group of one pays one size test: it cannot hang
