@@ -157,7 +157,8 @@ if [[ "$flavor" == openmpi ]]; then
     fi
     for var in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS NCCL_DEBUG PYTHONUNBUFFERED PYTHONPATH PATH \
                LD_LIBRARY_PATH VIRTUAL_ENV MPI4PY_LIBMPI MPI4PY_MPIABI INFINI_TRAIN_COLLECTIVE_TIMEOUT \
-               INFINI_TRAIN_EXIT_GRACE INFINI_TRAIN_NCCL_BLOCKING_WAIT; do
+               INFINI_TRAIN_EXIT_GRACE INFINI_TRAIN_NCCL_BLOCKING_WAIT INFINI_TRAIN_HANG_GRACE \
+               INFINI_TRAIN_SLOW_RANK INFINI_TRAIN_HANG_RANK; do
         if [[ -n "${!var:-}" ]]; then args+=(-x "$var"); fi
     done
     # Open MPI refuses to start as root unless asked (containers often run as root)

@@ -13,7 +13,9 @@ identity, and calling a collective before ``init_process_group`` initialises the
 
 Failures: in a world of more than one rank an uncaught exception on any rank aborts the whole job
 (MPI Abort), and a collective that does not complete within the timeout (``init_process_group(timeout=)``
-or $INFINI_TRAIN_COLLECTIVE_TIMEOUT, default 300 s) raises an error naming it, the group's ranks and this rank.
+or $INFINI_TRAIN_COLLECTIVE_TIMEOUT, default 300 s) raises an error naming it, the group's ranks and this rank;
+after ``set_hang_dir(path)`` (a training run sets out_dir/hang) every rank first writes its Python stacks and pending
+collective to ``path/rank<R>.txt`` and the error names the ranks that never arrived (hang.py).
 mpi4py is imported lazily: the package imports without it.
 """
 from __future__ import annotations
@@ -34,16 +36,19 @@ from .launch_utils import (
 )
 from .object_collectives import all_gather_object as _all_gather_object
 from .comm_counters import CommCounters, count_communication
+from . import hang
+from .hang import get_hang_dir, set_hang_dir
 from .p2p import P2POp, batch_isend_irecv
 from .process_group import ProcessGroup, ReduceOp, SingleProcessGroup
-from .work import DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, resolve_timeout, set_oversubscribed
+from .work import (DEFAULT_TIMEOUT, TIMEOUT_ENV, CompletedWork, Work, comm_wait_seconds, resolve_timeout,
+                   set_oversubscribed)
 
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
            "get_local_rank", "get_local_world_size", "get_backend", "new_group", "default_group", "ReduceOp",
            "Work", "ProcessGroup", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_into_tensor",
            "reduce_scatter_tensor", "all_to_all_single", "reduce", "barrier", "all_gather_object", "send", "recv",
            "isend", "irecv", "P2POp", "batch_isend_irecv", "DEFAULT_TIMEOUT", "TIMEOUT_ENV", "count_communication",
-           "CommCounters"]
+           "CommCounters", "set_hang_dir", "get_hang_dir", "comm_wait_seconds"]
 
 _BACKENDS = (None, "auto", "mpi", "nccl", "single")
 _world = None  # the default (world) group
@@ -147,6 +152,7 @@ def destroy_process_group(group=None):
     if _world is not None:
         _world.destroy()
     _world, _lazy = None, False
+    hang.stop()
     uninstall_abort_on_failure()
 
 

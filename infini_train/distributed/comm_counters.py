@@ -64,16 +64,21 @@ def count_communication():
 def record(collective, ranks, sent):
     """Add one call of ``collective`` over the group of world ranks ``ranks`` handing over ``sent`` (arrays, tensors
     or lists of them) to every open counter."""
-    nbytes = _nbytes(sent)
+    add(collective, ranks, nbytes(sent))
+
+
+def add(collective, ranks, count):
+    """Add one call of ``collective`` over the group of world ranks ``ranks`` handing over ``count`` bytes."""
     for counters in ACTIVE:
-        counters.add(collective, ranks, nbytes)
+        counters.add(collective, ranks, count)
 
 
-def _nbytes(sent):
+def nbytes(sent):
+    """The bytes of ``sent``: an array, a tensor, or a list of them (None: 0)."""
     if sent is None:
         return 0
     if isinstance(sent, (list, tuple)):
-        return sum(_nbytes(s) for s in sent)
+        return sum(nbytes(s) for s in sent)
     array = getattr(sent, "array", sent)
     return int(getattr(array, "nbytes", 0))
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from .mpi_backend import MPIProcessGroup
 from .process_group import ProcessGroup, ReduceOp, _observed, is_floating
-from .work import Work
+from .work import Launch, Work
 
 BLOCKING_WAIT_ENV = "INFINI_TRAIN_NCCL_BLOCKING_WAIT"
 _UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
@@ -324,6 +324,7 @@ class NCCLProcessGroup(ProcessGroup):
             name = f"{kind} {'to' if kind == 'send' else 'from'} {peer}"
             finish = self._post(arr, buf, None) if kind == "recv" else None
             works[k] = _NCCLWork(self, name, done, finish, buf, self.blocking_wait)
+            works[k].launch = self.last_transfer = Launch(name, self, None, buf.nbytes, self.ranks[peer])
             if kind == "recv":
                 _bump(tensor)
         return works

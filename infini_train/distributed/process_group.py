@@ -29,9 +29,10 @@ import numpy as np
 
 from .. import backend
 from ..autograd import observers
-from . import comm_counters
+from . import comm_counters, hang
+from . import work as work_module
 from ..tensor import array_of
-from .work import DEFAULT_TIMEOUT, CompletedWork, Work
+from .work import DEFAULT_TIMEOUT, CompletedWork, Launch, Work
 
 
 class ReduceOp(enum.Enum):
@@ -125,19 +126,47 @@ def _result(work, async_op):
     return None
 
 
-def _observed(name, sent=None):
+def _observed(name, sent=None, kind=None, size=None):
     """Run the collective as a ``"<backend>:<name>"`` range for the op observers (the profiler's collectives) and
     count what it moves (argument ``sent``: the position of what this rank hands over) for the open communication
-    counters (comm_counters.py); one list test for each when none is open."""
+    counters (comm_counters.py); one list test for each when none is open.
+
+    ``kind`` "collective" numbers the call on its group (``group.sequence``: every rank of a group calls its
+    collectives in the same order, so the numbers agree across ranks) and "transfer" (a send or receive; the peer is
+    the argument after the tensor) does not; either way the Works started inside carry the call's Launch (work.py),
+    which a timeout reports (hang.py), with the bytes of argument ``sent`` (or ``size``: a receive's buffer). A group
+    of one (it completes at once, it cannot hang) skips that. None: a wrapper of calls that do this themselves."""
     def wrap(method):
         @functools.wraps(method)
-        def run(self, *args, **kwargs):
-            if comm_counters.ACTIVE and sent is not None:
-                comm_counters.record(name, self.ranks, args[sent] if len(args) > sent else None)
+        def observed(self, *args, **kwargs):
             if not observers.ACTIVE:
                 return method(self, *args, **kwargs)
             with observers.record(f"{self.backend}:{name}", "collective"):
                 return method(self, *args, **kwargs)
+
+        if kind is None:
+            return observed
+
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            if self.size == 1:  # a group of one completes at once: nothing can hang, no Launch
+                if comm_counters.ACTIVE and sent is not None:
+                    comm_counters.record(name, self.ranks, args[sent] if len(args) > sent else None)
+                return observed(self, *args, **kwargs)
+            at = sent if sent is not None else size
+            nbytes = comm_counters.nbytes(args[at]) if at is not None and len(args) > at else 0
+            if comm_counters.ACTIVE and sent is not None:
+                comm_counters.add(name, self.ranks, nbytes)
+            if kind == "collective":
+                self.sequence += 1
+                launch = self.last_collective = Launch(name, self, self.sequence, nbytes)
+            else:
+                launch = self.last_transfer = Launch(name, self, None, nbytes, self._world_peer(args, kwargs))
+            work_module._launch = launch
+            try:
+                return observed(self, *args, **kwargs)
+            finally:
+                work_module._launch = None
         return run
     return wrap
 
@@ -147,6 +176,8 @@ class ProcessGroup:
 
     ``ranks`` are world ranks in group order, ``rank`` is this process's rank inside the group, ``size`` the
     number of ranks, ``world_rank`` this process's world rank, ``timeout`` the collective timeout (seconds).
+    ``sequence`` counts the collectives called on the group (the last one's Launch: ``last_collective``; the last
+    send or receive's: ``last_transfer``); ``key`` names the group alike on every member (hang.py).
     """
 
     backend = "base"
@@ -157,6 +188,16 @@ class ProcessGroup:
         self.size = len(self.ranks)
         self.world_rank = self.ranks[self.rank]
         self.timeout = float(timeout)
+        self.sequence = 0
+        self.last_collective = self.last_transfer = None
+        self.key = hang.register(self)
+
+    def _world_peer(self, args, kwargs):
+        """The world rank of a send's or receive's peer (its group rank follows the tensor), or None."""
+        peer = args[1] if len(args) > 1 else kwargs.get("dst", kwargs.get("src"))
+        if isinstance(peer, (int, np.integer)) and 0 <= peer < self.size:
+            return self.ranks[peer]
+        return None
 
     def describe(self, name):
         """``name`` with the group's ranks, this rank and the backend, for error messages."""
@@ -167,7 +208,7 @@ class ProcessGroup:
         return f"<{type(self).__name__} backend={self.backend} ranks={self.ranks} rank={self.rank}>"
 
     # ------------------------------------------------------------------------------ collectives
-    @_observed("all_reduce", sent=0)
+    @_observed("all_reduce", sent=0, kind="collective")
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group; every rank ends with the result, in place."""
         arr = _array_of(tensor, "all_reduce", writes=True)
@@ -176,7 +217,7 @@ class ProcessGroup:
         _bump(tensor)
         return _result(work, async_op)
 
-    @_observed("broadcast", sent=0)
+    @_observed("broadcast", sent=0, kind="collective")
     def broadcast(self, tensor, src=0, async_op=False):
         """Copy rank ``src``'s ``tensor`` into ``tensor`` on every other rank."""
         arr = _array_of(tensor, "broadcast", writes=True)
@@ -186,7 +227,7 @@ class ProcessGroup:
             _bump(tensor)
         return _result(work, async_op)
 
-    @_observed("all_gather", sent=1)
+    @_observed("all_gather", sent=1, kind="collective")
     def all_gather(self, tensor_list, tensor, async_op=False):
         """``tensor_list[r]`` receives rank r's ``tensor`` on every rank."""
         arr = _array_of(tensor, "all_gather", writes=False)
@@ -195,7 +236,7 @@ class ProcessGroup:
         _bump(*tensor_list)
         return _result(work, async_op)
 
-    @_observed("reduce_scatter", sent=1)
+    @_observed("reduce_scatter", sent=1, kind="collective")
     def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
         """``output`` on rank r receives the reduction over ranks of their ``input_list[r]``."""
         out = _array_of(output, "reduce_scatter", writes=True)
@@ -205,7 +246,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("all_gather_into_tensor", sent=1)
+    @_observed("all_gather_into_tensor", sent=1, kind="collective")
     def all_gather_into_tensor(self, output, input, async_op=False):
         """Rank r's ``input`` lands in chunk r of ``output`` (``output.numel() == size * input.numel()``, e.g.
         shape ``(size * n,)``, ``(size * d0, ...)`` or ``(size, *input.shape)``), on every rank. ``input`` may be
@@ -218,7 +259,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("reduce_scatter_tensor", sent=1)
+    @_observed("reduce_scatter_tensor", sent=1, kind="collective")
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
         """``output`` on rank r receives the reduction over ranks of chunk r of their ``input``
         (``input.numel() == size * output.numel()``). ``output`` may be this rank's own chunk of ``input``."""
@@ -231,7 +272,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("all_to_all_single", sent=1)
+    @_observed("all_to_all_single", sent=1, kind="collective")
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         """Rank i sends its ``input``'s j-th block of rows (dim 0, ``input_split_sizes[j]`` rows) to rank j and
         receives into ``output`` the blocks every rank j sent it, concatenated in rank order
@@ -248,7 +289,7 @@ class ProcessGroup:
         _bump(output)
         return _result(work, async_op)
 
-    @_observed("reduce", sent=0)
+    @_observed("reduce", sent=0, kind="collective")
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor`` (the others' stay unchanged)."""
         arr = _array_of(tensor, "reduce", writes=self.rank == dst)
@@ -259,18 +300,18 @@ class ProcessGroup:
             _bump(tensor)
         return _result(work, async_op)
 
-    @_observed("barrier")
+    @_observed("barrier", kind="collective")
     def barrier(self, async_op=False):
         """Return (or complete the Work) once every rank of the group reached the barrier."""
         return _result(self._barrier(), async_op)
 
-    @_observed("isend", sent=0)
+    @_observed("isend", sent=0, kind="transfer")
     def isend(self, tensor, dst, tag=0) -> Work:
         arr = _array_of(tensor, "send", writes=False)
         self._check_peer(dst, "send", "dst")
         return self._send(arr, dst, int(tag))
 
-    @_observed("irecv")
+    @_observed("irecv", kind="transfer", size=0)
     def irecv(self, tensor, src, tag=0) -> Work:
         arr = _array_of(tensor, "recv", writes=True)
         self._check_peer(src, "recv", "src")

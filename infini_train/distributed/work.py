@@ -4,7 +4,14 @@ A Work polls a backend's completion test (``MPI_Request.Test``, ``cudaEventQuery
 that test, as MPI's own blocking calls do, so communication progresses at full speed; once a collective has
 been pending for a second (a late peer) it polls with short sleeps instead. When a node runs more ranks than it
 has cores, a waiting rank yields its core between polls, so the peer it waits for can run. Past the timeout it raises a
-RuntimeError naming the collective, the group's ranks and this rank: a hang becomes an error.
+RuntimeError naming the collective, the group's ranks and this rank: a hang becomes an error. With a hang directory
+set (``set_hang_dir``, which a training run does), the error also names the ranks that never arrived, and every rank
+writes its Python stacks and pending collective there first (distributed/hang.py).
+
+Each Work carries its launch (``Launch``: the collective, its sequence number on the group, the bytes this rank
+handed over, the peer of a transfer), which ProcessGroup's collectives set while they start it. The time this rank
+spends blocked in ``wait()`` adds up in ``comm_wait_seconds()`` (one clock reading per wait that had to wait): the
+straggler report's communication wait (training/stragglers.py).
 """
 from __future__ import annotations
 
@@ -19,6 +26,37 @@ TIMEOUT_ENV = "INFINI_TRAIN_COLLECTIVE_TIMEOUT"
 _SPIN_SECONDS = 1.0  # busy-poll this long before backing off to sleeps (MPI progresses only while polled)
 _MAX_SLEEP = 1e-3
 _oversubscribed = False
+_comm_wait = 0.0  # seconds this process spent in Work.wait on operations not yet complete
+_launch = None  # the Launch of the collective being started (set by ProcessGroup's collectives while they run)
+waiting = None  # (Work, time.monotonic() when its wait began) while a wait is in progress: hang reports read it
+
+
+class Launch:
+    """One started collective or transfer: ``name``, ``group`` (the ProcessGroup it was called on), ``sequence``
+    (its number among the collectives of that group, 1 for the first; None for a send or receive, which the two
+    ranks count differently), ``nbytes`` (what this rank handed over) and ``peer`` (a transfer's world rank)."""
+
+    __slots__ = ("name", "group", "sequence", "nbytes", "peer")
+
+    def __init__(self, name, group, sequence, nbytes, peer=None):
+        self.name, self.group, self.sequence, self.nbytes, self.peer = name, group, sequence, nbytes, peer
+
+    def describe(self):
+        """E.g. "sequence 57 on this group, 4.0 MB" (a transfer: "4.0 MB")."""
+        size = human_bytes(self.nbytes)
+        return size if self.sequence is None else f"sequence {self.sequence} on this group, {size}"
+
+
+def human_bytes(nbytes):
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def comm_wait_seconds():
+    """Seconds this process has spent so far blocked in Work.wait (operations that were not yet complete)."""
+    return _comm_wait
 
 
 def set_oversubscribed(flag):
@@ -55,7 +93,8 @@ class Work:
     or did not finish within the group's timeout.
     """
 
-    __slots__ = ("_group", "_name", "_test", "_finish", "_keep", "_on_timeout", "_done", "_error", "timeout")
+    __slots__ = ("_group", "_name", "_test", "_finish", "_keep", "_on_timeout", "_done", "_error", "timeout",
+                 "launch")
 
     def __init__(self, group, name, test, finish=None, keep=None, on_timeout=None):
         self._group = group  # for messages: its ranks, this rank, its backend
@@ -67,6 +106,7 @@ class Work:
         self._done = False
         self._error = None
         self.timeout = group.timeout if group is not None else DEFAULT_TIMEOUT
+        self.launch = _launch  # the collective's Launch (None outside ProcessGroup's collectives)
 
     @property
     def describe(self):
@@ -100,19 +140,25 @@ class Work:
         return self._wait(timeout)
 
     def _wait(self, timeout):
+        global _comm_wait, waiting
         if not self._done:
             limit = self.timeout if timeout is None else resolve_timeout(timeout)
             start = time.monotonic()
+            waiting = (self, start)
             pause = 0.0
-            while not self.is_completed():
-                now = time.monotonic()
-                if now - start > limit:
-                    raise self._timed_out(limit)
-                if now - start > _SPIN_SECONDS:
-                    time.sleep(pause)
-                    pause = min(2 * pause + 1e-5, _MAX_SLEEP)
-                elif _oversubscribed:
-                    os.sched_yield()
+            try:
+                while not self.is_completed():
+                    now = time.monotonic()
+                    if now - start > limit:
+                        raise self._timed_out(limit)
+                    if now - start > _SPIN_SECONDS:
+                        time.sleep(pause)
+                        pause = min(2 * pause + 1e-5, _MAX_SLEEP)
+                    elif _oversubscribed:
+                        os.sched_yield()
+            finally:
+                waiting = None
+                _comm_wait += time.monotonic() - start
         if self._error is not None:
             raise RuntimeError(f"{self.describe} failed: {self._error}") from self._error
         return True
@@ -123,8 +169,11 @@ class Work:
                 self._on_timeout()
             except Exception:  # the timeout error below is the one that matters
                 pass
+        from . import hang
+
+        details = hang.report_timeout(self, limit)  # with a hang directory: every rank's stacks, who never arrived
         return RuntimeError(
-            f"{self.describe} did not complete within {limit:g} s\n"
+            f"{self.describe} did not complete within {limit:g} s{details}\n"
             "HINT: another rank of the group never joined this collective: it crashed, hangs, is still busy, or "
             "called collectives in a different order. To wait longer, pass init_process_group(timeout=SECONDS) "
             f"or export {TIMEOUT_ENV}=SECONDS")
@@ -148,4 +197,4 @@ def _always_done():
     return True
 
 
-__all__ = ["Work", "CompletedWork", "DEFAULT_TIMEOUT", "TIMEOUT_ENV", "resolve_timeout"]
+__all__ = ["Work", "CompletedWork", "Launch", "DEFAULT_TIMEOUT", "TIMEOUT_ENV", "resolve_timeout", "comm_wait_seconds"]

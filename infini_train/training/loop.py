@@ -46,6 +46,7 @@ from .resume import check_config_changes, check_same_model, choose_checkpoint, r
 from .signals import EXIT_STOPPED, StopSignals, signal_name
 from .startup import config_lines, data_summary, layout_summary, parameter_summary, parameters_per_rank, transport
 from .step import StepPlan, train_step
+from .stragglers import step_watch
 from .tensorboard_log import RunLog
 
 
@@ -217,6 +218,7 @@ class Run:
         profiler = RunProfiler(cfg, self.raw_model)  # the profile section's steps
         check = numerics_checker_for(cfg, self.raw_model, self.rank, resume_step, self.scaler)  # detached at the end
         recording = contextlib.nullcontext(stops) if stops is not None else StopSignals()
+        watch = step_watch(cfg, self.rank, self.world)  # straggler timers and report; out_dir/hang (several ranks)
         with recording as stops, log, check:  # (log: closes the TensorBoard writer however the loop ends)
             for step in range(self.start_step, t.num_iterations + 1):
                 if self.saver is not None:
@@ -234,7 +236,7 @@ class Run:
                 t0 = time.perf_counter()
                 profiler.begin(step)
                 with check.recording(step), self.memory.phase("first_step" if step == self.start_step else "steady"), \
-                        counting(t.log_communication) as counts:
+                        counting(t.log_communication) as counts, watch.timing(step):
                     result = train_step(self.step_plan, self.train_loader, t, step, cfg.seed)
                 self._count_nonfinite(step, result)
                 dt = time.perf_counter() - t0
@@ -253,10 +255,11 @@ class Run:
                     record.update(self.moe.collect())
                 if self.mtp is not None:
                     record.update(self.mtp.collect())
+                record.update(watch.end_step(step, result))  # every log_every steps: {"straggler": ...}
                 log.write(record)
                 self._log_line(step, result, dt, tokens_per_s, record["mfu"], bar,
                                (self.moe.describe(record) if self.moe is not None else "")
-                               + (self.mtp.describe(record) if self.mtp is not None else ""))
+                               + (self.mtp.describe(record) if self.mtp is not None else "") + watch.describe(record))
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.num_iterations:
                     self.save(step + 1, final=False)
         if bar is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 
 from ..data.sft_loader import SFTBatch
@@ -36,6 +37,7 @@ class StepResult:
     finite: bool  # the loss (and, without a GradScaler, the gradient norm) was finite
     updated: bool  # the optimizer stepped (False: skipped for a non-finite loss or an overflow the scaler caught)
     loss_scale: float = None  # the GradScaler's scale for this step (fp16-mixed)
+    data_wait_s: float = 0.0  # seconds spent fetching the step's batches (the straggler report's data wait)
 
 
 @dataclass
@@ -92,7 +94,9 @@ def train_step(plan, loader, train_cfg, step, seed):
         (loss if scaler is None else scaler.scale(loss)).backward()
         return loss
 
+    fetch = time.monotonic()
     batches = [_next_batch(loader, train_cfg) for _ in range(plan.grad_accum)]
+    fetch = time.monotonic() - fetch
     count = tokens_per_micro_batch(batches, dims)
     batches = iter(batches)
 
@@ -127,8 +131,8 @@ def train_step(plan, loader, train_cfg, step, seed):
         scaler.step(optimizer)
         scaler.update()
         updated = finite and scaler.get_scale() >= scale
-        return StepResult(loss_sum, norm, lr, finite, updated, scale)
+        return StepResult(loss_sum, norm, lr, finite, updated, scale, fetch)
     finite = math.isfinite(loss_sum) and math.isfinite(norm)
     if finite:
         optimizer.step()
-    return StepResult(loss_sum, norm, lr, finite, finite)
+    return StepResult(loss_sum, norm, lr, finite, finite, data_wait_s=fetch)

@@ -27,6 +27,7 @@ NOT_COMPARED = ("resume", "resume_allow_changes")  # how this start was asked fo
 UNCHANGED_VALUES = {
     "out_dir": "where the run writes",
     "plot": "reporting", "tensorboard": "reporting", "train.log_every": "reporting", "train.peak_flops": "reporting",
+    "train.straggler_report": "reporting",
     "profile.": "profiling", "numerics.": "the numerics checker only observes",
     "data.val": "validation", "train.val_loss_every": "validation", "train.val_max_steps": "validation",
     "train.sample_every": "samples", "train.sample_length": "samples",

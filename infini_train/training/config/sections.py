@@ -84,6 +84,10 @@ class TrainConfig:
     log_every: int = _key(1, "steps between printed lines (metrics.jsonl gets every step)")
     log_communication: bool = _key(False, "each step's metrics.jsonl record gets comm_bytes: the bytes this rank's "
                                           "collectives and sends handed over, by collective and group")
+    straggler_report: bool = _key(True, "runs of several ranks: every log_every steps rank 0 names the slowest rank "
+                                         "(its step less communication wait, against the median; compute, data "
+                                         "wait, communication wait) when 1.2x the median or more, and metrics.jsonl "
+                                         "gets a straggler record")
     overfit_single_batch: bool = _key(False, "train on the first batch over and over (a debugging aid, -f)")
     optimizer_offload: str = _key("none", "none | disk (each rank's optimizer state in a file under out_dir/offload, "
                                           "updated chunk by chunk: ZeRO-Infinity's NVMe offload) | host (GPU runs: "
