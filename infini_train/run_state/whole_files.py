@@ -17,6 +17,7 @@ import numpy as np
 
 from ..atomic_file import write_atomically
 from ..safetensors_io import dtype_code, numpy_dtype
+from ..write_pacing import write_blocks
 from . import param_groups
 from .entries import MODEL, optimizer_entries
 from .tree import flatten_state, to_numpy
@@ -41,12 +42,15 @@ def write_tensor_file(path, infos, read):
     text += b" " * (-len(text) % 8)
 
     def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
+        def blocks():
+            yield struct.pack("<Q", len(text))
+            yield text
             for name in order:
                 array = np.require(to_numpy(read(name)), numpy_dtype(infos[name][1], path, name), "C")
-                f.write(array.reshape(-1).view(np.uint8).data)
+                yield array.reshape(-1).view(np.uint8).data
+
+        with open(tmp, "wb") as f:
+            write_blocks(f, blocks())
 
     write_atomically(path, write)
     return path
