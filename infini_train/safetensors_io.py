@@ -11,7 +11,6 @@ import numpy as np
 
 from . import backend
 from .atomic_file import write_atomically
-from .write_pacing import write_blocks
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": None, "I64": np.int64, "I32": np.int32,
            "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -123,17 +122,19 @@ def write_safetensors(path, tensors, metadata=None, digest=None):
 
     def write(tmp):
         with open(tmp, "wb") as f:
-            def blocks():
-                yield struct.pack("<Q", len(text))
-                yield text
-                for name, deferred in arrays.items():
-                    array = np.require(deferred.read(), deferred.dtype, "C")
-                    if array.shape != deferred.shape:
-                        raise ValueError(f"write_safetensors: {name!r} read as shape {array.shape}, announced "
-                                         f"{deferred.shape}")
-                    yield array.reshape(-1).view(np.uint8).data  # no copy
+            def put(block):
+                f.write(block)
+                if digest is not None:
+                    digest.update(block)
 
-            write_blocks(f, blocks(), digest)
+            put(struct.pack("<Q", len(text)))
+            put(text)
+            for name, deferred in arrays.items():
+                array = np.require(deferred.read(), deferred.dtype, "C")
+                if array.shape != deferred.shape:
+                    raise ValueError(f"write_safetensors: {name!r} read as shape {array.shape}, announced "
+                                     f"{deferred.shape}")
+                put(array.reshape(-1).view(np.uint8).data)  # no copy
 
     write_atomically(path, write)
 

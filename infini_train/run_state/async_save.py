@@ -30,7 +30,6 @@ from .. import backend
 from ..atomic_file import write_text_atomically
 from ..distributed.checkpoint import storage as dcp
 from ..distributed.work import resolve_timeout
-from ..write_pacing import paced
 from .directory import step_dir
 from .verify import SHARDED
 from .writer import commit, make_temporary, sharded_files, write_whole
@@ -134,8 +133,7 @@ def _lower_priority():
 class AsyncSaver:
     """One background writer per rank: ``start(step, job, staged)`` runs ``job()`` on a thread (after waiting for the
     previous one), ``wait()`` joins it and raises its error, ``check()`` raises a finished writer's error without
-    waiting (one attribute test per step when none failed). ``budget``: seconds the writer spreads its ``staged``
-    bytes' writes over (write_pacing.py), so it takes the cores a little at a time instead of in one burst."""
+    waiting (one attribute test per step when none failed)."""
 
     def __init__(self):
         self.thread = None
@@ -143,19 +141,17 @@ class AsyncSaver:
         self.step = None
         self.staged = 0  # bytes staged by the last save
         self.buffers = {}  # its staging buffers, {entry key: host array}, reused by the next save
-        self.budget = None  # seconds a writer spreads its file writes over (None: as fast as it can)
 
     def start(self, step, job, staged):
         self.wait()
         self.step, self.staged = step, staged
-        delay, budget = hook_delay(step), self.budget
+        delay = hook_delay(step)
 
         def run():
             try:
                 _lower_priority()
                 time.sleep(delay)
-                with paced(staged, budget):
-                    job()
+                job()
             except BaseException as exc:  # kept for the main thread: check() / wait() raise it there
                 self.error = exc
 

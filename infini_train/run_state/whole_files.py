@@ -17,7 +17,6 @@ import numpy as np
 
 from ..atomic_file import write_atomically
 from ..safetensors_io import dtype_code, numpy_dtype
-from ..write_pacing import write_blocks
 from . import param_groups
 from .entries import MODEL, optimizer_entries
 from .tree import flatten_state, to_numpy
@@ -42,15 +41,12 @@ def write_tensor_file(path, infos, read):
     text += b" " * (-len(text) % 8)
 
     def write(tmp):
-        def blocks():
-            yield struct.pack("<Q", len(text))
-            yield text
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
             for name in order:
                 array = np.require(to_numpy(read(name)), numpy_dtype(infos[name][1], path, name), "C")
-                yield array.reshape(-1).view(np.uint8).data
-
-        with open(tmp, "wb") as f:
-            write_blocks(f, blocks())
+                f.write(array.reshape(-1).view(np.uint8).data)
 
     write_atomically(path, write)
     return path

@@ -140,7 +140,6 @@ class Run:
         if self.checkpoint_format == "auto":
             self.checkpoint_format = "sharded" if self.world > 1 else "whole"
         self.saver = AsyncSaver() if cfg.train.checkpoint_async else None  # train.checkpoint_async's writer
-        self.step_seconds = None  # the last step's
         self.start_step = 0
         self.skipped_total = 0  # updates skipped: a non-finite loss or gradient norm, or an overflow the scaler caught
         self.skipped_in_a_row = 0
@@ -178,8 +177,6 @@ class Run:
         background = self.saver is not None and not final
         if self.saver is not None:
             self._finish_background_save(block=True)  # one save in flight: the next (and the last) waits for it
-            # the writer spreads its writes over half the steps until the next save, so the next rarely waits
-            self.saver.budget = 0.5 * cfg.train.save_every * self.step_seconds if self.step_seconds else None
         started = time.perf_counter()
         self.memory.start("save")
         # sharded: every rank writes its own shard, nothing is gathered; whole: gathered on rank 0, which writes
@@ -242,7 +239,7 @@ class Run:
                         counting(t.log_communication) as counts, watch.timing(step):
                     result = train_step(self.step_plan, self.train_loader, t, step, cfg.seed)
                 self._count_nonfinite(step, result)
-                dt = self.step_seconds = time.perf_counter() - t0
+                dt = time.perf_counter() - t0
                 profiler.end(step)
                 if step == self.start_step:
                     self._report_memory()

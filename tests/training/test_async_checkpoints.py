@@ -160,19 +160,3 @@ def test_the_delay_hook_is_checked(monkeypatch):
     monkeypatch.setenv(async_save.DELAY_ENV, "soon")
     with pytest.raises(ValueError, match="INFINI_TRAIN_ASYNC_SAVE_DELAY: expected seconds, or seconds@step"):
         async_save.hook_delay(2)
-
-
-def test_paced_writes_take_their_budget_and_write_every_byte(tmp_path):
-    import hashlib
-
-    from infini_train.write_pacing import SLICE, paced, write_blocks
-
-    blocks = [b"header", np.arange(3 * SLICE // 4, dtype=np.int32).view(np.uint8).data]
-    total = sum(len(memoryview(b).cast("B")) for b in blocks)
-    digest, started = hashlib.sha256(), time.monotonic()
-    with paced(total, 0.6), open(tmp_path / "f", "wb") as f:
-        write_blocks(f, blocks, digest)
-    assert time.monotonic() - started >= 0.55
-    data = (tmp_path / "f").read_bytes()
-    assert len(data) == total and digest.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert data[:6] == b"header"
