@@ -24,6 +24,7 @@ from .backend import (
 )
 from .host_threads import get_num_threads, set_num_threads  # host threads, as torch.set_num_threads
 from .tensor import Tensor
+from .generator import Generator  # it.Generator: a random stream of its own, as torch.Generator
 from .creation import (
     arange,
     empty,

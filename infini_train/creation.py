@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 
 from . import backend
+from .generator import draw_source
 from .tensor import Tensor
 
 
@@ -120,25 +121,25 @@ def full(shape, fill_value, dtype=None, device=None, requires_grad=False):
     return _new(lambda xp, s, d: xp.full(s, fill_value, d), _shape((shape,)), dtype, device, requires_grad)
 
 
-def randn(*shape, dtype=None, device=None, requires_grad=False):
+def randn(*shape, generator=None, dtype=None, device=None, requires_grad=False):
     dev = backend.Device.parse(device)
-    gen = backend.generator_for(dev)
+    gen = draw_source(generator, dev, "randn")
     return _new(lambda xp, s, d: gen.standard_normal(s, dtype=np.float32).astype(d, copy=False)
                 if d in (np.float32, np.float64) else gen.standard_normal(s).astype(d),
                 _shape(shape), dtype, device, requires_grad)
 
 
-def rand(*shape, dtype=None, device=None, requires_grad=False):
+def rand(*shape, generator=None, dtype=None, device=None, requires_grad=False):
     dev = backend.Device.parse(device)
-    gen = backend.generator_for(dev)
+    gen = draw_source(generator, dev, "rand")
     return _new(lambda xp, s, d: gen.random(s).astype(d), _shape(shape), dtype, device, requires_grad)
 
 
-def randint(low, high=None, size=(), dtype=None, device=None):
+def randint(low, high=None, size=(), dtype=None, device=None, *, generator=None):
     if high is None:
         low, high = 0, low
     dev = backend.Device.parse(device)
-    gen = backend.generator_for(dev)
+    gen = draw_source(generator, dev, "randint")
     dtype = backend.as_dtype(dtype) or backend.int64
     return _new(lambda xp, s, d: xp.asarray(gen.integers(low, high, s)).astype(d), _shape((size,)), dtype,
                 device, False)
@@ -177,5 +178,6 @@ def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
     return _like(lambda xp, s, d: xp.full(s, fill_value, d), t, dtype, device, requires_grad)
 
 
-def randn_like(t, dtype=None, device=None, requires_grad=False):
-    return randn(*t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
+def randn_like(t, dtype=None, device=None, requires_grad=False, *, generator=None):
+    return randn(*t.shape, generator=generator, dtype=dtype or t.dtype, device=device or t.device,
+                 requires_grad=requires_grad)

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import backend
 from .autograd import engine
+from .generator import draw_source
 from .autograd.hooks import RemovableHandle
 from .autograd.grad_mode import _state
 from .lazy_mode.mode import ACTIVE as _LAZY
@@ -316,17 +317,18 @@ class Tensor(TensorMethods):
     def zero_(self):
         return inplace.copy(self, 0)
 
-    def uniform_(self, low=0.0, high=1.0):
+    def uniform_(self, low=0.0, high=1.0, *, generator=None):
         if self.device is backend.META:  # no storage: nothing drawn or written; recorded for sharded init
             backend.record_init(self, "uniform", float(low), float(high))
             return self
-        return inplace.copy(self, backend.generator_for(self.device).uniform(low, high, self.shape))
+        return inplace.copy(self, draw_source(generator, self.device, "uniform_").uniform(low, high, self.shape))
 
-    def normal_(self, mean=0.0, std=1.0):
+    def normal_(self, mean=0.0, std=1.0, *, generator=None):
         if self.device is backend.META:
             backend.record_init(self, "normal", float(mean), float(std))
             return self
-        return inplace.copy(self, backend.generator_for(self.device).standard_normal(self.shape) * std + mean)
+        drawn = draw_source(generator, self.device, "normal_").standard_normal(self.shape)
+        return inplace.copy(self, drawn * std + mean)
 
     def __setitem__(self, index, value):
         inplace.setitem(self, index, value)

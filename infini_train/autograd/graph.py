@@ -23,6 +23,7 @@ import os
 from ..atomic_file import write_text_atomically
 from .accumulate import AccumulateGrad
 from .saved_hooks import saved_tensors_hooks  # noqa: F401  (it.autograd.graph.saved_tensors_hooks, as torch's)
+from .save_on_cpu import save_on_cpu  # noqa: F401  (it.autograd.graph.save_on_cpu, as torch's)
 
 _GRAPH_ATTRS = 'node [align=left fontname=monospace fontsize=10 height=0.2 ranksep=0.1 shape=box style=filled]'
 _FILL = {"fn": "lightgrey", "leaf": "lightblue", "output": "darkolivegreen1", "saved": "orange"}

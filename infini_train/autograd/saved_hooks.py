@@ -8,7 +8,6 @@ Hooks nest (the innermost pair packs); they are per thread, and cost nothing whi
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 
 
@@ -40,15 +39,21 @@ class PackedSaved:
         return self.array().copy()
 
 
-@contextlib.contextmanager
-def saved_tensors_hooks(pack_hook, unpack_hook):
+class saved_tensors_hooks:
     """``pack_hook(tensor) -> anything`` runs when a Function saves ``tensor`` for backward;
-    ``unpack_hook(packed) -> tensor`` when backward needs it back."""
-    hooks.stack.append((pack_hook, unpack_hook))
-    try:
-        yield
-    finally:
+    ``unpack_hook(packed) -> tensor`` when backward needs it back. A context manager class, as torch's, so that
+    hook pairs such as ``save_on_cpu`` subclass it."""
+
+    def __init__(self, pack_hook, unpack_hook):
+        self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
+
+    def __enter__(self):
+        hooks.stack.append((self.pack_hook, self.unpack_hook))
+        return self
+
+    def __exit__(self, *exc_info):
         hooks.stack.pop()
+        return False
 
 
 def pack(saved, tensors):
