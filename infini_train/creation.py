@@ -1,4 +1,4 @@
-"""Tensor creation functions: it.tensor, zeros, ones, empty, full, randn, rand, randint, arange, *_like."""
+"""Tensor creation functions: it.tensor, zeros, ones, empty, full, randn, rand, randint, randperm, arange, *_like."""
 from __future__ import annotations
 
 import numbers
@@ -143,6 +143,16 @@ def randint(low, high=None, size=(), dtype=None, device=None, *, generator=None)
     dtype = backend.as_dtype(dtype) or backend.int64
     return _new(lambda xp, s, d: xp.asarray(gen.integers(low, high, s)).astype(d), _shape((size,)), dtype,
                 device, False)
+
+
+def randperm(n, *, generator=None, dtype=None, device=None, requires_grad=False):
+    """A random permutation of 0 .. n-1 (int64 unless ``dtype``), drawn from ``generator`` or the global stream."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"randperm: expected n, a non-negative int, got {n!r}\nHINT: randperm(10) permutes 0..9")
+    dev = backend.Device.parse(device)
+    gen = draw_source(generator, dev, "randperm")
+    dtype = backend.as_dtype(dtype) or backend.int64
+    return _new(lambda xp, s, d: xp.asarray(gen.permutation(int(n))).astype(d), (), dtype, device, requires_grad)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):

@@ -17,6 +17,7 @@ CALLS = {
     "randint": lambda f, g: f.randint(3, 9, (4, 2), generator=g),
     "randint_high_only": lambda f, g: f.randint(5, size=(6,), generator=g),
     "randn_like": lambda f, g: f.randn_like(f.zeros(2, 3), generator=g),
+    "randperm": lambda f, g: f.randperm(12, generator=g),
     "Tensor.uniform_": lambda f, g: f.zeros(5, 2).uniform_(-2.0, 3.0, generator=g),
     "Tensor.normal_": lambda f, g: f.zeros(8).normal_(1.0, 0.5, generator=g),
     "init.uniform_": lambda f, g: f.nn.init.uniform_(f.zeros(4, 3), -1.0, 1.0, generator=g),
@@ -28,7 +29,7 @@ CALLS = {
     "init.kaiming_normal_": lambda f, g: f.nn.init.kaiming_normal_(f.zeros(6, 4), mode="fan_out", generator=g),
 }
 # the range each call's values must lie in (both frameworks): (low, high), inclusive
-RANGES = {"rand": (0.0, 1.0), "randint": (3, 8), "randint_high_only": (0, 4), "Tensor.uniform_": (-2.0, 3.0),
+RANGES = {"randperm": (0, 11), "rand": (0.0, 1.0), "randint": (3, 8), "randint_high_only": (0, 4), "Tensor.uniform_": (-2.0, 3.0),
           "init.uniform_": (-1.0, 1.0), "init.trunc_normal_": (-0.5, 0.5),
           "init.xavier_uniform_": (-math.sqrt(6 / 10), math.sqrt(6 / 10)),  # fan_in 4 + fan_out 6
           "init.kaiming_uniform_": (-math.sqrt(6 / 4), math.sqrt(6 / 4))}  # gain sqrt(2), fan_in 4
@@ -111,3 +112,11 @@ def test_a_cpu_generator_on_a_gpu_tensor_is_refused_as_torch():
     first = it.zeros(5, device="cuda").uniform_(generator=g).numpy()
     np.testing.assert_array_equal(it.randn(16, device="cuda").numpy(), untouched)
     np.testing.assert_array_equal(it.zeros(5, device="cuda").uniform_(generator=g.manual_seed(3)).numpy(), first)
+
+
+def test_randperm_is_a_permutation_of_torchs_dtype_and_refuses_a_bad_n():
+    got, want = it.randperm(50, generator=it.Generator().manual_seed(3)), torch.randperm(50)
+    assert sorted(got.numpy().tolist()) == list(range(50)) and str(got.dtype) == "int64" == str(want.dtype)[6:]
+    assert it.randperm(6, dtype=it.float32).dtype == it.float32 and it.randperm(0).shape == (0,)
+    with pytest.raises(ValueError, match=r"randperm: expected n, a non-negative int, got -1"):
+        it.randperm(-1)
