@@ -29,7 +29,8 @@ CALLS = {
     "init.kaiming_normal_": lambda f, g: f.nn.init.kaiming_normal_(f.zeros(6, 4), mode="fan_out", generator=g),
 }
 # the range each call's values must lie in (both frameworks): (low, high), inclusive
-RANGES = {"randperm": (0, 11), "rand": (0.0, 1.0), "randint": (3, 8), "randint_high_only": (0, 4), "Tensor.uniform_": (-2.0, 3.0),
+RANGES = {"randperm": (0, 11),
+          "rand": (0.0, 1.0), "randint": (3, 8), "randint_high_only": (0, 4), "Tensor.uniform_": (-2.0, 3.0),
           "init.uniform_": (-1.0, 1.0), "init.trunc_normal_": (-0.5, 0.5),
           "init.xavier_uniform_": (-math.sqrt(6 / 10), math.sqrt(6 / 10)),  # fan_in 4 + fan_out 6
           "init.kaiming_uniform_": (-math.sqrt(6 / 4), math.sqrt(6 / 4))}  # gain sqrt(2), fan_in 4
