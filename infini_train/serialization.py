@@ -15,8 +15,8 @@ describing the object, in which these nodes stand for what JSON cannot say itsel
 
 None, bools, ints, finite floats and strings are themselves. Tensors that share one array are stored once and
 come back sharing one array, and views of one array (a tensor and its slices) come back as views of one array, as
-torch.load gives them (version 2; version 1 files still load); the same Tensor object comes back as one object. Other shared containers come
-back as copies.
+torch.load gives them (version 2; version 1 files still load); the same Tensor object comes back as one object.
+Other shared containers come back as copies.
 """
 from __future__ import annotations
 
