@@ -10,10 +10,13 @@ describing the object, in which these nodes stand for what JSON cannot say itsel
     {"tensor": n, "storage": key, "dtype": "bfloat16", "shape": [...], "requires_grad": bool,
      "device": "cuda:0", "parameter": bool}           the n-th distinct Tensor object
     {"tensor": n}                                     the same Tensor object again
+    {"tensor": n, ..., "offset": k, "strides": [...]} a view: elements of a 1-D storage shared with other views
+    {"ndarray": key}                                  a NumPy array (loaded back as one)
 
 None, bools, ints, finite floats and strings are themselves. Tensors that share one array are stored once and
-come back sharing one array; the same Tensor object comes back as one object. Other shared containers come
-back as copies.
+come back sharing one array, and views of one array (a tensor and its slices) come back as views of one array, as
+torch.load gives them (version 2; version 1 files still load); the same Tensor object comes back as one object.
+Other shared containers come back as copies.
 """
 from __future__ import annotations
 
@@ -33,14 +36,15 @@ from .nn.module import Module, Parameter
 from .tensor import Tensor
 
 FORMAT = "infini_train"
-VERSION = "1"
+VERSION = "2"
+_READS = ("1", "2")  # version 2 added views sharing a storage ("offset", "strides") and NumPy arrays
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the header size
 
 # numpy dtype name -> safetensors dtype code
 _CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
           "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32", "uint16": "U16",
           "uint8": "U8", "bool": "BOOL"}
-_SUPPORTED = "dicts (str or int keys), lists, tuples, None, bool, int, float, str and Tensors"
+_SUPPORTED = "dicts (str or int keys), lists, tuples, None, bool, int, float, str, Tensors and NumPy arrays"
 _REWRITE = "HINT: the file was cut short, altered or not written by it.save; write it again"
 _TORCH_FILE = ("is a zip/pickle file (torch.save's format), not one written by infini_train.save; infini_train "
                "never unpickles\nHINT: in torch, save tensors with safetensors.torch.save_file(state_dict, path) "
@@ -60,6 +64,21 @@ class _Flattener:
         self.storage_keys = {}  # id(array) -> key
         self.tensor_ids = {}  # id(Tensor) -> n
         self.open_containers = set()
+        self.pending = []  # (node, array) of tensors, their storages assigned by finish()
+        self.ndarrays = {}  # id(ndarray) -> (node, array): the same array object again is the same node
+
+    def ndarray(self, a, where):
+        """A NumPy array, loaded back as a NumPy array (as torch's pickle-based save keeps them)."""
+        if id(a) in self.ndarrays:
+            return self.ndarrays[id(a)][0]
+        if a.dtype.name not in _CODES:
+            raise TypeError(f"save: {where} is a NumPy array of dtype {a.dtype}, which the file format cannot hold "
+                            f"(expected one of {sorted(_CODES)})\nHINT: convert it first, e.g. a.astype(np.float32)")
+        key = str(len(self.arrays))
+        self.arrays[key] = np.ascontiguousarray(a)
+        node = {"ndarray": key}
+        self.ndarrays[id(a)] = (node, a)
+        return node
 
     def node(self, obj, where):
         if obj is None or isinstance(obj, bool):
@@ -72,6 +91,8 @@ class _Flattener:
             return float(obj) if math.isfinite(obj) else {"float": repr(float(obj))}
         if isinstance(obj, Tensor):
             return self.tensor(obj, where)
+        if type(obj) is np.ndarray:
+            return self.ndarray(obj, where)
         if type(obj) in (dict, OrderedDict, list, tuple):
             if id(obj) in self.open_containers:
                 raise ValueError(f"save: {where} contains itself\nHINT: save an object without reference cycles")
@@ -105,15 +126,74 @@ class _Flattener:
         if array.dtype.name not in _CODES:
             raise TypeError(f"save: {where} is a Tensor of dtype {array.dtype}, which the file format cannot hold "
                             f"(expected one of {sorted(_CODES)})\nHINT: convert it first, e.g. t.to(it.float32)")
-        key = self.storage_keys.get(id(array))
-        if key is None:
-            key = str(len(self.arrays))
-            host = backend.to_device_array(array, backend.CPU)
-            self.arrays[key] = host if host.flags.c_contiguous else host.copy(order="C")  # keeps 0-d arrays 0-d
-            self.storage_keys[id(array)] = key
         n = self.tensor_ids[id(t)] = len(self.tensor_ids)
-        return {"tensor": n, "storage": key, "dtype": array.dtype.name, "shape": list(array.shape),
+        node = {"tensor": n, "storage": None, "dtype": array.dtype.name, "shape": list(array.shape),
                 "requires_grad": bool(t.requires_grad), "device": str(t.device), "parameter": isinstance(t, Parameter)}
+        self.pending.append((node, array))
+        return node
+
+    def finish(self):
+        """Assign the tensors their storages: arrays that are views of one NumPy base (a tensor and its slices) share
+        one storage, the span of the base they cover, and record where they lie in it (``offset`` and ``strides`` in
+        elements), so they load back as views of one array; any other array is stored once, as itself."""
+        groups = {}
+        for node, array in self.pending:
+            groups.setdefault(id(_root(array)), []).append((node, array))
+        for members in groups.values():
+            root = _root(members[0][1])
+            if len({id(a) for _, a in members}) > 1 and _shareable(root, [a for _, a in members]):
+                self._store_views(root, members)
+                continue
+            for node, array in members:
+                key = self.storage_keys.get(id(array))
+                if key is None:
+                    key = str(len(self.arrays))
+                    host = backend.to_device_array(array, backend.CPU)
+                    self.arrays[key] = host if host.flags.c_contiguous else host.copy(order="C")  # 0-d stays 0-d
+                    self.storage_keys[id(array)] = key
+                node["storage"] = key
+
+    def _store_views(self, root, members):
+        size = root.dtype.itemsize
+        spans = [_span(a, root) for _, a in members]
+        lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+        key = str(len(self.arrays))
+        self.arrays[key] = np.ascontiguousarray(root.reshape(-1)[lo:hi])
+        for node, array in members:
+            first = (_address(array) - _address(root)) // size
+            node.update(storage=key, offset=first - lo, strides=[s // size for s in array.strides])
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def _root(array):
+    """The NumPy array that owns ``array``'s memory (``array`` itself when it is not a view, or not on the host)."""
+    if type(array) is not np.ndarray:
+        return array
+    root = array
+    while type(root.base) is np.ndarray:
+        root = root.base
+    return root
+
+
+def _shareable(root, arrays):
+    """Whether the views of ``root`` can be stored as one span of it: a C-contiguous host array, every view non-empty,
+    of its dtype and at whole-element offsets and strides."""
+    size = root.dtype.itemsize
+    return (type(root) is np.ndarray and root.flags.c_contiguous and all(
+        a.size and a.dtype == root.dtype and (_address(a) - _address(root)) % size == 0
+        and all(s % size == 0 for s in a.strides) for a in arrays))
+
+
+def _span(a, root):
+    """[first, last + 1) elements of ``root``'s flat memory that the view ``a`` touches."""
+    size = root.dtype.itemsize
+    first = (_address(a) - _address(root)) // size
+    low = sum(min(0, (n - 1) * s // size) for n, s in zip(a.shape, a.strides))
+    high = sum(max(0, (n - 1) * s // size) for n, s in zip(a.shape, a.strides))
+    return first + low, first + high + 1
 
 
 def _hint_for(obj):
@@ -126,8 +206,6 @@ def _hint_for(obj):
         owner = "model" if isinstance(obj, Module) else "optimizer" if hasattr(obj, "param_groups") else "scheduler"
         return (f"save its state instead: it.save({{'{owner}': {owner}.state_dict()}}, f), then restore it with "
                 f"{owner}.load_state_dict(it.load(f)['{owner}'])")
-    if isinstance(obj, np.ndarray):
-        return "wrap arrays as Tensors: it.tensor(array)"
     if isinstance(obj, np.generic):
         return "save the Python number: value.item()"
     return "convert it to those types first (a dict of its fields, or its state_dict())"
@@ -143,6 +221,7 @@ def save(obj, f):
                         f"{type(f).__name__}\nHINT: it.save(obj, 'checkpoint.safetensors')")
     flat = _Flattener()
     structure = flat.node(obj, "obj")
+    flat.finish()
     metadata = {"format": FORMAT, "version": VERSION,
                 "structure": json.dumps(structure, allow_nan=False, ensure_ascii=False, separators=(",", ":"))}
     if is_path:  # safetensors writes the temporary file itself (no second copy of the data in memory)
@@ -223,7 +302,7 @@ def _parse_header(header):
         raise _FileFormatError("is a safetensors file without infini_train.save's metadata (no "
                                f"__metadata__['format'] == {FORMAT!r}), so it describes no object\nHINT: read plain "
                                "safetensors with safetensors.numpy.load_file, or GPT2.from_pretrained for weights")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in _READS:
         raise _FileFormatError(f"was written in version {meta.get('version')!r} of the format; this reader knows "
                                f"version {VERSION!r}\nHINT: load it with the infini_train release that wrote it")
     try:
@@ -288,6 +367,19 @@ class _Builder:
         self.storages, self.target, self.name = storages, target, name
         self.tensors = {}
         self.on_device = {}  # (storage key, device) -> array, so shared arrays stay shared
+        self.ndarrays = {}  # storage key -> the NumPy array loaded from it
+
+    def view(self, storage, node):
+        """The view a node describes (``offset`` and ``strides`` in elements) into its 1-D ``storage``."""
+        offset, strides, shape = int(node["offset"]), [int(s) for s in node["strides"]], node["shape"]
+        low = offset + sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
+        high = offset + sum(max(0, (n - 1) * s) for n, s in zip(shape, strides))
+        if storage.ndim != 1 or low < 0 or high >= storage.size:
+            raise ValueError(f"load: {self.name} has a corrupted structure description: a view reaches outside its "
+                             f"storage\n{_REWRITE}")
+        xp = np if isinstance(storage, np.ndarray) else __import__("cupy")
+        size = storage.dtype.itemsize
+        return xp.lib.stride_tricks.as_strided(storage[offset:], shape, [s * size for s in strides])
 
     def node(self, node):
         if node is None or isinstance(node, (bool, int, float, str)):
@@ -306,8 +398,16 @@ class _Builder:
                 return out
             if "tensor" in node:
                 return self.tensor(node)
+            if "ndarray" in node:
+                return self.ndarray(node)
         raise ValueError(f"load: {self.name} has a corrupted structure description: unexpected node {node!r}\n"
                          f"{_REWRITE}")
+
+    def ndarray(self, node):
+        key = node["ndarray"]
+        if key not in self.ndarrays:
+            self.ndarrays[key] = self.storages[key]
+        return self.ndarrays[key]
 
     def tensor(self, node):
         n = node["tensor"]
@@ -315,6 +415,8 @@ class _Builder:
             return self.tensors[n]
         key = node["storage"]
         host = self.storages.get(key)
+        if host is not None and "offset" in node:
+            host = self.view(host, node)
         if host is None or host.dtype.name != node["dtype"] or list(host.shape) != node["shape"]:
             raise ValueError(f"load: {self.name} has a corrupted structure description: tensor {n} does not match "
                              f"stored array {key!r}\n{_REWRITE}")
@@ -324,7 +426,9 @@ class _Builder:
         array = self.on_device.get((key, device))
         if array is None:
             with device.context():
-                array = self.on_device[(key, device)] = backend.to_device_array(host, device)
+                array = self.on_device[(key, device)] = backend.to_device_array(self.storages[key], device)
+        if "offset" in node:
+            array = self.view(array, node)
         t = Tensor._make(array, device, requires_grad=bool(node["requires_grad"]))
         if node.get("parameter"):
             t = Parameter(t, requires_grad=bool(node["requires_grad"]))

@@ -109,7 +109,7 @@ def test_file_is_plain_safetensors_without_pickle(tmp_path):
     data = path.read_bytes()
     length, header = header_of(data)
     meta = header.pop("__metadata__")
-    assert meta["format"] == "infini_train" and meta["version"] == "1"
+    assert meta["format"] == "infini_train" and meta["version"] == "2"
     json.loads(meta["structure"])  # the object's description is JSON
     # every byte is accounted for: the header, then exactly the tensors' bytes back to back
     spans = sorted(spec["data_offsets"] for spec in header.values())
@@ -252,7 +252,6 @@ class Opaque:
      r"optimizer\.state_dict\(\)"),
     ([1, {"x": Opaque()}], r"obj\[1\]\['x'\] of type Opaque", "convert it"),
     ({"x": {(1, 2): 3}}, r"obj\['x'\] has a key \(1, 2\) of type tuple", "keys"),
-    ({"a": np.ones(2)}, r"obj\['a'\] of type ndarray", r"it\.tensor\(array\)"),
     ({"n": np.int64(3)}, r"obj\['n'\] of type int64", r"\.item\(\)"),
     ({1.5: "float key"}, "key 1.5 of type float", "keys"),
     ({"s": {1, 2}}, r"obj\['s'\] of type set", "convert"),

@@ -287,3 +287,4 @@ def irecv(tensor, src, group=None, tag=0) -> Work:
 
 
 from . import checkpoint  # noqa: E402  (it.distributed.checkpoint: sharded save and resharding load)
+from . import algorithms  # noqa: E402  (it.distributed.algorithms.ddp_comm_hooks)

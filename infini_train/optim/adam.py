@@ -18,11 +18,13 @@ import functools
 from ..autograd.grad_mode import no_grad
 from ..kernels import adam as adam_kernel
 from .optimizer import Optimizer
+from .torch_flags import ADAM_FLAGS, flags
 
 
 class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                 maximize=False, decoupled_weight_decay=False, offload=None):
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False, offload=None):
         name = type(self).__name__
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"{name}: expected lr, eps, weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
@@ -30,7 +32,8 @@ class Adam(Optimizer):
             raise ValueError(f"{name}: expected two betas in [0, 1), got {betas}")
         super().__init__(params, dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps,
                                       weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                                      decoupled_weight_decay=decoupled_weight_decay), offload)
+                                      **flags(name, ADAM_FLAGS, foreach, capturable, differentiable, fused),
+                                      decoupled_weight_decay=bool(decoupled_weight_decay)), offload)
         self.state_store.reserve([p for g in self.param_groups for p in g["params"]], 3 if amsgrad else 2)
 
     @no_grad()
@@ -122,7 +125,8 @@ class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter): param *= 1 - lr * weight_decay each step."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
-                 maximize=False, offload=None):
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None, offload=None):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                         maximize=maximize, decoupled_weight_decay=True, offload=offload)
+                         foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=True, offload=offload)
 

@@ -15,17 +15,19 @@ import functools
 
 from ..autograd.grad_mode import no_grad
 from .optimizer import Optimizer
+from .torch_flags import SGD_FLAGS, flags
 
 
 class SGD(Optimizer):
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
-                 maximize=False):
+                 maximize=False, foreach=None, differentiable=False, fused=None):
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ValueError(f"SGD: expected lr, momentum, weight_decay >= 0, got {lr}, {momentum}, {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: nesterov needs momentum > 0 and dampening = 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov, maximize=maximize))
+                                      nesterov=nesterov, maximize=maximize,
+                                      **flags("SGD", SGD_FLAGS, foreach, False, differentiable, fused)))
 
     @no_grad()
     def step(self, closure=None):

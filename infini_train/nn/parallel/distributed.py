@@ -52,6 +52,9 @@ class Reducer:
                 self.where[id(p)] = (b, i)
         self.sync = True
         self._in_pass = False
+        self.hook = self.hook_state = None  # a communication hook (register_comm_hook)
+        self.passes = 0  # backward passes that reduced
+        self.active_ranks = None  # under join(divide_by_initial_world_size=False): the ranks still training
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
     @staticmethod
@@ -92,13 +95,43 @@ class Reducer:
         bucket.pending -= 1
         self._launch_ready()
         for bk in self.buckets[:self.next_to_launch]:
-            bk.work.is_completed()  # drive MPI progress so communication overlaps backward
+            _poll(bk.work)  # drive MPI progress so communication overlaps backward
 
     def _launch_ready(self):
         while self.next_to_launch < len(self.buckets) and self.buckets[self.next_to_launch].pending == 0:
-            bucket = self.buckets[self.next_to_launch]
-            bucket.work = self.group.all_reduce(bucket.flat, "avg", async_op=True)
+            self._launch(self.next_to_launch)
             self.next_to_launch += 1
+
+    def _launch(self, b):
+        bucket = self.buckets[b]
+        if self.hook is not None:
+            from ...distributed.algorithms.ddp_comm_hooks.grad_bucket import GradBucket
+
+            grad_bucket = GradBucket(b, bucket.flat, bucket.params, bucket.offsets, b == len(self.buckets) - 1)
+            bucket.work = self.hook(self.hook_state, grad_bucket)
+            if not hasattr(bucket.work, "wait"):
+                raise TypeError(f"DistributedDataParallel: the communication hook returned "
+                                f"{type(bucket.work).__name__}, expected a future (with wait() giving the reduced "
+                                "flat gradient)\nHINT: return dist.all_reduce(..., async_op=True) wrapped as "
+                                "it.distributed.futures.Future(work, value=tensor)")
+        else:
+            op = "avg" if self.active_ranks is None else "sum"
+            bucket.work = self.group.all_reduce(bucket.flat, op, async_op=True)
+
+    def _reduced(self, bucket):
+        """Wait for a bucket's reduction; its flat buffer then holds the averaged gradients."""
+        result = bucket.work.wait()
+        if self.hook is not None:
+            if isinstance(result, (list, tuple)) and len(result) == 1:  # torch hooks' fut.value()[0] shape
+                result = result[0]
+            if not isinstance(result, Tensor) or result.numel() != bucket.flat.numel():
+                raise TypeError(f"DistributedDataParallel: the communication hook's future gave "
+                                f"{type(result).__name__}, expected a Tensor of the bucket's {bucket.flat.numel()} "
+                                "elements\nHINT: the future's value is the reduced bucket.buffer()")
+            if result.array is not bucket.flat.array:
+                bucket.flat.array[...] = result.array.reshape(-1)
+        elif self.active_ranks is not None:
+            bucket.flat.array[...] /= self.active_ranks
 
     def _finalize(self):
         self._in_pass = False
@@ -117,10 +150,11 @@ class Reducer:
             self.buckets[b].view(i)[...] = 0 if grad is None else grad.array
             self.buckets[b].pending -= 1
         self._launch_ready()
+        self.passes += 1
         unused = self._globally_unused(missing) if self.find_unused else set()
         with no_grad():
             for b, bucket in enumerate(self.buckets):
-                bucket.work.wait()
+                self._reduced(bucket)
                 for i, p in enumerate(bucket.params):
                     if (b, i) in unused:  # no rank had a gradient: it stays None, as in one process
                         continue
@@ -140,9 +174,28 @@ class Reducer:
         local = set(m for m in missing if self.buckets[m[0]].params[m[1]].grad is None)
         return {pairs[k] for k in globally_unused([pair not in local for pair in pairs], self.group)}
 
+    def shadow_backward(self):
+        """A rank that ran out of data (DDP.join) matches the training ranks' backward: the same reductions, bucket by
+        bucket, of zero gradients (and the unused-parameter agreement, where it runs), results dropped."""
+        from ...distributed.grad_hooks import globally_unused
+
+        for b, bucket in enumerate(self.buckets):
+            bucket.flat.array[...] = 0
+            self._launch(b)
+        if self.find_unused:
+            globally_unused([False] * sum(len(bk.params) for bk in self.buckets), self.group)
+        for bucket in self.buckets:
+            bucket.work.wait()
+
     def remove(self):
         for h in self.handles:
             h.remove()
+
+
+def _poll(work):
+    done = getattr(work, "is_completed", None) or getattr(work, "done", None)
+    if done is not None:
+        done()
 
 
 class DistributedDataParallel(Module):
@@ -191,8 +244,13 @@ class DistributedDataParallel(Module):
             self.reducer = Reducer(params, self.process_group, bucket_cap_mb, first_bucket_mb,
                                    find_unused_parameters)
         self.require_sync = True
+        self._join_config = None  # inside join(): its options
 
     def forward(self, *args, **kwargs):
+        if self._join_config is not None:
+            from .ddp_join import notify
+
+            notify(self)
         if self.broadcast_buffers:
             with no_grad():
                 for b in self.module.buffers():
@@ -218,6 +276,33 @@ class DistributedDataParallel(Module):
         that only a chunk's last backward of a step reduces (while it runs, overlapping the rest of the schedule)."""
         self.reducer.sync = bool(sync)
         self.reducer.prepare_for_backward()
+
+    def register_comm_hook(self, state, hook):
+        """Reduce each gradient bucket with ``hook(state, bucket) -> future`` instead of the built-in average (torch's
+        API: bucket is a GradBucket, the future's ``wait()`` gives the reduced flat gradient; built-in hooks in
+        it.distributed.algorithms.ddp_comm_hooks.default_hooks). One hook per module, registered before the first
+        backward."""
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: expected a callable hook(state, bucket), got {type(hook).__name__}")
+        if not isinstance(self.reducer, Reducer):
+            raise NotImplementedError("register_comm_hook: not supported with a zero_optimizer (its reducer writes "
+                                      "into the optimizer's flat gradients)\nHINT: drop zero_optimizer to use a hook")
+        if self.reducer.hook is not None:
+            raise RuntimeError(f"register_comm_hook can only be called once per DistributedDataParallel module; "
+                               f"{getattr(self.reducer.hook, '__name__', 'a hook')} is already registered\nHINT: "
+                               "wrap the model again to use another hook")
+        if self.reducer.passes:
+            raise RuntimeError(f"register_comm_hook must be called before the first backward pass; "
+                               f"{self.reducer.passes} have reduced gradients already\nHINT: register the hook right "
+                               "after wrapping the model")
+        self.reducer.hook, self.reducer.hook_state = hook, state
+
+    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
+        """Context manager for uneven inputs (torch's DDP.join): a rank that leaves it (out of data) shadows the
+        collectives of the ranks still training until all have left; see ddp_join.py."""
+        from .ddp_join import join
+
+        return join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
 
     @property
     def bucket_sizes(self):
