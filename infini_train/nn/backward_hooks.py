@@ -77,6 +77,7 @@ class BackwardHook:
         outs = _HookIdentity(lambda grads: on_grads(through, grads)).apply(*(values[i] for i in through))
         wrapped = list(values)
         for i, t in zip(through, outs):
+            t._version = values[i]._version  # the same memory: an in-place change shows on both, as on a view
             wrapped[i] = t
         return tuple(wrapped), index
 

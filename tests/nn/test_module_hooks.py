@@ -188,3 +188,16 @@ def test_unhooked_modules_cost_one_check():
     assert layer._hooked is True and it.nn.Linear(2, 2)._hooked is False
     assert_same(layer(it.ones(1, 2)), torch.nn.functional.linear(torch.ones(1, 2), torch.tensor(
         layer.weight.numpy()), torch.tensor(layer.bias.numpy())))
+
+
+def test_an_in_place_change_to_a_hooked_input_is_caught():
+    for m in (it, torch):
+        class Double(m.nn.Module):
+            def forward(self, x):
+                return x.mul_(2)
+
+        layer = Double()
+        layer.register_full_backward_hook(lambda mod, gi, go: None)
+        x = m.ones(3, requires_grad=True)
+        with pytest.raises(RuntimeError):  # torch at once; here when tanh's backward finds its output changed
+            layer(x.tanh()).sum().backward()
