@@ -22,6 +22,7 @@ from .backend import (
     uint8,
     uint16,
 )
+from .memory_format import channels_last, contiguous_format, memory_format, preserve_format
 from .host_threads import get_num_threads, set_num_threads  # host threads, as torch.set_num_threads
 from .tensor import Tensor
 from .generator import Generator  # it.Generator: a random stream of its own, as torch.Generator

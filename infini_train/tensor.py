@@ -11,6 +11,7 @@ from .generator import draw_source
 from .autograd.hooks import RemovableHandle
 from .autograd.grad_mode import _state
 from .lazy_mode.mode import ACTIVE as _LAZY
+from .memory_format import check_contiguous_format, contiguous_format
 from .tensor_methods import TensorMethods
 from .placement import REPLICATED
 
@@ -268,7 +269,8 @@ class Tensor(TensorMethods):
     def clone(self):
         return conversion.clone(self)
 
-    def contiguous(self):
+    def contiguous(self, memory_format=contiguous_format):
+        check_contiguous_format("contiguous", memory_format)
         return transform.contiguous(self)
 
     # -------------------------------------------------------------------------------- in-place

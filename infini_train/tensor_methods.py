@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import numbers
 
+from . import backend
+from .memory_format import check_contiguous_format, contiguous_format
+
 
 def _dims_arg(dims):
     """flip(0, 1) and flip((0, 1)) alike."""
@@ -14,6 +17,50 @@ def _dims_arg(dims):
 
 class TensorMethods:
     __slots__ = ()
+
+    # ----------------------------------------------------------------------------------- layout, size
+    @property
+    def is_meta(self):
+        return self.device is backend.META
+
+    def is_floating_point(self):
+        return backend.is_floating(self.array.dtype)
+
+    @property
+    def itemsize(self):
+        return self.array.dtype.itemsize
+
+    def nelement(self):
+        return int(self.array.size)
+
+    def ndimension(self):
+        return self.array.ndim
+
+    def stride(self, dim=None):
+        """Strides in elements, as torch's (a meta or empty tensor's are those of a contiguous one)."""
+        if self.device is backend.META or self.array.size == 0:
+            steps, step = [], 1
+            for n in reversed(self.array.shape):
+                steps.append(step)
+                step *= max(n, 1)
+            strides = tuple(reversed(steps))
+        else:
+            size = self.array.dtype.itemsize
+            strides = tuple(s // size for s in self.array.strides)
+        if dim is None:
+            return strides
+        if not strides:
+            raise IndexError(f"stride: dim {dim!r} given for a 0-d tensor, which has no dims\nHINT: stride() gives ()")
+        from .autograd.ops.transform import _dim
+        return strides[_dim("stride", dim, len(strides))]
+
+    def is_contiguous(self, memory_format=contiguous_format):
+        check_contiguous_format("is_contiguous", memory_format)
+        return self.device is backend.META or bool(self.array.flags.c_contiguous)
+
+    def unflatten(self, dim, sizes):
+        from .autograd.ops import transform
+        return transform.unflatten(self, dim, sizes)
 
     # ------------------------------------------------------------------------------------- reordering
     def flip(self, *dims):

@@ -140,3 +140,56 @@ def test_functional_pad_and_one_hot():
     same(lambda m: (m.nn.functional.pad(m.tensor(X), (1, 2), value=-1.0),
                     m.nn.functional.pad(m.tensor(X)[None], (1, 1), mode="reflect"),
                     m.nn.functional.one_hot(m.tensor([0, 2, 1]), 4)))
+
+
+X3 = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+X12 = RNG.standard_normal((2, 12)).astype(np.float32)
+
+
+def test_layout_and_size_queries():
+    def run(m):
+        x = m.tensor(X3)
+        picked = (x, x.transpose(0, 2), x[:, 1], x[..., :1], m.zeros(3, dtype=m.float16), m.tensor(5, dtype=m.int64),
+                  m.zeros(0, 2), x.double().unsqueeze(1))
+        return [(t.is_contiguous(), t.is_contiguous(memory_format=m.contiguous_format), t.stride(), t.is_meta,
+                 t.is_floating_point(), t.element_size(), t.itemsize, t.nbytes, t.dim(), t.ndimension(),
+                 t.nelement()) for t in picked] + [x.stride(-1), x.transpose(0, 2).stride(0)]
+
+    same(run)
+
+
+def test_meta_tensors_report_torch_layout():
+    def run(m):
+        t = m.empty(2, 3, 4, device="meta").transpose(0, 2)
+        c = m.empty(2, 3, device="meta")
+        return c.is_meta, c.is_contiguous(), c.stride(), c.nbytes, c.stride(1), t.is_meta
+
+    same(run)
+
+
+def test_unflatten_with_inferred_size_and_gradient():
+    def run(m):
+        x = m.tensor(X12, requires_grad=True)
+        a = x.unflatten(1, (3, -1))
+        b = m.unflatten(x, -1, [2, 2, 3])
+        c = x.unflatten(0, (2, 1))
+        d = m.nn.Unflatten(1, (4, 3))(x)
+        (a.sum() + (b * 2).sum() + (c * 3).sum() + (d ** 2).sum()).backward()
+        return a, b, c, d, x.grad, repr(m.nn.Unflatten(1, (4, 3)))
+
+    same(run)
+
+
+@pytest.mark.parametrize("sizes, message", [((4, -1), "multiply up to the size of dim 1"), ((), "non-empty"),
+                                            ((-1, -1), "only one dimension can be inferred")])
+def test_unflatten_errors_say_what_was_expected(sizes, message):
+    with pytest.raises(RuntimeError, match=message):
+        torch.ones(2, 6).unflatten(1, sizes)
+    with pytest.raises(ValueError, match=message):
+        it.ones(2, 6).unflatten(1, sizes)
+
+
+def test_memory_formats_other_than_contiguous_are_refused():
+    with pytest.raises(ValueError, match="expected memory_format=infini_train.contiguous_format"):
+        it.ones(2).is_contiguous(memory_format=it.channels_last)
+    assert it.ones(2, 3).contiguous(memory_format=it.contiguous_format).is_contiguous()

@@ -2,7 +2,7 @@
 from . import attention, functional, init, utils
 from .containers import ModuleDict, ModuleList, Sequential
 from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
-from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
+from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d, Unflatten
 from .layers import (GELU, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, ReLU, RMSNorm, SiLU, Sigmoid,
                      Softmax, Tanh)
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
@@ -14,7 +14,7 @@ from . import lora
 __all__ = ["functional", "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear",
            "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Sigmoid", "SiLU", "Tanh", "Softmax", "LogSoftmax",
            "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss", "RMSNorm", "lora", "Conv2d",
-           "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Flatten"]
+           "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Flatten", "Unflatten"]
 __all__ += ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell", "MoE", "Router"]
 
 

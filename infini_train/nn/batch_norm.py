@@ -14,6 +14,7 @@ from .module import Module
 
 
 class _BatchNorm(Module):
+    _version = 2  # torch's: the layout with num_batches_tracked (its state_dict metadata says so)
     DIMS = ()  # the input ranks this layer takes
     SHAPES = ""
 

@@ -140,4 +140,23 @@ class Flatten(Module):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
 
 
-__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten"]
+class Unflatten(Module):
+    """Split dim ``dim`` into ``unflattened_size`` (one size may be -1), as torch.nn.Unflatten."""
+
+    def __init__(self, dim, unflattened_size):
+        super().__init__()
+        if isinstance(unflattened_size, list):
+            unflattened_size = tuple(unflattened_size)
+        if not isinstance(unflattened_size, tuple):
+            raise TypeError(f"Unflatten: expected unflattened_size as a tuple or list of ints, got "
+                            f"{type(unflattened_size).__name__}\nHINT: nn.Unflatten(1, (2, 3))")
+        self.dim, self.unflattened_size = dim, unflattened_size
+
+    def forward(self, x):
+        return x.unflatten(self.dim, self.unflattened_size)
+
+    def extra_repr(self):
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
+__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "Unflatten"]

@@ -7,9 +7,10 @@ import numpy as np
 
 from .. import backend
 from ..autograd.hooks import RemovableHandle
-from ..autograd.grad_mode import no_grad
 from ..placement import REPLICATED
 from ..tensor import Tensor
+from .backward_hooks import GLOBAL_BACKWARD_HOOKS, GLOBAL_BACKWARD_PRE_HOOKS, BackwardHook
+from .state_dict_load import LoadWalk
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -66,6 +67,13 @@ def _add_indent(text, spaces=2):
 class Module:
     """Base class of layers and models. Assigning a Parameter or Module to an attribute registers it
     (buffers go through ``register_buffer``); ``__call__`` runs ``forward`` with the registered hooks."""
+
+    _version = 1  # the state_dict metadata's "version", as torch's (a load pre-hook may convert older layouts)
+    _hooked = False  # True once a forward/backward hook was registered on the instance (or globally, on the class)
+    # hook lists a module gets on its first registration (_register)
+    _backward_hooks = _backward_pre_hooks = ()
+    _state_dict_pre_hooks = _state_dict_hooks = ()
+    _load_state_dict_pre_hooks = _load_state_dict_post_hooks = ()
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -242,56 +250,54 @@ class Module:
         children's entries. Tied weights appear under every name, as in torch. Values are detached
         tensors sharing memory with the module's (the Parameters themselves with ``keep_vars=True``); a parameter
         fully_shard keeps sharded gives this rank's shard with its placement (a ShardedTensor, as FSDP2 gives a
-        DTensor)."""
-        out = OrderedDict() if destination is None else destination
+        DTensor). As in torch, the dict carries ``_metadata`` ({prefix: {"version": ...}}) and each module runs its
+        state-dict pre-hooks before its entries and its post-hooks after its subtree's."""
+        for hook in list(self._state_dict_pre_hooks):
+            hook(self, prefix, keep_vars)
+        if destination is None:
+            destination = OrderedDict()
+            destination._metadata = OrderedDict()
+        local_metadata = {"version": self._version}
+        if hasattr(destination, "_metadata"):
+            destination._metadata[prefix[:-1]] = local_metadata
         for name, p in self._parameters.items():
             if p is not None:
-                out[prefix + name] = p if keep_vars else _state_value(p)
+                destination[prefix + name] = p if keep_vars else _state_value(p)
         for name, b in self._buffers.items():
             if b is not None and name not in self._non_persistent:
-                out[prefix + name] = b if keep_vars else b.detach()
+                destination[prefix + name] = b if keep_vars else b.detach()
         for name, child in self._modules.items():
             if child is not None:
-                child.state_dict(out, prefix + name + ".", keep_vars)
-        return out
+                child.state_dict(destination, prefix + name + ".", keep_vars)
+        for hook in list(self._state_dict_hooks):
+            if hook(self, destination, prefix, local_metadata) is not None:
+                raise RuntimeError("state_dict post-hook must return None\nHINT: change the state_dict it is "
+                                   "given in place")
+        return destination
 
     def load_state_dict(self, state_dict, strict=True):
         """Copy values (Tensors or arrays) into the existing parameters and buffers; they keep their identity,
         so optimizers holding them stay valid. ``strict`` requires exactly the same keys; shapes must always
         match. A parameter fully_shard keeps sharded takes a ShardedTensor of its placement or the whole tensor
-        (this rank keeps its shard of it). Returns ``(missing_keys, unexpected_keys)``."""
-        own = self.state_dict(keep_vars=True)
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
+        (this rank keeps its shard of it). Load pre- and post-hooks run as in torch (parent's pre-hooks first,
+        post-hooks once a module's subtree is loaded). Returns ``(missing_keys, unexpected_keys)``."""
+        metadata = getattr(state_dict, "_metadata", None)
+        state = OrderedDict(state_dict)
+        if metadata is not None:
+            state._metadata = metadata
+        walk = LoadWalk(metadata, IncompatibleKeys)
+        walk.visit(self, state, "")
+        missing, unexpected = walk.missing, walk.unexpected
         problems = []
         if strict and missing:
             problems.append(f"  missing keys ({len(missing)}): " + ", ".join(missing))
         if strict and unexpected:
             problems.append(f"  unexpected keys ({len(unexpected)}): " + ", ".join(unexpected))
-        values = {}
-        for key, target in own.items():
-            if key not in state_dict:
-                continue
-            value = state_dict[key]
-            if not backend.is_array_like(value):
-                value = np.asarray(value)
-            if tuple(value.shape) != tuple(target.shape):
-                problems.append(f"  size mismatch for {key}: expected shape {tuple(target.shape)}, "
-                                f"got {tuple(value.shape)}")
-            values[key] = value
+        problems += walk.size_errors + [f"  {msg}" for msg in walk.errors]
         if problems:
             raise RuntimeError(f"load_state_dict: error(s) loading state_dict into {type(self).__name__}:\n"
                                + "\n".join(problems) + "\nHINT: " + _load_hint(missing, unexpected))
-        with no_grad():
-            for key, value in values.items():
-                target = own[key]
-                flat_shard = target.placement.flat_shard
-                if flat_shard is not None:
-                    flat_shard.load_param(target, value)
-                    continue
-                if not isinstance(value, Tensor):
-                    value = backend.to_device_array(value, target.device)
-                target.copy_(value)
+        walk.copy_pending()
         return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------------------ mode, device
@@ -371,6 +377,12 @@ class Module:
     def half(self):
         return self.to(dtype=backend.float16)
 
+    def bfloat16(self):
+        if backend.bfloat16 is None:
+            raise RuntimeError("Module.bfloat16: bfloat16 needs the ml_dtypes package on CPU\nHINT: pip install "
+                               "ml_dtypes, or use half()")
+        return self.to(dtype=backend.bfloat16)
+
     def zero_grad(self, set_to_none=True):
         from .utils import zero_grad
         zero_grad(self.parameters(), set_to_none)
@@ -381,32 +393,72 @@ class Module:
         return self
 
     # ----------------------------------------------------------------------------------- calls
-    def register_forward_hook(self, hook):
+    def register_forward_hook(self, hook, *, prepend=False):
         """``hook(module, args, output) -> None | new output`` after every forward; returns a handle
-        whose ``remove()`` unregisters it."""
-        self._forward_hooks.append(hook)
-        return RemovableHandle(self._forward_hooks, hook)
+        whose ``remove()`` unregisters it. ``prepend``: run it before the hooks already registered."""
+        return _register(self, "register_forward_hook", "_forward_hooks", hook, prepend, call_hook=True)
 
-    def register_forward_pre_hook(self, hook):
+    def register_forward_pre_hook(self, hook, *, prepend=False):
         """``hook(module, args) -> None | new args`` before every forward (a non-tuple is wrapped)."""
-        self._forward_pre_hooks.append(hook)
-        return RemovableHandle(self._forward_pre_hooks, hook)
+        return _register(self, "register_forward_pre_hook", "_forward_pre_hooks", hook, prepend, call_hook=True)
+
+    def register_full_backward_hook(self, hook, prepend=False):
+        """``hook(module, grad_input, grad_output) -> None | new grad_input`` once the gradients w.r.t. the
+        module's positional tensor inputs are computed (torch's full backward hook: grad_input has one entry per
+        positional argument, None where it is no tensor or needs no gradient; returning a tuple replaces it)."""
+        return _register(self, "register_full_backward_hook", "_backward_hooks", hook, prepend, call_hook=True)
+
+    def register_full_backward_pre_hook(self, hook, prepend=False):
+        """``hook(module, grad_output) -> None | new grad_output`` when the gradients w.r.t. the module's outputs
+        are computed, before the module's backward (one entry per output, None where none came)."""
+        return _register(self, "register_full_backward_pre_hook", "_backward_pre_hooks", hook, prepend, call_hook=True)
+
+    def register_state_dict_pre_hook(self, hook):
+        """``hook(module, prefix, keep_vars) -> None`` before this module's ``state_dict`` entries are taken."""
+        return _register(self, "register_state_dict_pre_hook", "_state_dict_pre_hooks", hook)
+
+    def register_state_dict_post_hook(self, hook):
+        """``hook(module, state_dict, prefix, local_metadata) -> None`` after this module's (and its children's)
+        entries are in ``state_dict``; it may change ``state_dict`` in place (rename, drop, add keys)."""
+        return _register(self, "register_state_dict_post_hook", "_state_dict_hooks", hook)
+
+    def register_load_state_dict_pre_hook(self, hook):
+        """``hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)``
+        before this module takes its entries; ``state_dict`` holds the entries under ``prefix`` and may be changed
+        in place (checkpoint conversion: rename or reshape keys). ``strict`` is always True there, as in torch."""
+        return _register(self, "register_load_state_dict_pre_hook", "_load_state_dict_pre_hooks", hook)
+
+    def register_load_state_dict_post_hook(self, hook):
+        """``hook(module, incompatible_keys) -> None`` once this module's subtree is loaded; it may change
+        ``incompatible_keys.missing_keys`` / ``.unexpected_keys`` in place (a strict load checks them after)."""
+        return _register(self, "register_load_state_dict_post_hook", "_load_state_dict_post_hooks", hook)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must implement forward")
 
     def __call__(self, *args, **kwargs):
-        if not self._forward_hooks and not self._forward_pre_hooks:
+        if not self._hooked:  # one check while no hook was ever registered here or globally
             return self.forward(*args, **kwargs)
+        return self._call_with_hooks(args, kwargs)
+
+    def _call_with_hooks(self, args, kwargs):
+        full_hooks = [*GLOBAL_BACKWARD_HOOKS, *self._backward_hooks]  # global ones first, as in torch
+        pre_hooks = [*GLOBAL_BACKWARD_PRE_HOOKS, *self._backward_pre_hooks]
         for hook in list(self._forward_pre_hooks):
             result = hook(self, args)
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
+        backward_hook = None
+        if full_hooks or pre_hooks:
+            backward_hook = BackwardHook(self, full_hooks, pre_hooks)
+            args = backward_hook.setup_inputs(args)
         out = self.forward(*args, **kwargs)
         for hook in list(self._forward_hooks):
             result = hook(self, args, out)
             if result is not None:
                 out = result
+        if backward_hook is not None:
+            out = backward_hook.setup_outputs(out)
         return out
 
     # ------------------------------------------------------------------------------------ repr
@@ -426,6 +478,50 @@ class Module:
             else:
                 text += "\n  " + "\n  ".join(lines) + "\n"
         return text + ")"
+
+
+def _register(module, method, name, hook, prepend=False, call_hook=False):
+    if not callable(hook):
+        raise TypeError(f"{type(module).__name__}.{method}: expected a callable hook, got {type(hook).__name__}")
+    hooks = module.__dict__.get(name)
+    if hooks is None:
+        hooks = []
+        object.__setattr__(module, name, hooks)
+    if prepend:
+        hooks.insert(0, hook)
+    else:
+        hooks.append(hook)
+    if call_hook:
+        object.__setattr__(module, "_hooked", True)
+    return RemovableHandle(hooks, hook)
+
+
+class _GlobalHookHandle(RemovableHandle):
+    """Removing the last global hook lets unhooked modules skip the hooks again."""
+
+    __slots__ = ()
+
+    def remove(self):
+        super().remove()
+        Module._hooked = bool(GLOBAL_BACKWARD_HOOKS or GLOBAL_BACKWARD_PRE_HOOKS)
+
+
+def _register_global(hooks, hook, what):
+    if not callable(hook):
+        raise TypeError(f"{what}: expected a callable hook, got {type(hook).__name__}")
+    hooks.append(hook)
+    Module._hooked = True
+    return _GlobalHookHandle(hooks, hook)
+
+
+def register_module_full_backward_hook(hook):
+    """A full backward hook for every module (torch.nn.modules.module's), run before each module's own."""
+    return _register_global(GLOBAL_BACKWARD_HOOKS, hook, "register_module_full_backward_hook")
+
+
+def register_module_full_backward_pre_hook(hook):
+    """A full backward pre-hook for every module, run before each module's own."""
+    return _register_global(GLOBAL_BACKWARD_PRE_HOOKS, hook, "register_module_full_backward_pre_hook")
 
 
 def _state_value(p):

@@ -16,7 +16,8 @@ from ...tensor import Tensor
 from ..function import Op, op_error, sum_to
 from .indexing import index_add
 
-__all__ = ["reshape", "view", "transpose", "permute", "expand", "squeeze", "unsqueeze", "flatten", "tril", "triu",
+__all__ = ["reshape", "view", "transpose", "permute", "expand", "squeeze", "unsqueeze", "flatten", "unflatten", "tril",
+           "triu",
            "masked_fill", "repeat_interleave", "contiguous", "repeat"]
 
 
@@ -479,6 +480,28 @@ def unsqueeze(x, dim):
 def flatten(x, start_dim=0, end_dim=-1):
     """Merge dims ``start_dim``..``end_dim`` into one; a 0-d tensor becomes 1-d."""
     return Flatten(start_dim, end_dim).apply(x)
+
+
+def unflatten(x, dim, sizes):
+    """Split dim ``dim`` into ``sizes`` (one of them may be -1): a view, as torch's."""
+    d = _dim("unflatten", dim, x.ndim)
+    if isinstance(sizes, numbers.Integral) or not all(isinstance(n, numbers.Integral) for n in sizes):
+        raise op_error("unflatten", "sizes as a tuple or list of ints", f"sizes={sizes!r}",
+                       "x.unflatten(1, (2, 3)) splits dim 1 into 2 x 3")
+    sizes = tuple(int(n) for n in sizes)
+    length = x.shape[d] if x.ndim else 1
+    if not sizes:
+        raise op_error("unflatten", "non-empty sizes", "sizes=()", "give the sizes dim is split into, e.g. (2, -1)")
+    if sizes.count(-1) > 1:
+        raise op_error("unflatten", "at most one -1 in sizes (only one dimension can be inferred)",
+                       f"sizes={sizes}")
+    known = int(np.prod([n for n in sizes if n != -1]))
+    if (-1 in sizes and (known == 0 or length % known)) or (-1 not in sizes and known != length):
+        raise op_error("unflatten", f"sizes that multiply up to the size of dim {d} ({length})",
+                       f"sizes={list(sizes)}", "one size may be -1 to infer it")
+    if -1 in sizes:
+        sizes = tuple(length // known if n == -1 else n for n in sizes)
+    return reshape(x, x.shape[:d] + sizes + x.shape[d + 1:])
 
 
 def tril(x, diagonal=0):
