@@ -22,6 +22,15 @@ rank, world = dist.get_rank(), dist.get_world_size()
 checks = 0
 
 
+def refused(call, args, text, what):
+    """``call(*args)`` raises a RuntimeError whose message holds ``text`` (``what``: the failure otherwise)."""
+    try:
+        call(*args)
+    except RuntimeError as exc:
+        assert text in str(exc), exc
+        return
+    raise AssertionError(what)
+
 def model():
     it.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
@@ -72,19 +81,13 @@ for name in ["none", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook
     if name.endswith("compress_hook"):
         assert max(np.abs(p.grad.numpy() - e).max() for p, e in zip(ddp.module.parameters(), exact)) > 1e-6, name
     if name != "none":
-        try:
-            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
-            raise AssertionError("a second hook was accepted")
-        except RuntimeError as exc:
-            assert "only be called once" in str(exc), exc
+        refused(ddp.register_comm_hook, (None, default_hooks.allreduce_hook), "only be called once",
+                "a second hook was accepted")
         checks += 1
 late = DDP(model())
 loss_of(late, batch(rank)).backward()
-try:
-    late.register_comm_hook(None, default_hooks.allreduce_hook)
-    raise AssertionError("a hook after backward was accepted")
-except RuntimeError as exc:
-    assert "before the first backward" in str(exc), exc
+refused(late.register_comm_hook, (None, default_hooks.allreduce_hook), "before the first backward",
+        "a hook after backward was accepted")
 checks += 1
 
 # join: uneven inputs
