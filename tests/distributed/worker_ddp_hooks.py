@@ -110,4 +110,20 @@ for divide in (True, False):
     for i, (p, w) in enumerate(zip(ddp.module.parameters(), weights)):
         np.testing.assert_allclose(p.numpy(), w, rtol=1e-5, atol=1e-6, err_msg=f"join divide={divide} param {i}")
         checks += 1
+# join(throw_on_early_termination=True): rank 1 runs out after one batch; both ranks raise, rank 0 in its second step
+ddp = DDP(model())
+opt = it.optim.SGD(ddp.parameters(), lr=0.1)
+steps = 0
+try:
+    with ddp.join(throw_on_early_termination=True):
+        for k in range(3 if rank == 0 else 1):
+            opt.zero_grad()
+            loss_of(ddp, batch(rank, k)).backward()
+            opt.step()
+            steps += 1
+    raise AssertionError("join(throw_on_early_termination=True) did not raise")
+except RuntimeError as exc:
+    assert "a rank ran out of inputs" in str(exc), exc
+assert steps == 1, steps  # rank 0's second forward saw the count drop
+checks += 1
 print(f"rank {rank} hooks ok {checks}", flush=True)

@@ -9,7 +9,9 @@ rank among them) then broadcasts its parameters and buffers, so every rank ends 
 
 ``divide_by_initial_world_size`` (torch's default True): the gradients are averaged over the whole world, the ranks
 that left counting as zeros; False: over the ranks still training in that pass (without a communication hook; a hook
-divides as it does).
+divides as it does). ``throw_on_early_termination``: instead of shadowing, the first rank to run out of data answers
+one count and raises, and every rank still training raises in the forward that sees the count drop, as torch's:
+each rank leaves with a RuntimeError the training loop can catch.
 """
 from __future__ import annotations
 
@@ -33,14 +35,17 @@ def notify(ddp):
     """A training rank's forward inside join(): count the ranks still training; set the reducer's divisor."""
     config = ddp._join_config
     active, _ = _counters(ddp, [1, int(is_grad_enabled() and ddp.require_sync)])
+    if config["throw"] and active < ddp.process_group.size:
+        raise RuntimeError(EARLY_TERMINATION)
     ddp.reducer.active_ranks = None if config["divide_by_initial_world_size"] else active
+
+
+EARLY_TERMINATION = ("DistributedDataParallel.join: a rank ran out of inputs (throw_on_early_termination=True): "
+                     "every rank raises here")
 
 
 @contextlib.contextmanager
 def join(ddp, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
-    if throw_on_early_termination:
-        raise NotImplementedError("DistributedDataParallel.join: throw_on_early_termination=True is not supported\n"
-                                  "HINT: leave it False: ranks that ran out of data shadow the others until all end")
     if not enable:
         yield
         return
@@ -49,9 +54,14 @@ def join(ddp, divide_by_initial_world_size=True, enable=True, throw_on_early_ter
     if not hasattr(ddp.reducer, "shadow_backward"):
         raise NotImplementedError("DistributedDataParallel.join: not supported with a zero_optimizer\n"
                                   "HINT: give every rank the same number of batches, or drop zero_optimizer")
-    ddp._join_config = {"divide_by_initial_world_size": bool(divide_by_initial_world_size)}
+    ddp._join_config = {"divide_by_initial_world_size": bool(divide_by_initial_world_size),
+                        "throw": bool(throw_on_early_termination)}
     try:
         yield
+        if throw_on_early_termination:
+            if _counters(ddp, [0, 0])[0] > 0:  # answers the others' pending count; they raise there
+                raise RuntimeError(EARLY_TERMINATION)
+            return  # every rank ran out together: nothing to throw
         _shadow_until_all_joined(ddp)
     finally:
         ddp._join_config = None
