@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 
-from . import work as work_module
+from . import waits
 
 GRACE_ENV = "INFINI_TRAIN_HANG_GRACE"
 DEFAULT_GRACE = 5.0
@@ -197,7 +197,7 @@ class _Watch:
             self.answered.append(name)
             with open(os.path.join(self.directory, name), "w") as f:
                 json.dump({"rank": self.rank, "waiting": describe, "pending": _pending(launch)}, f)
-            self.timed_out_wait = work_module.waiting
+            self.timed_out_wait = waits.waiting
             self.write()
             with open(self.path) as f:
                 self.frozen_stacks = f.read().split(_STACKS + "\n", 1)[-1]
@@ -245,7 +245,7 @@ class _Watch:
     def write(self):
         """This rank's report (atomically: a reader never sees half of one), for the requests it answered."""
         os.makedirs(self.directory, exist_ok=True)
-        waiting = work_module.waiting or self.timed_out_wait
+        waiting = waits.waiting or self.timed_out_wait
         pending = None
         if waiting is not None:
             work, since = waiting
@@ -264,7 +264,7 @@ class _Watch:
             lines.append("pending collective: none (this rank is not waiting in a collective or transfer)")
         else:
             what = (f"sequence {pending['sequence']} on that group, " if pending.get("sequence") is not None else "")
-            size = work_module.human_bytes(pending.get("bytes") or 0)
+            size = waits.human_bytes(pending.get("bytes") or 0)
             lines.append(f"pending collective: {pending['describe']}: {what}{size}, waiting for "
                          f"{pending['waiting_s']:g} s")
         lines.append("collectives entered, by group (the last collective and the last transfer):")
@@ -272,8 +272,8 @@ class _Watch:
             last = g.last_collective
             transfer = g.last_transfer
             lines.append(f"  group ranks {g.ranks} ({g.backend}, key {g.key}): {g.sequence} entered"
-                         + (f", the last {last.name} of {work_module.human_bytes(last.nbytes)}" if last else "")
-                         + (f"; last transfer: {transfer.name} of {work_module.human_bytes(transfer.nbytes)}"
+                         + (f", the last {last.name} of {waits.human_bytes(last.nbytes)}" if last else "")
+                         + (f"; last transfer: {transfer.name} of {waits.human_bytes(transfer.nbytes)}"
                             if transfer else ""))
         lines.append("state: " + json.dumps(state))
         lines.append("")

@@ -20,6 +20,8 @@ import os
 import time
 
 from ..autograd import observers
+from . import waits
+from .waits import human_bytes
 
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_ENV = "INFINI_TRAIN_COLLECTIVE_TIMEOUT"
@@ -28,7 +30,6 @@ _MAX_SLEEP = 1e-3
 _oversubscribed = False
 _comm_wait = 0.0  # seconds this process spent in Work.wait on operations not yet complete
 _launch = None  # the Launch of the collective being started (set by ProcessGroup's collectives while they run)
-waiting = None  # (Work, time.monotonic() when its wait began) while a wait is in progress: hang reports read it
 
 
 class Launch:
@@ -45,13 +46,6 @@ class Launch:
         """E.g. "sequence 57 on this group, 4.0 MB" (a transfer: "4.0 MB")."""
         size = human_bytes(self.nbytes)
         return size if self.sequence is None else f"sequence {self.sequence} on this group, {size}"
-
-
-def human_bytes(nbytes):
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def comm_wait_seconds():
@@ -140,11 +134,11 @@ class Work:
         return self._wait(timeout)
 
     def _wait(self, timeout):
-        global _comm_wait, waiting
+        global _comm_wait
         if not self._done:
             limit = self.timeout if timeout is None else resolve_timeout(timeout)
             start = time.monotonic()
-            waiting = (self, start)
+            waits.waiting = (self, start)  # what a hang report says this rank waits in
             pause = 0.0
             try:
                 while not self.is_completed():
@@ -157,7 +151,7 @@ class Work:
                     elif _oversubscribed:
                         os.sched_yield()
             finally:
-                waiting = None
+                waits.waiting = None
                 _comm_wait += time.monotonic() - start
         if self._error is not None:
             raise RuntimeError(f"{self.describe} failed: {self._error}") from self._error
