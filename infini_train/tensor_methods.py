@@ -54,6 +54,17 @@ class TensorMethods:
         from .autograd.ops.transform import _dim
         return strides[_dim("stride", dim, len(strides))]
 
+    def storage_offset(self):
+        """Elements from the start of this tensor's storage (the array it is a view of) to its first element, as
+        torch's: 0 for a tensor that owns its memory."""
+        array = self.array
+        if self.device is backend.META or array.size == 0:
+            return 0
+        root = array
+        while getattr(root, "base", None) is not None and hasattr(root.base, "strides"):  # the array that owns it
+            root = root.base
+        return (backend.data_pointer(array) - backend.data_pointer(root)) // array.dtype.itemsize
+
     def is_contiguous(self, memory_format=contiguous_format):
         check_contiguous_format("is_contiguous", memory_format)
         return self.device is backend.META or bool(self.array.flags.c_contiguous)

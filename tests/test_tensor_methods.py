@@ -158,6 +158,15 @@ def test_layout_and_size_queries():
     same(run)
 
 
+def test_storage_offset_counts_elements_into_the_viewed_storage():
+    def run(m):
+        x = m.arange(20.0).reshape(4, 5)
+        views = (x, x[2:, 1:], x.t()[1:], x[:, 2], x[1:].contiguous(), x[1:].clone(), m.arange(10.0)[3:][2:])
+        return [v.storage_offset() for v in views]
+
+    same(run)
+
+
 def test_meta_tensors_report_torch_layout():
     def run(m):
         t = m.empty(2, 3, 4, device="meta").transpose(0, 2)
