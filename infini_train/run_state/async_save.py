@@ -199,7 +199,7 @@ def start_sharded(saver, out_dir, step, entries, record, group, keep_last=None, 
             return
         try:
             metadata = plan.metadata(collect_markers(tmp, world))
-            write_text_atomically(os.path.join(tmp, dcp.METADATA), json.dumps(metadata, indent=1))
+            dcp.write_metadata(tmp, metadata)
             commit(out_dir, step, tmp, sharded_files(tmp, metadata), record, keep_last, run_id, fmt=SHARDED)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

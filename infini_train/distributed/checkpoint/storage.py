@@ -89,9 +89,14 @@ def save(state, directory=None, group=None, extra=None, *, checkpoint_id=None, p
     all_gather_object(files, described, group)
     metadata = plan.metadata(files, extra)
     if group.rank == 0:
-        write_text_atomically(os.path.join(directory, METADATA), json.dumps(metadata, indent=1))
+        write_metadata(directory, metadata)
     group.barrier()
     return metadata
+
+
+def write_metadata(directory, metadata):
+    """Write ``metadata`` (SavePlan.metadata's) as the checkpoint's metadata.json, atomically."""
+    write_text_atomically(os.path.join(directory, METADATA), json.dumps(metadata, indent=1))
 
 
 class SavePlan:
